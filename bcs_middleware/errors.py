@@ -1,0 +1,193 @@
+"""One error tree, rendered once at the edge.
+
+Every error is a WSGI app: ``raise NotFound("...")`` inside, and the layer that
+catches it does ``return exc(environ, start_response)``. The body is the API's
+shape ``{"code_name": "...", "message": "..."}``, or a Kubernetes ``Status``
+object on tunnel paths (``bcs.error_style == "kubernetes"``) so kubectl prints
+the message instead of a decoding error.
+
+Messages are written for the client and must never contain a token or a
+credential: callers build them from names and ids only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from . import environ as env
+
+# Kubernetes StatusReason values, by HTTP status (k8s.io/apimachinery metav1).
+_K8S_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    501: "NotImplemented",
+    502: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+_PHRASES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+class BCSError(Exception):
+    """Base of every error the project raises on purpose.
+
+    :param message: human-readable, safe to show the client.
+    :param code_name: SCREAMING_SNAKE name; defaults per subclass.
+    :param headers: extra response headers (``WWW-Authenticate`` ...).
+    """
+
+    status = 500
+    code_name = "INTERNAL_ERROR"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code_name: str | None = None,
+        status: int | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message or _PHRASES.get(self.status, "Error")
+        if code_name is not None:
+            self.code_name = code_name
+        if status is not None:
+            self.status = status
+        self.headers = list(headers)
+
+    def body(self, style: env.ErrorStyle = "json") -> dict[str, Any]:
+        if style == "kubernetes":
+            return {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": self.message,
+                "reason": _K8S_REASONS.get(self.status, "InternalError"),
+                "details": {"causes": [{"reason": self.code_name, "message": self.message}]},
+                "code": self.status,
+            }
+        return {"code_name": self.code_name, "message": self.message}
+
+    def response_parts(
+        self, style: env.ErrorStyle = "json"
+    ) -> tuple[str, list[tuple[str, str]], bytes]:
+        payload = json.dumps(self.body(style)).encode()
+        status_line = f"{self.status} {_PHRASES.get(self.status, 'Error')}"
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(payload))),
+            ("Cache-Control", "no-store"),
+            *self.headers,
+        ]
+        return status_line, headers, payload
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        status_line, headers, payload = self.response_parts(env.get_error_style(environ))
+        start_response(status_line, headers)
+        return [payload]
+
+
+class BadRequest(BCSError):
+    status = 400
+    code_name = "BAD_REQUEST"
+
+
+class ValidationError(BadRequest):
+    code_name = "VALIDATION_ERROR"
+
+
+class Unauthorized(BCSError):
+    status = 401
+    code_name = "UNAUTHORIZED"
+
+    def __init__(self, message: str = "authentication required", **kwargs: Any) -> None:
+        kwargs.setdefault("headers", [("WWW-Authenticate", 'Bearer realm="bcs-middleware"')])
+        super().__init__(message, **kwargs)
+
+
+class Forbidden(BCSError):
+    status = 403
+    code_name = "FORBIDDEN"
+
+
+class NotFound(BCSError):
+    status = 404
+    code_name = "NOT_FOUND"
+
+
+class MethodNotAllowed(BCSError):
+    status = 405
+    code_name = "METHOD_NOT_ALLOWED"
+
+
+class Conflict(BCSError):
+    status = 409
+    code_name = "CONFLICT"
+
+
+class PayloadTooLarge(BCSError):
+    status = 413
+    code_name = "PAYLOAD_TOO_LARGE"
+
+
+class UnsupportedMediaType(BCSError):
+    status = 415
+    code_name = "UNSUPPORTED_MEDIA_TYPE"
+
+
+class InternalError(BCSError):
+    status = 500
+    code_name = "INTERNAL_ERROR"
+
+
+class NotImplementedByServer(BCSError):
+    status = 501
+    code_name = "NOT_IMPLEMENTED"
+
+
+class BadGateway(BCSError):
+    status = 502
+    code_name = "BAD_GATEWAY"
+
+
+class ServiceUnavailable(BCSError):
+    status = 503
+    code_name = "SERVICE_UNAVAILABLE"
+
+
+class GatewayTimeout(BCSError):
+    status = 504
+    code_name = "GATEWAY_TIMEOUT"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or wrong; raised at load time, never per request."""
