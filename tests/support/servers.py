@@ -1,0 +1,163 @@
+"""Start real servers (gunicorn, anything else) on loopback for a test, and stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+class ServerProcess:
+    """A child process serving on ``host:port``; output captured in a temp file.
+
+    ``output()`` returns what it printed so far (tests check log hygiene with it).
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        scheme: str = "http",
+        wait: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self.host, self.port, self.scheme = host, port, scheme
+        self._log = tempfile.NamedTemporaryFile(prefix="server-", suffix=".log", delete=False)  # noqa: SIM115
+        full_env = {**os.environ, **(env or {})}
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        if wait:
+            try:
+                wait_for_port(host, port, timeout, self.proc)
+            except Exception:
+                self.stop()
+                raise RuntimeError(f"server did not start: {argv}\n{self.output()}") from None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def output(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def gunicorn(
+    app_or_paste: str,
+    *,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    workers: int = 1,
+    worker_class: str = "gthread",
+    threads: int = 8,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    timeout: float = 30.0,
+) -> ServerProcess:
+    """Run ``gunicorn`` on loopback serving ``module:app`` or ``--paste FILE.ini``.
+
+    Always passes ``--no-control-socket``: gunicorn 27 otherwise binds one
+    fixed path under ``~/.gunicorn`` and side-by-side servers fight over it.
+    """
+    port = port or free_port(host)
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    argv = [
+        str(BIN / "gunicorn"),
+        "--bind", bind,
+        "--workers", str(workers),
+        "--worker-class", worker_class,
+        "--threads", str(threads),
+        "--no-control-socket",
+        "--graceful-timeout", "5",
+        "--log-level", "info",
+    ]
+    scheme = "http"
+    if certfile:
+        argv += ["--certfile", certfile, "--keyfile", keyfile or certfile]
+        scheme = "https"
+    argv += list(extra)
+    if app_or_paste.endswith(".ini"):
+        argv += ["--paste", app_or_paste]
+    else:
+        argv.append(app_or_paste)
+    return ServerProcess(argv, host=host, port=port, env=env, scheme=scheme, timeout=timeout)
+
+
+def http_get(url: str, *, headers: dict[str, str] | None = None, cafile: str | None = None,
+             timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """A plain stdlib GET returning (status, headers, body) for any status."""
+    ctx = ssl.create_default_context(cafile=cafile) if url.startswith("https") else None
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
