@@ -63,6 +63,7 @@ __all__ = [
     "issue_server_cert",
     "load_keypair",
     "service_hosts",
+    "write_client_bundle",
     "write_gateway_bundle",
     "write_service_bundle",
 ]
@@ -140,17 +141,21 @@ class ServiceBundle:
 # -- building certificates ---------------------------------------------------------------
 
 
+def _check_key_args(key_type: str, rsa_bits: int) -> None:
+    if key_type not in ("ecdsa", "rsa"):
+        raise ValueError(f"key_type must be 'ecdsa' or 'rsa', not {key_type!r}")
+    if key_type == "rsa" and rsa_bits < MIN_RSA_BITS:
+        raise ValueError(
+            f"RSA keys need at least {MIN_RSA_BITS} bits (got {rsa_bits}): "
+            "TLS clients reject shorter ones"
+        )
+
+
 def _new_key(key_type: str, rsa_bits: int) -> _PrivateKey:
-    if key_type == "ecdsa":
-        return ec.generate_private_key(ec.SECP256R1())
+    _check_key_args(key_type, rsa_bits)
     if key_type == "rsa":
-        if rsa_bits < MIN_RSA_BITS:
-            raise ValueError(
-                f"RSA keys need at least {MIN_RSA_BITS} bits (got {rsa_bits}): "
-                "TLS clients reject shorter ones"
-            )
         return rsa.generate_private_key(public_exponent=65537, key_size=rsa_bits)
-    raise ValueError(f"key_type must be 'ecdsa' or 'rsa', not {key_type!r}")
+    return ec.generate_private_key(ec.SECP256R1())
 
 
 def _key_pem(key: _PrivateKey) -> bytes:
@@ -626,6 +631,7 @@ def write_gateway_bundle(
         "key_file": out_dir / KEY_FILE,
     }
     names = _general_names(hosts)  # validate before touching the disk
+    _check_key_args(key_type, rsa_bits)
     _prepare_out_dir(out_dir, list(paths.values()), force)
     ca = generate_ca(
         f"bcs-middleware gateway CA {_general_name_text(names[0])}",
@@ -668,6 +674,7 @@ def write_service_bundle(
     out_dir = Path(out_dir)
     hosts = service_hosts(service, namespace) + list(extra_hosts)
     names = _general_names(hosts)
+    _check_key_args(key_type, rsa_bits)
     ca_file, ca_key_file = out_dir / CA_FILE, out_dir / CA_KEY_FILE
     cert_file, key_file = out_dir / CERT_FILE, out_dir / KEY_FILE
     _prepare_out_dir(out_dir, [ca_file, ca_key_file, cert_file, key_file], force)
@@ -685,3 +692,26 @@ def write_service_bundle(
         ca_bundle_b64=base64.b64encode(ca.cert_pem).decode("ascii"),
         hosts=tuple(_general_name_text(name) for name in names),
     )
+
+
+def write_client_bundle(
+    out_dir: Path,
+    ca_dir: Path,
+    common_name: str,
+    *,
+    organizations: Sequence[str] = (),
+    force: bool = False,
+) -> dict[str, Path]:
+    """Write ``client.crt client.key`` signed by the CA in ``ca_dir`` (``ca.crt``, ``ca.key``).
+
+    Returns the paths under ``cert_file`` and ``key_file``. Raises
+    :class:`FileExistsError` as :func:`write_gateway_bundle` does, and
+    :class:`ValueError` when the CA files do not form a usable CA.
+    """
+    out_dir, ca_dir = Path(out_dir), Path(ca_dir)
+    ca = load_keypair(ca_dir / CA_FILE, ca_dir / CA_KEY_FILE)
+    paths = {"cert_file": out_dir / "client.crt", "key_file": out_dir / "client.key"}
+    client = issue_client_cert(ca, common_name, organizations=organizations)
+    _prepare_out_dir(out_dir, list(paths.values()), force)
+    _write_pair(client, paths["cert_file"], paths["key_file"])
+    return paths
