@@ -1,0 +1,107 @@
+"""Encryption at rest for secrets the gateway must read back, and hashing for those it must not.
+
+* Register tokens and cluster credentials are encrypted with Fernet. Several keys
+  may be configured (comma-separated): the first encrypts, all decrypt
+  (``MultiFernet``), so a key can be rotated without downtime.
+* User tokens are 256-bit random values stored only as a SHA-256 digest. A
+  plain digest (not a slow KDF) is right here: the input already has 256 bits
+  of entropy, and the lookup sits on every request's hot path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+KEY_FILE = "secret.key"
+
+
+def new_token() -> str:
+    """256 random bits, URL-safe (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def digests_equal(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+class SecretBox:
+    """Encrypts and decrypts short secrets; the first key is the current one."""
+
+    def __init__(self, keys: Sequence[str | bytes]) -> None:
+        if not keys:
+            raise ConfigError("at least one secret key is required")
+        try:
+            fernets = [Fernet(k) for k in keys]
+        except (ValueError, TypeError):
+            # The key itself must never appear in an error.
+            raise ConfigError(
+                "a secret key is not a valid Fernet key (32 url-safe base64-encoded bytes); "
+                "make one with: bcs-middleware keygen"
+            ) from None
+        self._fernet = MultiFernet(fernets)
+
+    def encrypt(self, plaintext: str) -> str:
+        return self._fernet.encrypt(plaintext.encode("utf-8")).decode("ascii")
+
+    def decrypt(self, ciphertext: str) -> str:
+        try:
+            return self._fernet.decrypt(ciphertext.encode("ascii")).decode("utf-8")
+        except InvalidToken:
+            raise ConfigError(
+                "a stored secret cannot be decrypted with the configured keys "
+                "(was the secret key changed without keeping the old one?)"
+            ) from None
+
+    def rotate(self, ciphertext: str) -> str:
+        return self._fernet.rotate(ciphertext.encode("ascii")).decode("ascii")
+
+
+def load_keys(configured: str | None, data_dir: Path | None) -> list[str]:
+    """Keys from configuration, else env ``BCS_SECRET_KEY``, else ``DATA_DIR/secret.key``.
+
+    The key file is generated (mode 0600) on first use; without a data directory
+    and without a configured key there is nothing safe to do, so it is an error.
+    """
+    raw = configured or os.environ.get("BCS_SECRET_KEY")
+    if raw:
+        return [k.strip() for k in raw.split(",") if k.strip()]
+    if data_dir is None:
+        raise ConfigError("no secret key: set secret_key, env BCS_SECRET_KEY, or a data directory")
+    path = Path(data_dir) / KEY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = Fernet.generate_key()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another worker won the race; read its key below
+        else:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(key + b"\n")
+            log.info("generated a new secret key in %s", path)
+    text = ""
+    for _ in range(100):  # bounded: the winning worker writes 45 bytes right after creating
+        text = path.read_text().strip()
+        if text:
+            break
+        time.sleep(0.02)
+    if not text:
+        raise ConfigError(f"secret key file {path} is empty")
+    return [k.strip() for k in text.replace("\n", ",").split(",") if k.strip()]

@@ -1,0 +1,76 @@
+"""Schema upgrades with Alembic, safe when several processes start at once.
+
+Every gunicorn worker (and every gateway machine) may call :func:`upgrade` at
+start-up; a database-level lock (PostgreSQL advisory lock, MySQL ``GET_LOCK``,
+a file lock beside a SQLite file) makes exactly one of them migrate while the
+others wait and then find nothing left to do.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from .sql import SQLStore
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+_LOCK_ID = 0x6263_7331  # "bcs1": any constant shared by every process of this project
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(store: SQLStore) -> str | None:
+    with store.engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def upgrade(store: SQLStore, revision: str = "head") -> None:
+    url = make_url(store.url)
+    backend = url.get_backend_name()
+    if backend == "sqlite" and url.database and url.database != ":memory:":
+        with _file_lock(Path(url.database + ".migrate.lock")), store.engine.begin() as conn:
+            command.upgrade(alembic_config(conn), revision)
+        return
+    with store.engine.begin() as conn:
+        if backend == "postgresql":
+            # Released at commit, after the new schema is visible to the next waiter.
+            conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+        elif backend in ("mysql", "mariadb"):
+            conn.execute(text("SELECT GET_LOCK('bcs_middleware_migrate', 120)"))
+        command.upgrade(alembic_config(conn), revision)
+        if backend in ("mysql", "mariadb"):
+            conn.execute(text("SELECT RELEASE_LOCK('bcs_middleware_migrate')"))

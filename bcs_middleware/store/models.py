@@ -1,0 +1,125 @@
+"""Table definitions (SQLAlchemy Core). Changes here need an Alembic migration beside them."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("is_superuser", Boolean, nullable=False, default=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+user_tokens = Table(
+    "user_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", Integer, ForeignKey("users.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("token_type", String(32), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("last_used_at", DateTime(timezone=True), nullable=True),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+clusters = Table(
+    "clusters",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("project_id", String(128), nullable=False),
+    Column("cluster_type", String(16), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+register_tokens = Table(
+    "register_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "cluster_id",
+        String(128),
+        ForeignKey("clusters.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("token_encrypted", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+cluster_credentials = Table(
+    "cluster_credentials",
+    metadata,
+    Column(
+        "cluster_id",
+        String(128),
+        ForeignKey("clusters.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    # JSON {server_addresses, cacert_pem, user_token}, Fernet-encrypted as a whole.
+    Column("secret_encrypted", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+webhook_definitions = Table(
+    "webhook_definitions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    # "bcs" for the mesos-driver definition, "k8s" for admissionregistration ones.
+    Column("flavor", String(8), nullable=False),
+    # Empty for bcs definitions (gateway-wide); the cluster id for Kubernetes ones.
+    Column("cluster_id", String(128), nullable=False, default=""),
+    Column("kind", String(64), nullable=False),
+    Column("name", String(253), nullable=False),
+    # bcs: "Create/application" — unique per (operation, kind) as the source requires.
+    Column("match_key", String(128), nullable=False),
+    Column("document", JSON, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("flavor", "cluster_id", "kind", "name", name="uq_webhook_definitions_name"),
+    UniqueConstraint("flavor", "cluster_id", "match_key", name="uq_webhook_definitions_match"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False, index=True),
+    Column("actor", String(128), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(512), nullable=False),
+    Column("detail", JSON, nullable=False),
+)
+
+# A monotonically increasing counter per topic ("webhooks"), bumped on every change,
+# so each process can tell cheaply whether its cached copy is stale.
+revisions = Table(
+    "revisions",
+    metadata,
+    Column("topic", String(64), primary_key=True),
+    Column("revision", Integer, nullable=False),
+)

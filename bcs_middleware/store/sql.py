@@ -1,0 +1,492 @@
+"""The SQL store: SQLite by default, PostgreSQL or MySQL by URL.
+
+The only module (with ``models`` and the migrations) that imports SQLAlchemy.
+Uniqueness is left to the database's constraints, so two gateway processes
+racing to create the same user or cluster get one success and one
+:class:`~bcs_middleware.errors.Conflict` — never a duplicate, never a 500.
+
+Engines are created lazily and re-created after a fork (gunicorn workers), so a
+``SQLStore`` may be built in the master and used in every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from ..errors import Conflict, NotFound, ServiceUnavailable
+from . import models as m
+from .crypto import SecretBox, digests_equal, new_token, token_digest
+from .records import AuditRecord, ClusterRecord, CredentialRecord, TokenRecord, UserRecord
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("bcs_middleware.audit")
+
+
+def normalize_url(url: str) -> str:
+    """Pick drivers we ship extras for when the URL names none."""
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.drivername == "mysql":
+        parsed = parsed.set(drivername="mysql+pymysql")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_url(data_dir: Path) -> str:
+    return f"sqlite:///{Path(data_dir).resolve() / 'bcs.sqlite3'}"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything we store is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _create_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(
+            url,
+            # Several gunicorn workers share the file: wait for the lock instead of
+            # failing at once, and let readers run beside a writer (WAL).
+            connect_args={"timeout": 30, "check_same_thread": False},
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Take over transaction control from pysqlite so BEGIN IMMEDIATE works.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Connection) -> None:
+            # A write transaction that reads first would otherwise fail with
+            # SQLITE_BUSY (no wait) when it upgrades its lock under contention.
+            if conn.get_execution_options().get("bcs_write"):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.exec_driver_sql("BEGIN")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_recycle=1800)
+
+
+class SQLStore:
+    """Users, tokens, clusters, credentials, webhook definitions and the audit trail.
+
+    :param url: SQLAlchemy URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``).
+    :param secrets: encrypts register tokens and cluster credentials at rest.
+    """
+
+    def __init__(self, url: str, *, secrets: SecretBox) -> None:
+        self.url = normalize_url(url)
+        self.secrets = secrets
+        self._engine: Engine | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        pid = os.getpid()
+        if self._engine is None or self._pid != pid:
+            with self._lock:
+                if self._engine is None or self._pid != pid:
+                    if self._engine is not None:
+                        # Inherited from the parent: drop its pooled sockets without
+                        # closing them under the parent's feet.
+                        self._engine.dispose(close=False)
+                    self._engine = _create_engine(self.url)
+                    self._pid = pid
+        return self._engine
+
+    @property
+    def backend(self) -> str:
+        return make_url(self.url).get_backend_name()
+
+    def dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except OperationalError as exc:
+            log.error("store unavailable: %s", type(exc.orig).__name__)
+            raise ServiceUnavailable("the gateway's database is unavailable") from None
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(bcs_write=True)
+                with conn.begin():
+                    yield conn
+        except OperationalError as exc:
+            log.error("store unavailable: %s", type(exc.orig).__name__)
+            raise ServiceUnavailable("the gateway's database is unavailable") from None
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+            return True
+        except OperationalError:
+            return False
+
+    def migrate(self) -> None:
+        from .migrate import upgrade
+
+        upgrade(self)
+
+    # -- users and tokens ---------------------------------------------------------
+
+    @staticmethod
+    def _user(row: Any) -> UserRecord:
+        return UserRecord(row.id, row.name, bool(row.is_superuser), _aware(row.created_at))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _token(row: Any) -> TokenRecord:
+        return TokenRecord(
+            id=row.id,
+            user_id=row.user_id,
+            token_type=row.token_type,
+            created_at=_aware(row.created_at),  # type: ignore[arg-type]
+            expires_at=_aware(row.expires_at),
+            last_used_at=_aware(row.last_used_at),
+            revoked_at=_aware(row.revoked_at),
+        )
+
+    def create_user(self, name: str, *, is_superuser: bool = False) -> UserRecord:
+        try:
+            with self._write() as conn:
+                result = conn.execute(
+                    insert(m.users).values(name=name, is_superuser=is_superuser, created_at=_now())
+                )
+                user_id = result.inserted_primary_key[0]  # type: ignore[index]
+                row = conn.execute(select(m.users).where(m.users.c.id == user_id)).one()
+        except IntegrityError:
+            raise Conflict(f"user {name!r} already exists", code_name="USER_EXISTS") from None
+        return self._user(row)
+
+    def ensure_user(self, name: str, *, is_superuser: bool) -> UserRecord:
+        """The bootstrap path: create if absent, and make the flag match configuration."""
+        existing = self.find_user(name)
+        if existing is None:
+            try:
+                return self.create_user(name, is_superuser=is_superuser)
+            except Conflict:
+                existing = self.find_user(name)
+                assert existing is not None
+        if existing.is_superuser != is_superuser:
+            with self._write() as conn:
+                conn.execute(
+                    update(m.users).where(m.users.c.id == existing.id).values(is_superuser=is_superuser)
+                )
+            existing = self.get_user(existing.id)
+        return existing
+
+    def find_user(self, name: str) -> UserRecord | None:
+        with self._read() as conn:
+            row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
+        return self._user(row) if row else None
+
+    def get_user(self, user_id: int) -> UserRecord:
+        with self._read() as conn:
+            row = conn.execute(select(m.users).where(m.users.c.id == user_id)).first()
+        if row is None:
+            raise NotFound(f"user {user_id} not found", code_name="USER_NOT_FOUND")
+        return self._user(row)
+
+    def create_token(
+        self, user_id: int, *, token_type: str = "user", expires_at: datetime | None = None
+    ) -> tuple[TokenRecord, str]:
+        """Issue a token; the value is returned here and never again."""
+        self.get_user(user_id)
+        value = new_token()
+        with self._write() as conn:
+            result = conn.execute(
+                insert(m.user_tokens).values(
+                    user_id=user_id,
+                    token_hash=token_digest(value),
+                    token_type=token_type,
+                    created_at=_now(),
+                    expires_at=expires_at,
+                )
+            )
+            token_id = result.inserted_primary_key[0]  # type: ignore[index]
+            row = conn.execute(select(m.user_tokens).where(m.user_tokens.c.id == token_id)).one()
+        return self._token(row), value
+
+    def add_token_hash(self, user_id: int, digest: str, *, token_type: str) -> None:
+        """Register a token whose value came from configuration (bootstrap users)."""
+        with self._write() as conn:
+            row = conn.execute(
+                select(m.user_tokens.c.user_id).where(m.user_tokens.c.token_hash == digest)
+            ).first()
+            if row is None:
+                conn.execute(
+                    insert(m.user_tokens).values(
+                        user_id=user_id, token_hash=digest, token_type=token_type, created_at=_now()
+                    )
+                )
+
+    def list_tokens(self, user_id: int) -> list[TokenRecord]:
+        self.get_user(user_id)
+        with self._read() as conn:
+            rows = conn.execute(
+                select(m.user_tokens).where(m.user_tokens.c.user_id == user_id).order_by(m.user_tokens.c.id)
+            ).all()
+        return [self._token(r) for r in rows]
+
+    def revoke_token(self, user_id: int, token_id: int) -> TokenRecord:
+        with self._write() as conn:
+            row = conn.execute(
+                select(m.user_tokens).where(
+                    m.user_tokens.c.id == token_id, m.user_tokens.c.user_id == user_id
+                )
+            ).first()
+            if row is None:
+                raise NotFound(f"token {token_id} of user {user_id} not found", code_name="TOKEN_NOT_FOUND")
+            if row.revoked_at is None:
+                conn.execute(
+                    update(m.user_tokens).where(m.user_tokens.c.id == token_id).values(revoked_at=_now())
+                )
+            row = conn.execute(select(m.user_tokens).where(m.user_tokens.c.id == token_id)).one()
+        return self._token(row)
+
+    def authenticate(self, token: str) -> tuple[UserRecord, TokenRecord] | None:
+        """The user and token behind a token value, if it is usable now."""
+        digest = token_digest(token)
+        with self._read() as conn:
+            row = conn.execute(
+                select(m.user_tokens, m.users.c.name, m.users.c.is_superuser, m.users.c.created_at.label("user_created"))
+                .join(m.users, m.users.c.id == m.user_tokens.c.user_id)
+                .where(m.user_tokens.c.token_hash == digest)
+            ).first()
+        if row is None or not digests_equal(row.token_hash, digest):
+            return None
+        token_rec = self._token(row)
+        if not token_rec.usable(_now()):
+            return None
+        user = UserRecord(row.user_id, row.name, bool(row.is_superuser), _aware(row.user_created))  # type: ignore[arg-type]
+        return user, token_rec
+
+    def touch_token(self, token_id: int) -> None:
+        with self._write() as conn:
+            conn.execute(
+                update(m.user_tokens).where(m.user_tokens.c.id == token_id).values(last_used_at=_now())
+            )
+
+    # -- clusters, register tokens, credentials -------------------------------------------
+
+    @staticmethod
+    def _cluster(row: Any) -> ClusterRecord:
+        return ClusterRecord(row.id, row.project_id, row.cluster_type, _aware(row.created_at))  # type: ignore[arg-type]
+
+    def create_cluster(self, cluster_id: str, *, project_id: str, cluster_type: str) -> ClusterRecord:
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    insert(m.clusters).values(
+                        id=cluster_id, project_id=project_id, cluster_type=cluster_type, created_at=_now()
+                    )
+                )
+                row = conn.execute(select(m.clusters).where(m.clusters.c.id == cluster_id)).one()
+        except IntegrityError:
+            raise Conflict(f"cluster {cluster_id!r} already exists", code_name="CLUSTER_EXISTS") from None
+        return self._cluster(row)
+
+    def find_cluster(self, cluster_id: str) -> ClusterRecord | None:
+        with self._read() as conn:
+            row = conn.execute(select(m.clusters).where(m.clusters.c.id == cluster_id)).first()
+        return self._cluster(row) if row else None
+
+    def get_cluster(self, cluster_id: str) -> ClusterRecord:
+        cluster = self.find_cluster(cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
+        return cluster
+
+    def create_register_token(self, cluster_id: str) -> str:
+        self.get_cluster(cluster_id)
+        value = new_token()
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    insert(m.register_tokens).values(
+                        cluster_id=cluster_id,
+                        token_hash=token_digest(value),
+                        token_encrypted=self.secrets.encrypt(value),
+                        created_at=_now(),
+                    )
+                )
+        except IntegrityError:
+            raise Conflict(
+                f"cluster {cluster_id!r} already has a register token", code_name="REGISTER_TOKEN_EXISTS"
+            ) from None
+        return value
+
+    def get_register_token(self, cluster_id: str) -> tuple[str, datetime]:
+        self.get_cluster(cluster_id)
+        with self._read() as conn:
+            row = conn.execute(
+                select(m.register_tokens).where(m.register_tokens.c.cluster_id == cluster_id)
+            ).first()
+        if row is None:
+            raise NotFound(
+                f"cluster {cluster_id!r} has no register token", code_name="REGISTER_TOKEN_NOT_FOUND"
+            )
+        return self.secrets.decrypt(row.token_encrypted), _aware(row.created_at)  # type: ignore[return-value]
+
+    def authenticate_register_token(self, token: str) -> str | None:
+        """The cluster id a register token belongs to, if any."""
+        digest = token_digest(token)
+        with self._read() as conn:
+            row = conn.execute(
+                select(m.register_tokens.c.cluster_id, m.register_tokens.c.token_hash).where(
+                    m.register_tokens.c.token_hash == digest
+                )
+            ).first()
+        if row is None or not digests_equal(row.token_hash, digest):
+            return None
+        return str(row.cluster_id)
+
+    def put_credentials(
+        self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str
+    ) -> CredentialRecord:
+        self.get_cluster(cluster_id)
+        blob = self.secrets.encrypt(
+            json.dumps(
+                {"server_addresses": server_addresses, "cacert_pem": cacert_pem, "user_token": user_token}
+            )
+        )
+        now = _now()
+        with self._write() as conn:
+            changed = conn.execute(
+                update(m.cluster_credentials)
+                .where(m.cluster_credentials.c.cluster_id == cluster_id)
+                .values(secret_encrypted=blob, updated_at=now)
+            ).rowcount
+            if not changed:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(m.cluster_credentials).values(
+                                cluster_id=cluster_id, secret_encrypted=blob, updated_at=now
+                            )
+                        )
+                except IntegrityError:
+                    # Another reporter inserted first: last writer wins, like the update.
+                    conn.execute(
+                        update(m.cluster_credentials)
+                        .where(m.cluster_credentials.c.cluster_id == cluster_id)
+                        .values(secret_encrypted=blob, updated_at=now)
+                    )
+        return CredentialRecord(cluster_id, tuple(server_addresses), cacert_pem, user_token, now)
+
+    def get_credentials(self, cluster_id: str) -> CredentialRecord | None:
+        with self._read() as conn:
+            row = conn.execute(
+                select(m.cluster_credentials).where(m.cluster_credentials.c.cluster_id == cluster_id)
+            ).first()
+        if row is None:
+            return None
+        data = json.loads(self.secrets.decrypt(row.secret_encrypted))
+        return CredentialRecord(
+            cluster_id,
+            tuple(data["server_addresses"]),
+            data["cacert_pem"],
+            data["user_token"],
+            _aware(row.updated_at),
+        )
+
+    # -- secrets rotation -------------------------------------------------------------
+
+    def rotate_secrets(self) -> int:
+        """Re-encrypt every stored secret with the current (first) key."""
+        count = 0
+        with self._write() as conn:
+            for row in conn.execute(select(m.register_tokens.c.id, m.register_tokens.c.token_encrypted)).all():
+                conn.execute(
+                    update(m.register_tokens)
+                    .where(m.register_tokens.c.id == row.id)
+                    .values(token_encrypted=self.secrets.rotate(row.token_encrypted))
+                )
+                count += 1
+            rows = conn.execute(
+                select(m.cluster_credentials.c.cluster_id, m.cluster_credentials.c.secret_encrypted)
+            ).all()
+            for row in rows:
+                conn.execute(
+                    update(m.cluster_credentials)
+                    .where(m.cluster_credentials.c.cluster_id == row.cluster_id)
+                    .values(secret_encrypted=self.secrets.rotate(row.secret_encrypted))
+                )
+                count += 1
+        return count
+
+    # -- audit ---------------------------------------------------------------------------
+
+    def record_audit(self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None) -> None:
+        """Persist and log a management change. ``detail`` must hold no secret."""
+        detail = detail or {}
+        with self._write() as conn:
+            conn.execute(
+                insert(m.audit_log).values(at=_now(), actor=actor, action=action, target=target, detail=detail)
+            )
+        audit_log.info(
+            "audit actor=%s action=%s target=%s detail=%s", actor, action, target, json.dumps(detail, sort_keys=True)
+        )
+
+    def list_audit(self, limit: int = 100) -> list[AuditRecord]:
+        with self._read() as conn:
+            rows = conn.execute(select(m.audit_log).order_by(m.audit_log.c.id.desc()).limit(limit)).all()
+        return [AuditRecord(r.id, _aware(r.at), r.actor, r.action, r.target, r.detail) for r in rows]  # type: ignore[arg-type]
+
+    # -- revisions (cheap cache invalidation across processes) ----------------------------
+
+    def bump_revision(self, conn: Connection, topic: str) -> None:
+        changed = conn.execute(
+            update(m.revisions).where(m.revisions.c.topic == topic).values(revision=m.revisions.c.revision + 1)
+        ).rowcount
+        if not changed:
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(m.revisions).values(topic=topic, revision=1))
+            except IntegrityError:
+                conn.execute(
+                    update(m.revisions)
+                    .where(m.revisions.c.topic == topic)
+                    .values(revision=m.revisions.c.revision + 1)
+                )
+
+    def revision(self, topic: str) -> int:
+        with self._read() as conn:
+            value = conn.execute(select(func.max(m.revisions.c.revision)).where(m.revisions.c.topic == topic)).scalar()
+        return int(value or 0)
