@@ -114,8 +114,7 @@ def _gateway(args: argparse.Namespace, out: Path) -> int:
         f"--keyfile {_q(paths['key_file'])} --ca-file {_q(paths['ca_file'])}"
     )
     print(
-        f"Clients trust {_q(paths['ca_file'])} "
-        "(curl --cacert, kubeconfig certificate-authority)."
+        f"Clients trust {_q(paths['ca_file'])} (curl --cacert, kubeconfig certificate-authority)."
     )
     print(f"Keep {_q(paths['ca_key_file'])} offline: it can sign certificates clients will trust.")
     return 0

@@ -583,7 +583,8 @@ def ensure_gateway_pki(
             log.info("created gateway CA %s", ca_file)
         if ca_cert.not_valid_after_utc - datetime.now(UTC) < renew_before:
             log.warning(
-                "gateway CA %s expires %s; replace it before then", ca_file,
+                "gateway CA %s expires %s; replace it before then",
+                ca_file,
                 ca_cert.not_valid_after_utc.isoformat(),
             )
 
