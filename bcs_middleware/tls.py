@@ -209,6 +209,49 @@ def _sign(builder: x509.CertificateBuilder, key: _PrivateKey) -> x509.Certificat
     return builder.sign(key, hashes.SHA256())
 
 
+def _key_usage(*, signs_certs: bool = False, key_encipherment: bool = False) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not signs_certs,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certs,
+        crl_sign=signs_certs,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: _PrivateKey,
+    days: int,
+    *,
+    usage: x509.KeyUsage,
+    not_after_cap: datetime | None = None,
+) -> x509.CertificateBuilder:
+    not_before, not_after = _validity(days, not_after_cap)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(
+            x509.BasicConstraints(
+                ca=usage.key_cert_sign, path_length=0 if usage.key_cert_sign else None
+            ),
+            critical=True,
+        )
+        .add_extension(usage, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+
+
 def generate_ca(
     common_name: str,
     *,
@@ -219,32 +262,7 @@ def generate_ca(
     """Make a self-signed CA that may sign leaf certificates only (``path_length=0``)."""
     key = _new_key(key_type, rsa_bits)
     subject = _name(common_name, ("bcs-middleware",))
-    not_before, not_after = _validity(days)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    )
+    builder = _builder(subject, subject, key, days, usage=_key_usage(signs_certs=True))
     cert = _sign(builder, key)
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
@@ -291,43 +309,28 @@ def _issue_leaf(
     key_type: str,
     rsa_bits: int,
     days: int,
-    usage: x509.ObjectIdentifier,
+    extended_usage: x509.ObjectIdentifier,
     san: list[x509.GeneralName] | None,
 ) -> KeyPair:
     ca_cert, ca_key = _load_ca(ca)
     key = _new_key(key_type, rsa_bits)
-    not_before, not_after = _validity(days, ca_cert.not_valid_after_utc)
     try:
         ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
     except x509.ExtensionNotFound:
         aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    # RSA key exchange (TLS 1.2 without ECDHE) encrypts to the key.
+    key_usage = _key_usage(key_encipherment=key_type == "rsa")
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                # RSA key exchange (TLS 1.2 without ECDHE) encrypts to the key.
-                key_encipherment=key_type == "rsa",
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+        _builder(
+            subject,
+            ca_cert.subject,
+            key,
+            days,
+            usage=key_usage,
+            not_after_cap=ca_cert.not_valid_after_utc,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([extended_usage]), critical=False)
         .add_extension(aki, critical=False)
     )
     if san:
@@ -365,7 +368,7 @@ def issue_server_cert(
         key_type=key_type,
         rsa_bits=rsa_bits,
         days=days,
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        extended_usage=ExtendedKeyUsageOID.SERVER_AUTH,
         san=san,
     )
 
@@ -393,7 +396,7 @@ def issue_client_cert(
         key_type=key_type,
         rsa_bits=rsa_bits,
         days=days,
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        extended_usage=ExtendedKeyUsageOID.CLIENT_AUTH,
         san=None,
     )
 
