@@ -1,0 +1,106 @@
+"""What every management endpoint receives: the request, the caller, the store, the settings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from werkzeug.wrappers import Request, Response
+
+from .. import environ as env
+from ..errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
+from ..store import SQLStore
+
+
+@dataclass(frozen=True)
+class APISettings:
+    """:param gateway_ca_pem: the CA that signed the gateway's certificate (handed to clients).
+    :param public_url: the gateway's external base URL, when clients must not use ``Host``.
+    :param gateway_cert_pem: the gateway's own certificate, to check a ``Host`` against its names.
+    :param max_body: the largest request body accepted, in bytes.
+    """
+
+    gateway_ca_pem: str | None = None
+    public_url: str | None = None
+    gateway_cert_pem: bytes | None = None
+    max_body: int = 1024 * 1024
+
+
+@dataclass
+class Ctx:
+    request: Request
+    store: SQLStore
+    settings: APISettings
+
+    @property
+    def environ(self) -> dict[str, Any]:
+        return self.request.environ
+
+    @property
+    def user(self) -> env.User | None:
+        return env.get_user(self.environ)
+
+    @property
+    def actor(self) -> str:
+        if self.user is not None:
+            return self.user.name
+        agent = env.get_agent(self.environ)
+        return f"cluster-agent:{agent.cluster_id}" if agent else "anonymous"
+
+    def require_user(self) -> env.User:
+        user = self.user
+        if user is None:
+            if env.get_agent(self.environ) is not None:
+                raise Forbidden("a register token may only report its own cluster's credentials")
+            raise Unauthorized("missing bearer token")
+        return user
+
+    def require_superuser(self) -> env.User:
+        user = self.require_user()
+        if not user.is_superuser:
+            raise Forbidden(f"user {user.name!r} is not a superuser")
+        return user
+
+    def body(self, *, allow_empty: bool = False) -> Any:
+        """The JSON body, read with a hard bound whether sized or chunked."""
+        raw = read_body(self.environ, self.settings.max_body)
+        if not raw.strip():
+            if allow_empty:
+                return {}
+            raise BadRequest("request body is empty; expected a JSON object", code_name="INVALID_JSON")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("request body is not valid JSON", code_name="INVALID_JSON") from None
+
+
+def read_body(environ: dict[str, Any], limit: int) -> bytes:
+    """Read at most ``limit`` bytes of the request body, or raise 413.
+
+    A declared ``Content-Length`` over the limit is refused before reading; a
+    chunked body (gunicorn sets ``wsgi.input_terminated``) is read up to one
+    byte past the limit to tell "exactly at" from "over".
+    """
+    stream = environ["wsgi.input"]
+    length_header = environ.get("CONTENT_LENGTH") or ""
+    if length_header:
+        try:
+            length = int(length_header)
+        except ValueError:
+            raise BadRequest("invalid Content-Length") from None
+        if length > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        return bytes(stream.read(length)) if length > 0 else b""
+    if environ.get("wsgi.input_terminated") or environ.get("HTTP_TRANSFER_ENCODING", "").lower() == "chunked":
+        data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        return bytes(data)
+    return b""
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    response = Response(json.dumps(data), status=status, mimetype="application/json", headers=headers)
+    response.headers["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,251 @@
+"""Management REST API endpoints: one function each, ``(ctx, **url_values) -> Response``.
+
+Routes, bodies and status codes follow the source system's bcs-api, fixed where
+it was wrong (validation errors now get a real 400 instead of HTTP 200).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from cryptography import x509
+from werkzeug.wrappers import Response
+
+from .. import environ as env
+from ..errors import Forbidden, NotFound, Unauthorized, ValidationError
+from ..middleware.auth import bearer_token
+from ..schemas import validate
+from ..store import ClusterRecord, TokenRecord, UserRecord
+from .context import Ctx, json_response
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
+
+
+def _user_json(user: UserRecord) -> dict[str, Any]:
+    return {
+        "id": user.id,
+        "name": user.name,
+        "is_super_user": user.is_superuser,
+        "created_at": _iso(user.created_at),
+    }
+
+
+def _token_json(token: TokenRecord) -> dict[str, Any]:
+    return {
+        "id": token.id,
+        "user_id": token.user_id,
+        "type": token.token_type,
+        "created_at": _iso(token.created_at),
+        "expires_at": _iso(token.expires_at),
+        "last_used_at": _iso(token.last_used_at),
+        "revoked_at": _iso(token.revoked_at),
+    }
+
+
+def _cluster_json(cluster: ClusterRecord) -> dict[str, Any]:
+    return {
+        "id": cluster.id,
+        "project_id": cluster.project_id,
+        "cluster_type": cluster.cluster_type,
+        "created_at": _iso(cluster.created_at),
+    }
+
+
+# -- users and tokens (superuser) ------------------------------------------------------
+
+
+def create_user(ctx: Ctx) -> Response:
+    actor = ctx.require_superuser()
+    body = ctx.body()
+    validate("user_create", body)
+    user = ctx.store.create_user(body["user_name"])
+    ctx.store.record_audit(actor.name, "user.create", f"user:{user.name}", {"user_id": user.id})
+    return json_response(_user_json(user), 201)
+
+
+def get_user(ctx: Ctx, user_name: str) -> Response:
+    ctx.require_superuser()
+    user = ctx.store.find_user(user_name)
+    if user is None:
+        raise NotFound(f"user {user_name!r} not found", code_name="USER_NOT_FOUND")
+    return json_response(_user_json(user))
+
+
+def create_token(ctx: Ctx, user_id: int) -> Response:
+    actor = ctx.require_superuser()
+    body = ctx.body(allow_empty=True)
+    validate("token_create", body)
+    expires_at = None
+    if "expires_in" in body:
+        expires_at = datetime.now(UTC) + timedelta(seconds=body["expires_in"])
+    token, value = ctx.store.create_token(
+        user_id, token_type=body.get("token_type", "user"), expires_at=expires_at
+    )
+    ctx.store.record_audit(actor.name, "token.create", f"user:{user_id}", {"token_id": token.id})
+    # The only time the value is ever shown.
+    return json_response({**_token_json(token), "user_token": value}, 201)
+
+
+def list_tokens(ctx: Ctx, user_id: int) -> Response:
+    ctx.require_superuser()
+    return json_response([_token_json(t) for t in ctx.store.list_tokens(user_id)])
+
+
+def revoke_token(ctx: Ctx, user_id: int, token_id: int) -> Response:
+    actor = ctx.require_superuser()
+    token = ctx.store.revoke_token(user_id, token_id)
+    ctx.store.record_audit(actor.name, "token.revoke", f"user:{user_id}", {"token_id": token_id})
+    return json_response(_token_json(token))
+
+
+# -- clusters (any user) ------------------------------------------------------------------
+
+
+def create_cluster(ctx: Ctx) -> Response:
+    actor = ctx.require_user()
+    body = ctx.body()
+    validate("cluster_create", body)
+    cluster = ctx.store.create_cluster(
+        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"]
+    )
+    ctx.store.record_audit(
+        actor.name, "cluster.create", f"cluster:{cluster.id}",
+        {"project_id": cluster.project_id, "cluster_type": cluster.cluster_type},
+    )
+    return json_response(_cluster_json(cluster), 201)
+
+
+def get_cluster(ctx: Ctx, cluster_id: str) -> Response:
+    ctx.require_user()
+    return json_response(_cluster_json(ctx.store.get_cluster(cluster_id)))
+
+
+def create_register_token(ctx: Ctx, cluster_id: str) -> Response:
+    actor = ctx.require_user()
+    value = ctx.store.create_register_token(cluster_id)
+    ctx.store.record_audit(actor.name, "register_token.create", f"cluster:{cluster_id}")
+    return json_response({"cluster_id": cluster_id, "token": value}, 201)
+
+
+def get_register_token(ctx: Ctx, cluster_id: str) -> Response:
+    ctx.require_user()
+    value, created_at = ctx.store.get_register_token(cluster_id)
+    return json_response({"cluster_id": cluster_id, "token": value, "created_at": _iso(created_at)})
+
+
+def _check_pem(field: str, text: str) -> None:
+    try:
+        certs = x509.load_pem_x509_certificates(text.encode())
+    except ValueError:
+        certs = []
+    if not certs:
+        raise ValidationError(f"{field}: must be a PEM-encoded CA certificate")
+
+
+def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
+    agent = env.get_agent(ctx.environ)
+    user = ctx.user
+    if agent is None and user is None:
+        raise Unauthorized("missing bearer token: use the cluster's register token")
+    if agent is not None and agent.cluster_id != cluster_id:
+        raise Forbidden(f"this register token does not belong to cluster {cluster_id!r}")
+    if agent is None and user is not None and not user.is_superuser:
+        raise Forbidden("only the cluster's register token or a superuser may report credentials")
+    ctx.store.get_cluster(cluster_id)
+    body = ctx.body()
+    validate("credentials_put", body)
+    addresses = [a for a in body["server_addresses"].split(";") if a]
+    for address in addresses:
+        parts = urlsplit(address)
+        if not parts.hostname or parts.query or parts.fragment or parts.username:
+            raise ValidationError("server_addresses: each entry must be an https://host[:port][/path] URL")
+        try:
+            parts.port  # noqa: B018 - raises on a malformed port
+        except ValueError:
+            raise ValidationError("server_addresses: an entry has an invalid port") from None
+    _check_pem("cacert_data", body["cacert_data"])
+    record = ctx.store.put_credentials(
+        cluster_id,
+        server_addresses=[a.rstrip("/") for a in addresses],
+        cacert_pem=body["cacert_data"],
+        user_token=body["user_token"],
+    )
+    ctx.store.record_audit(
+        ctx.actor, "credentials.put", f"cluster:{cluster_id}",
+        {"server_addresses": list(record.server_addresses)},
+    )
+    return json_response(
+        {"cluster_id": cluster_id, "server_addresses": ";".join(record.server_addresses),
+         "updated_at": _iso(record.updated_at)}
+    )
+
+
+def _gateway_base(ctx: Ctx) -> str:
+    """The gateway as the client reached it, or the configured public URL.
+
+    A ``Host`` the gateway's certificate does not name would hand the client an
+    address that fails TLS verification, so the configured ``public_url`` wins
+    then; without one, the client's own ``Host`` is the best we know.
+    """
+    settings = ctx.settings
+    host = ctx.request.host
+    scheme = ctx.request.scheme
+    if settings.public_url:
+        if settings.gateway_cert_pem is None:
+            return settings.public_url.rstrip("/")
+        from ..tls import host_matches
+
+        hostname = urlsplit(f"//{host}").hostname or ""
+        if not host_matches(settings.gateway_cert_pem, hostname):
+            return settings.public_url.rstrip("/")
+    return f"{scheme}://{host}"
+
+
+def _tunnel_path(cluster_id: str) -> str:
+    return f"/tunnels/clusters/{cluster_id}/"
+
+
+def client_credentials(ctx: Ctx, cluster_id: str) -> Response:
+    ctx.require_user()
+    cluster = ctx.store.get_cluster(cluster_id)
+    path = _tunnel_path(cluster.id)
+    return json_response(
+        {
+            "cluster_id": cluster.id,
+            "server_address": _gateway_base(ctx) + path,
+            "server_address_path": path,
+            "user_token": bearer_token(ctx.environ) or "",
+            "cacert_data": ctx.settings.gateway_ca_pem or "",
+        }
+    )
+
+
+def kubeconfig(ctx: Ctx, cluster_id: str) -> Response:
+    user = ctx.require_user()
+    cluster = ctx.store.get_cluster(cluster_id)
+    name = f"bcs-{cluster.id}"
+    cluster_entry: dict[str, Any] = {"server": _gateway_base(ctx) + _tunnel_path(cluster.id)}
+    if ctx.settings.gateway_ca_pem:
+        import base64
+
+        cluster_entry["certificate-authority-data"] = base64.b64encode(
+            ctx.settings.gateway_ca_pem.encode()
+        ).decode()
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": cluster_entry}],
+        "users": [{"name": f"{name}-{user.name}", "user": {"token": bearer_token(ctx.environ) or ""}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-{user.name}"}}],
+        "current-context": name,
+        "preferences": {},
+    }
+    body = yaml.safe_dump(document, sort_keys=False)
+    response = Response(body, mimetype="application/yaml")
+    response.headers["Cache-Control"] = "no-store"
+    return response

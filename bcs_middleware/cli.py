@@ -1,0 +1,282 @@
+"""The ``bcs-middleware`` command: ``serve``, ``certs``, ``kube-agent``, ``keygen``.
+
+``serve`` runs the gateway under gunicorn. Without ``--config`` it uses the
+embedded default — everything in one data directory:
+
+* ``bcs.sqlite3``   the store (SQLite, WAL);
+* ``secret.key``    the Fernet key encrypting credentials at rest (0600);
+* ``admin.token``   the bootstrap admin's token (0600), unless ``BCS_ADMIN_TOKEN`` is set;
+* ``tls/``          a CA and the HTTPS certificate it signed (keys 0600), renewed before expiry.
+
+kubectl (client-go) never sends a bearer token to an ``http://`` server, so the
+embedded default serves HTTPS; ``--insecure-http`` is an explicit, logged choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import ipaddress
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+log = logging.getLogger("bcs_middleware.cli")
+
+DEFAULT_BIND = "127.0.0.1:8443"
+
+
+def _write_secret_file(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+
+
+def _admin_token_source(data_dir: Path) -> tuple[str, str | None]:
+    """Where the bootstrap admin's token comes from, and a value to print once (new only)."""
+    if os.environ.get("BCS_ADMIN_TOKEN", "").strip():
+        return "env:BCS_ADMIN_TOKEN", None
+    path = data_dir / "admin.token"
+    if path.exists():
+        return f"file:{path}", None
+    from .store.crypto import new_token
+
+    token = new_token()
+    _write_secret_file(path, token)
+    return f"file:{path}", token
+
+
+def _bind_is_loopback(bind: str) -> bool:
+    host = bind.rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _server_section(config_file: Path) -> dict[str, str]:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(config_file)
+    return dict(parser["server:main"]) if parser.has_section("server:main") else {}
+
+
+class _Gunicorn:
+    """Run gunicorn in this process with settings from the CLI, loading the app per worker."""
+
+    def __init__(self, loader: Callable[[], Any], settings: dict[str, Any]) -> None:
+        from gunicorn.app.base import BaseApplication
+
+        outer = self
+
+        class Application(BaseApplication):  # type: ignore[misc]
+            def load_config(self) -> None:
+                for key, value in outer.settings.items():
+                    self.cfg.set(key, value)
+
+            def load(self) -> Any:
+                return outer.loader()
+
+        self.loader = loader
+        self.settings = settings
+        self.app = Application()
+
+    def run(self) -> None:
+        self.app.run()
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+def _post_fork(server: Any, worker: Any) -> None:
+    # Each worker builds its own pools and engines lazily; nothing to reset here
+    # beyond making sure app logging reaches gunicorn's error log.
+    _configure_logging(server.cfg.loglevel)
+
+
+def _configure_logging(level: str) -> None:
+    root = logging.getLogger("bcs_middleware")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    _configure_logging(args.log_level)
+
+    # Must be set before any metric is created (prometheus_client reads it then).
+    metrics_dir = data_dir / "prometheus"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(mode=0o700)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+
+    settings: dict[str, Any] = {}
+    server = _server_section(Path(args.config)) if args.config else {}
+    bind = args.bind or server.get("bind") or DEFAULT_BIND
+    certfile = args.certfile or server.get("certfile")
+    keyfile = args.keyfile or server.get("keyfile")
+    ca_file = args.ca_file or server.get("ca_file")
+    if bool(certfile) != bool(keyfile):
+        print("error: --certfile and --keyfile go together", file=sys.stderr)
+        return 2
+    if args.insecure_http and certfile:
+        print("error: --insecure-http contradicts --certfile/--keyfile", file=sys.stderr)
+        return 2
+
+    scheme = "https"
+    cert_for_api: Path | None = None
+    if args.insecure_http:
+        scheme = "http"
+        log.warning(
+            "serving plain HTTP (--insecure-http): kubectl will not send bearer tokens to an http:// "
+            "server, so kubectl cannot be used through this gateway%s",
+            "" if _bind_is_loopback(bind)
+            else "; and user tokens and cluster credentials cross the network in clear text",
+        )
+    elif certfile:
+        settings.update(certfile=str(certfile), keyfile=str(keyfile))
+        cert_for_api = Path(certfile)
+        if not ca_file:
+            log.warning("no --ca-file: client_credentials and kubeconfigs will not carry a CA")
+    else:
+        from .tls import default_gateway_hosts, ensure_gateway_pki
+
+        hosts = default_gateway_hosts() + [h for spec in args.tls_host for h in spec.split(",") if h]
+        pki = ensure_gateway_pki(data_dir, hosts)
+        settings.update(certfile=str(pki.cert_file), keyfile=str(pki.key_file))
+        ca_file, cert_for_api = str(pki.ca_file), pki.cert_file
+        log.info("TLS: %s", pki.reason)
+        print(f"HTTPS certificate authority: {pki.ca_file}  (clients use: curl --cacert {pki.ca_file})", flush=True)
+
+    settings.update(
+        bind=[bind],
+        workers=args.workers,
+        worker_class="gthread",
+        threads=args.threads,
+        timeout=60,
+        graceful_timeout=args.graceful_timeout,
+        loglevel=args.log_level,
+        accesslog="-" if args.access_log else None,
+        errorlog="-",
+        control_socket_disable=True,
+        child_exit=_child_exit,
+        post_fork=_post_fork,
+        proc_name="bcs-middleware",
+    )
+
+    loader: Callable[[], Any]
+    if args.config:
+        config_path = str(Path(args.config).absolute())
+
+        def loader() -> Any:
+            from paste.deploy import loadapp
+
+            return loadapp(f"config:{config_path}")
+
+        # Build once in the master so migrations run (and bad config fails) before forking.
+        loader()
+    else:
+        from .gateway import build_gateway, config_from_options
+        from .store import open_store
+
+        token_source, new_admin_token = _admin_token_source(data_dir)
+        options: dict[str, Any] = {
+            "data_dir": str(data_dir),
+            "bootstrap_users": {"admin": token_source},
+        }
+        if args.database_url:
+            options["database_url"] = args.database_url
+        if ca_file:
+            options["gateway_ca_file"] = str(ca_file)
+        if cert_for_api:
+            options["gateway_cert_file"] = str(cert_for_api)
+        if args.public_url:
+            options["public_url"] = args.public_url
+        config = config_from_options("serve", options)
+        store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
+        build_gateway(config, store=store)  # migrate + bootstrap once, in the master
+        store.dispose()
+
+        def loader() -> Any:
+            return build_gateway(config)
+
+        if new_admin_token:
+            print(
+                "\n  Generated the bootstrap admin token (shown only this once; also in "
+                f"{data_dir / 'admin.token'}, mode 0600):\n\n    {new_admin_token}\n",
+                flush=True,
+            )
+        elif token_source.startswith("file:"):
+            print(f"Admin token: {data_dir / 'admin.token'}", flush=True)
+
+    print(f"bcs-middleware {__version__} gateway on {scheme}://{bind}/  (data: {data_dir})", flush=True)
+    _Gunicorn(loader, settings).run()
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from cryptography.fernet import Fernet
+
+    print(Fernet.generate_key().decode())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bcs-middleware", description="Multi-cluster container API gateway.")
+    parser.add_argument("--version", action="version", version=f"bcs-middleware {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway under gunicorn")
+    serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
+    serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
+    serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
+    serve.add_argument("--threads", type=int, default=64,
+                       help="threads per worker; each open watch/log stream holds one (default 64)")
+    serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
+    serve.add_argument("--database-url", help="use this database instead of SQLite in the data directory")
+    serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")
+    serve.add_argument("--tls-host", action="append", default=[], metavar="NAME",
+                       help="extra name or IP for the generated certificate (repeatable, comma-separated)")
+    serve.add_argument("--certfile", help="serve this certificate instead of a generated one")
+    serve.add_argument("--keyfile", help="the key of --certfile")
+    serve.add_argument("--ca-file", help="the CA that signed --certfile (handed to clients)")
+    serve.add_argument("--insecure-http", action="store_true",
+                       help="serve plain HTTP (kubectl will not send tokens over it)")
+    serve.add_argument("--graceful-timeout", type=int, default=30)
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--access-log", action="store_true", help="write gunicorn's access log to stdout")
+    serve.set_defaults(func=cmd_serve)
+
+    from . import cli_certs
+
+    certs = sub.add_parser("certs", help="write TLS certificates (gateway, webhook service, client)")
+    cli_certs.configure_parser(certs)
+    certs.set_defaults(func=cli_certs.run)
+
+    keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)")
+    keygen.set_defaults(func=cmd_keygen)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The gateway composition (the source system's "bcs-api" role) and its app factory.
+
+Request flow::
+
+    RequestContext (request id, error style, metrics)
+      └ TokenAuthMiddleware                    bcs.user / bcs.agent
+          └ GatewayDispatcher
+              ├ /healthz /readyz /metrics      health and metrics (public)
+              ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
+              │                                → UpstreamProxy
+              └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
+
+Everything a gateway needs is described by :class:`GatewayConfig`; the paste
+factory and ``bcs-middleware serve`` only differ in where the strings come from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import converters as conv
+from . import environ as env
+from .api.app import ManagementAPI
+from .api.context import APISettings
+from .errors import ConfigError, NotFound
+from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
+from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .store import SQLStore, open_store
+from .store.crypto import token_digest
+from .upstream.proxy import UpstreamProxy
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+@dataclass(frozen=True)
+class BootstrapUser:
+    """A superuser from configuration; only the token's digest is kept."""
+
+    name: str
+    token_digest: str = field(repr=False)
+
+
+def parse_bootstrap_users(spec: Mapping[str, str]) -> list[BootstrapUser]:
+    """``name = env:VAR`` | ``file:/path`` | ``sha256:HEX`` → bootstrap users.
+
+    Token values never sit in an ini file: they come from the environment or a
+    file (mode 0600), or only their digest is written.
+    """
+    users = []
+    for name, source in spec.items():
+        kind, _, value = source.partition(":")
+        if kind == "env":
+            token = os.environ.get(value, "").strip()
+            if not token:
+                raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
+            digest = token_digest(token)
+        elif kind == "file":
+            try:
+                token = Path(value).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"bootstrap user {name!r}: cannot read {value}: {exc.strerror}") from None
+            if not token:
+                raise ConfigError(f"bootstrap user {name!r}: {value} is empty")
+            digest = token_digest(token)
+        elif kind == "sha256" and len(value) == 64:
+            digest = value.lower()
+        else:
+            raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
+        users.append(BootstrapUser(name, digest))
+    return users
+
+
+def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
+    for user in users:
+        record = store.ensure_user(user.name, is_superuser=True)
+        store.add_token_hash(record.id, user.token_digest, token_type="bootstrap")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything that shapes a gateway. Paths are files on this machine."""
+
+    database_url: str | None = None
+    data_dir: Path | None = None
+    secret_key: str | None = None
+    bootstrap_users: tuple[BootstrapUser, ...] = ()
+    token_cache_ttl: float = 5.0
+    cluster_cache_ttl: float = 5.0
+    public_paths: tuple[str, ...] = PUBLIC_PATHS
+    gateway_ca_file: Path | None = None
+    gateway_cert_file: Path | None = None
+    public_url: str | None = None
+    max_body: int = 1024 * 1024
+    rbac: bool = True
+    tls_server_name: str | None = None
+    upstream_verify: bool = True
+    connect_timeout: float = 5.0
+    read_timeout: float = 60.0
+    stream_idle_timeout: float = 3600.0
+    trusted_proxies: tuple[str, ...] = ()
+
+
+def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
+    payload = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
+    return [payload]
+
+
+class GatewayDispatcher:
+    """Send each request to the part of the gateway that owns its path."""
+
+    def __init__(self, *, api: Any, tunnel: Any, store: SQLStore) -> None:
+        self.api = api
+        self.tunnel = tunnel
+        self.store = store
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path.startswith(TUNNEL_PREFIX):
+            return self.tunnel(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            return _text_response(start_response, "200 OK", {"status": "ok"})
+        if path == "/readyz":
+            if self.store.ping():
+                return _text_response(start_response, "200 OK", {"status": "ready", "store": "ok"})
+            return _text_response(
+                start_response, "503 Service Unavailable", {"status": "not ready", "store": "unreachable"}
+            )
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path.startswith(("/rest/", "/clusters/")):
+            return self.api(environ, start_response)  # type: ignore[no-any-return]
+        return NotFound(f"no route for {path}")(environ, start_response)
+
+
+def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry = DEFAULT_REGISTRY
+    payload = generate_latest(registry)
+    start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(payload)))])
+    return [payload]
+
+
+class RequestContext:
+    """Outermost layer: request id, error style for tunnel paths, request metrics."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        from .metrics import LATENCY, REQUESTS
+
+        incoming = environ.get("HTTP_X_REQUEST_ID", "")
+        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else secrets.token_hex(16)
+        environ[env.REQUEST_ID] = request_id
+        path = environ.get("PATH_INFO", "")
+        kind = "tunnel" if path.startswith(TUNNEL_PREFIX) else "rest" if path.startswith(("/rest/", "/clusters/")) else (
+            "mesos" if path.startswith("/bcsapi/") else "other")
+        if kind == "tunnel":
+            environ[env.ERROR_STYLE] = "kubernetes"
+        started = time.monotonic()
+        method = environ.get("REQUEST_METHOD", "GET")
+
+        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            headers.append(("X-Request-Id", request_id))
+            cluster = env.get_cluster(environ)
+            REQUESTS.labels(kind, cluster.id if cluster else "", method, status[:3]).inc()
+            LATENCY.labels(kind, method).observe(time.monotonic() - started)
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        return self.app(environ, _start_response)  # type: ignore[no-any-return]
+
+
+def build_gateway(config: GatewayConfig, *, store: SQLStore | None = None) -> RequestContext:
+    """Assemble the gateway from a config (the one place the layers are stacked)."""
+    if store is None:
+        store = open_store(config.database_url, data_dir=config.data_dir, secret_key=config.secret_key)
+    apply_bootstrap(store, config.bootstrap_users)
+    ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
+    cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
+    api = ManagementAPI(
+        store,
+        settings=APISettings(
+            gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body
+        ),
+    )
+    if not config.upstream_verify:
+        log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
+    proxy = UpstreamProxy(
+        trusted_proxies=config.trusted_proxies,
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        stream_idle_timeout=config.stream_idle_timeout,
+    )
+    tunnel = ClusterRoutingMiddleware(
+        proxy,
+        directory=CachedDirectory(store, ttl=config.cluster_cache_ttl),
+        rbac=config.rbac,
+        tls_server_name=config.tls_server_name,
+        verify=config.upstream_verify,
+    )
+    dispatcher = GatewayDispatcher(api=api, tunnel=tunnel, store=store)
+    authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
+    authed = TokenAuthMiddleware(dispatcher, authenticator=authenticator, public_paths=config.public_paths)
+    return RequestContext(authed)
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    "database_url": conv.text,
+    "data_dir": conv.text,
+    "secret_key": conv.text,
+    "bootstrap_users": conv.mapping,
+    "token_cache_ttl": conv.seconds,
+    "cluster_cache_ttl": conv.seconds,
+    "public_paths": conv.aslist,
+    "gateway_ca_file": conv.text,
+    "gateway_cert_file": conv.text,
+    "public_url": conv.url,
+    "max_body": conv.size,
+    "rbac": conv.asbool,
+    "tls_server_name": conv.text,
+    "upstream_verify": conv.asbool,
+    "connect_timeout": conv.seconds,
+    "read_timeout": conv.seconds,
+    "stream_idle_timeout": conv.seconds,
+    "trusted_proxies": conv.aslist,
+}
+
+
+def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:
+    opts = conv.convert_options(section, local_conf, _OPTIONS)
+    if not opts.get("database_url") and not opts.get("data_dir"):
+        raise ConfigError(f"[{section}] needs database_url or data_dir")
+    paths = {k: Path(opts[k]) for k in ("data_dir", "gateway_ca_file", "gateway_cert_file") if opts.get(k)}
+    for key in ("gateway_ca_file", "gateway_cert_file"):
+        if key in paths and not paths[key].is_file():
+            raise ConfigError(f"[{section}] {key}: no such file {paths[key]}")
+    values: dict[str, Any] = {**opts, **paths}
+    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {})))
+    for key in ("public_paths", "trusted_proxies"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return GatewayConfig(**values)
+
+
+def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> RequestContext:
+    """PasteDeploy app ``egg:bcs-middleware#gateway`` (secrets key from env ``BCS_SECRET_KEY``)::
+
+        [app:main]
+        use = egg:bcs-middleware#gateway
+        database_url = postgresql://bcs@db.internal/bcs
+        bootstrap_users =
+            admin = file:/etc/bcs/admin.token
+        gateway_ca_file = /etc/bcs/tls/ca.crt
+        gateway_cert_file = /etc/bcs/tls/server.crt
+        rbac = true
+        tls_server_name = kubernetes
+    """
+    return build_gateway(config_from_options("app:gateway", local_conf))

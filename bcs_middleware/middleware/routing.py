@@ -1,0 +1,235 @@
+"""Cluster routing for the Kubernetes tunnel.
+
+:class:`ClusterRoutingMiddleware` turns ``/tunnels/clusters/{cluster_id}/{rest}``
+into an :class:`~bcs_middleware.environ.Upstream` for the proxy: the cluster's
+apiserver addresses, the CA and service-account token its kube-agent reported,
+and — with RBAC on and a non-superuser caller — the impersonation headers that
+let the cluster's own RBAC decide what the user may do.
+
+Security notes:
+
+* every ``Impersonate-*`` header the client sends (any case, including
+  ``Impersonate-Extra-*`` and ``Impersonate-Uid``) is refused with 403: a client
+  never chooses its identity upstream;
+* the client's ``Authorization`` is replaced by the cluster's credential (the
+  proxy drops it; this layer supplies ``Upstream.bearer_token``);
+* a path that would leave the cluster's prefix (``..``, ``.``, encoded ``/`` or
+  ``\\``) is refused with 400 before anything is looked up.
+
+Errors are Kubernetes ``Status`` objects so kubectl prints them.
+
+Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``, ``bcs.user``;
+sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream) and
+``bcs.error_style``. Requests outside the prefix pass through untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from .. import converters as conv
+from .. import environ as env
+from ..errors import BadRequest, BCSError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
+from ..store import ClusterRecord, CredentialRecord
+
+TUNNEL_PREFIX = "/tunnels/clusters/"
+_UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
+
+
+class ClusterDirectory(Protocol):
+    """Where clusters and their reported credentials come from (``SQLStore`` has both)."""
+
+    def find_cluster(self, cluster_id: str) -> ClusterRecord | None: ...
+
+    def get_credentials(self, cluster_id: str) -> CredentialRecord | None: ...
+
+
+class CachedDirectory:
+    """A per-process TTL cache over a :class:`ClusterDirectory`.
+
+    ``ttl`` bounds how long a worker keeps using credentials after the kube-agent
+    reported new ones (and how long a new cluster takes to appear).
+    """
+
+    def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0) -> None:
+        self.inner = inner
+        self.ttl = ttl
+        self._cache: dict[str, tuple[float, ClusterRecord | None, CredentialRecord | None]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(cluster_id)
+        if hit is not None and hit[0] > now:
+            return hit[1], hit[2]
+        cluster = self.inner.find_cluster(cluster_id)
+        creds = self.inner.get_credentials(cluster_id) if cluster is not None else None
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[cluster_id] = (now + self.ttl, cluster, creds)
+        return cluster, creds
+
+
+@dataclass(frozen=True)
+class TunnelPath:
+    cluster_id: str
+    rest: str  # percent-encoded path upstream, always starting with "/"
+
+
+def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
+    """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
+    if not path_info.startswith(TUNNEL_PREFIX):
+        return None
+    if raw_uri is not None:
+        raw_path = raw_uri.split("?", 1)[0]
+        if _UNSAFE_RAW.search(raw_path):
+            raise BadRequest("encoded '/' or '\\' is not allowed in a tunnel path", code_name="BAD_PATH")
+    cluster_id, sep, rest = path_info[len(TUNNEL_PREFIX):].partition("/")
+    if not cluster_id or cluster_id in (".", ".."):
+        raise BadRequest("missing cluster id in the tunnel path", code_name="BAD_PATH")
+    # "{server_address}/version" yields "//version": a doubled slash right after the
+    # cluster prefix is one slash (the source's own docs write it that way).
+    rest = "/" + rest.lstrip("/") if sep else "/"
+    segments = rest.split("/")
+    if any(seg in (".", "..") for seg in segments) or "\\" in rest or "\x00" in rest:
+        raise BadRequest("the tunnel path may not contain '.' or '..' segments", code_name="BAD_PATH")
+    return TunnelPath(cluster_id, quote(rest, safe="/:@!$&'()*+,;=-._~"))
+
+
+def impersonation_headers(environ: Mapping[str, Any]) -> list[str]:
+    return [k for k in environ if k.startswith("HTTP_IMPERSONATE_")]
+
+
+class ClusterRoutingMiddleware:
+    """Route ``/tunnels/clusters/{cluster_id}/…`` to the cluster's apiserver.
+
+    :param app: the next layer (admission, then the upstream proxy).
+    :param directory: clusters and credentials (the store, usually cached).
+    :param rbac: add ``Impersonate-User``/``Impersonate-Group`` for non-superusers,
+        so the cluster's RBAC decides. Off, every user acts with the credential's
+        own rights (the source system's ``turn_on_rbac: false``).
+    :param tls_server_name: verify every apiserver certificate against this name
+        instead of the reported host (the source system always used ``kubernetes``).
+    :param verify: ``False`` disables TLS verification towards apiservers — never
+        the default; logged at start by the factory.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        directory: ClusterDirectory | CachedDirectory,
+        rbac: bool = True,
+        tls_server_name: str | None = None,
+        verify: bool = True,
+    ) -> None:
+        self.app = app
+        self.directory = directory if isinstance(directory, CachedDirectory) else CachedDirectory(directory)
+        self.rbac = rbac
+        self.tls_server_name = tls_server_name or None
+        self.verify = verify
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith(TUNNEL_PREFIX):
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
+        environ[env.ERROR_STYLE] = "kubernetes"
+        try:
+            self.route(environ)
+        except BCSError as exc:
+            return exc(environ, start_response)
+        return self.app(environ, start_response)  # type: ignore[no-any-return]
+
+    def route(self, environ: dict[str, Any]) -> None:
+        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+        tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
+        assert tunnel is not None
+        refused = impersonation_headers(environ)
+        if refused:
+            name = refused[0][5:].replace("_", "-").title()
+            raise Forbidden(f"the {name} header is not allowed through the gateway", code_name="IMPERSONATION_REFUSED")
+        user = env.get_user(environ)
+        if user is None:
+            if env.get_agent(environ) is not None:
+                raise Forbidden("a register token cannot be used to reach a cluster")
+            raise Unauthorized("a gateway token is required")
+        cluster, creds = self.directory.lookup(tunnel.cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {tunnel.cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
+        if cluster.cluster_type != "k8s":
+            raise BadRequest(f"cluster {cluster.id!r} is not a Kubernetes cluster", code_name="NOT_KUBERNETES")
+        if creds is None or not creds.server_addresses:
+            raise ServiceUnavailable(
+                f"cluster {cluster.id!r} has no credentials yet: is its kube-agent running?",
+                code_name="CLUSTER_CREDENTIALS_MISSING",
+            )
+        headers: list[tuple[str, str]] = []
+        if self.rbac and not user.is_superuser:
+            headers.append(("Impersonate-User", user.name))
+            for group in ("system:authenticated", *user.groups):
+                headers.append(("Impersonate-Group", group))
+        environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
+        environ[env.UPSTREAM] = env.Upstream(
+            base_urls=creds.server_addresses,
+            path=tunnel.rest,
+            query=environ.get("QUERY_STRING", ""),
+            ca_pem=creds.cacert_pem,
+            server_name=self.tls_server_name,
+            verify=self.verify,
+            bearer_token=creds.user_token,
+            set_headers=tuple(headers),
+            name=f"cluster:{cluster.id}",
+        )
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    "database_url": conv.text,
+    "secret_key": conv.text,
+    "rbac": conv.asbool,
+    "tls_server_name": conv.text,
+    "verify": conv.asbool,
+    "cache_ttl": conv.seconds,
+}
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#cluster_routing``::
+
+        [filter:cluster_routing]
+        use = egg:bcs-middleware#cluster_routing
+        database_url = postgresql://bcs@db/bcs
+        rbac = true
+        tls_server_name = kubernetes
+    """
+    import logging
+
+    from ..store import open_store
+
+    opts = conv.convert_options("filter:cluster_routing", local_conf, _OPTIONS)
+    if not opts.get("database_url"):
+        raise conv.ConfigError("[filter:cluster_routing] database_url is required")
+    store = open_store(opts["database_url"], secret_key=opts.get("secret_key"), migrate=False)
+    if opts.get("verify") is False:
+        logging.getLogger(__name__).warning(
+            "TLS verification towards cluster apiservers is OFF (verify = false)"
+        )
+    directory = CachedDirectory(store, ttl=opts.get("cache_ttl", 5.0))
+
+    def make(app: Any) -> ClusterRoutingMiddleware:
+        return ClusterRoutingMiddleware(
+            app,
+            directory=directory,
+            rbac=opts.get("rbac", True),
+            tls_server_name=opts.get("tls_server_name"),
+            verify=opts.get("verify", True),
+        )
+
+    return make
