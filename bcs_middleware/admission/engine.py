@@ -1,0 +1,664 @@
+"""The admission engine: which webhooks match a request, calling them in order, the verdict.
+
+Framework-neutral: the WSGI layer (:mod:`bcs_middleware.middleware.admission`) and
+the dry-run endpoint (:func:`review`) both drive it. A rejection is raised as
+:class:`AdmissionRejected` (a :class:`~bcs_middleware.errors.BCSError`, so it renders
+itself); otherwise an :class:`Outcome` carries the final object.
+
+Failure semantics follow the kube-apiserver: with ``failurePolicy: Ignore`` a
+webhook that cannot be called or answers badly is skipped and logged; with
+``Fail`` the request is rejected with ``500 InternalError`` and the message
+``failed calling webhook "<name>": <cause>``. A denial carries the webhook's
+``status.code`` (403 when it gives none) and message. Every call is bounded by
+the webhook's timeout and by what is left of the request's total budget.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonpatch
+
+from .. import metrics
+from ..environ import AdmissionResult, User
+from ..errors import BCSError, ValidationError
+from .client import WebhookCallError, WebhookClient
+from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
+from .review import (
+    RequestAttributes,
+    apply_json_patch,
+    build_review,
+    kind_of,
+    parse_review_response,
+)
+from .store import ClusterReader, DefinitionStore
+
+log = logging.getLogger("bcs_middleware.admission")
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+Operation = Literal["CREATE", "UPDATE"]
+
+
+class AdmissionRejected(BCSError):
+    """The request may not go on: a webhook denied it, or failed under ``failurePolicy: Fail``."""
+
+    status = 403
+    code_name = "ADMISSION_DENIED"
+
+    def __init__(self, message: str, *, steps: Sequence[Step] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.steps = tuple(steps)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one matching webhook did (for logs and the dry-run review)."""
+
+    webhook: str
+    protocol: Literal["bcs", "kubernetes"]
+    outcome: Literal["allowed", "patched", "denied", "skipped", "failed"]
+    cause: str = ""
+    detail: str = ""
+    patch: tuple[dict[str, Any], ...] | None = None
+    warnings: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "webhook": self.webhook,
+            "protocol": self.protocol,
+            "outcome": self.outcome,
+        }
+        if self.cause:
+            data["cause"], data["detail"] = self.cause, self.detail
+        if self.patch is not None:
+            data["patch"] = list(self.patch)
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
+        return data
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The admitted object and what happened on the way."""
+
+    object: Any
+    patched: bool = False
+    webhooks: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    audit_annotations: tuple[tuple[str, str], ...] = ()
+    steps: tuple[Step, ...] = field(default=(), repr=False)
+
+    def result(self) -> AdmissionResult:
+        return AdmissionResult(
+            webhooks=self.webhooks,
+            patched=self.patched,
+            warnings=self.warnings,
+            audit_annotations=self.audit_annotations,
+        )
+
+
+class _Run:
+    """Mutable state of one admission: the object so far, the deadline, what was done."""
+
+    def __init__(self, obj: Any, deadline: float, trace: bool) -> None:
+        self.obj = obj
+        self.deadline = deadline
+        self.trace = trace
+        self.patched = False
+        self.called: list[str] = []
+        self.warnings: list[str] = []
+        self.annotations: list[tuple[str, str]] = []
+        self.steps: list[Step] = []
+
+    def outcome(self) -> Outcome:
+        return Outcome(
+            self.obj,
+            self.patched,
+            tuple(self.called),
+            tuple(self.warnings),
+            tuple(self.annotations),
+            tuple(self.steps),
+        )
+
+
+class AdmissionEngine:
+    """Match requests against the stored definitions and run the webhook chains.
+
+    :param store: where definitions are read (cached until ``store.version()`` moves).
+    :param cluster_reader: reads namespace labels and current objects of a cluster
+        (Kubernetes definitions only); without it, namespace labels are just
+        ``kubernetes.io/metadata.name`` and no old object is sent.
+    :param client: the :class:`WebhookClient` (pools, TLS, circuit breaker).
+    :param total_budget: seconds all webhooks of one request may take together.
+    :param default_timeout: per-call timeout of bcs webhooks without ``timeoutSeconds``.
+    :param namespace_ttl: seconds namespace labels are cached.
+    """
+
+    def __init__(
+        self,
+        store: DefinitionStore,
+        *,
+        client: WebhookClient,
+        cluster_reader: ClusterReader | None = None,
+        total_budget: float = 15.0,
+        default_timeout: float = 10.0,
+        namespace_ttl: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.cluster_reader = cluster_reader
+        self.total_budget = total_budget
+        self.default_timeout = default_timeout
+        self.namespace_ttl = namespace_ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._bcs: tuple[int, dict[tuple[str, str], BcsDefinition]] = (-1, {})
+        self._k8s: dict[str, tuple[int, tuple[K8sWebhook, ...]]] = {}
+        self._ns_labels: OrderedDict[tuple[str, str], tuple[float, dict[str, str]]] = OrderedDict()
+
+    # -- bcs definitions ---------------------------------------------------------------
+
+    def bcs_definitions(self) -> dict[tuple[str, str], BcsDefinition]:
+        version = self.store.version()
+        cached = self._bcs
+        if cached[0] != version:
+            cached = (version, {d.key: d for d in self.store.list_bcs()})
+            self._bcs = cached
+        return cached[1]
+
+    def has_bcs_operation(self, operation: str) -> bool:
+        return any(op == operation for op, _ in self.bcs_definitions())
+
+    def admit_bcs(
+        self,
+        operation: Literal["Create", "Update"],
+        obj: Any,
+        user: User | None,
+        *,
+        trace: bool = False,
+    ) -> Outcome:
+        """Run the definition matching (``operation``, ``obj["kind"]``), if any."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
+            return Outcome(obj)
+        definition = self.bcs_definitions().get((operation, obj["kind"].lower()))
+        if definition is None:
+            return Outcome(obj)
+        namespace = str(_meta(obj).get("namespace") or "")
+        run = _Run(obj, self._clock() + self.total_budget, trace)
+        for webhook in definition.webhooks:
+            if webhook.selects_namespace(namespace):
+                self._run_bcs_webhook(run, definition, webhook, operation, user)
+        return run.outcome()
+
+    def _run_bcs_webhook(
+        self,
+        run: _Run,
+        definition: BcsDefinition,
+        webhook: BcsWebhook,
+        operation: str,
+        user: User | None,
+    ) -> None:
+        label = f"{definition.name}/{webhook.name}"
+        if webhook.protocol == "kubernetes":
+            kind = str(run.obj.get("kind"))
+            attrs = RequestAttributes(
+                group="",
+                version="v4",
+                resource=f"{kind.lower()}s",
+                namespace=str(_meta(run.obj).get("namespace") or ""),
+            )
+            self._call_review(
+                run,
+                label,
+                f"bcs/{label}",
+                webhook.client,
+                webhook.failure_policy,
+                webhook.timeout or self.default_timeout,
+                mutating=True,
+                version=next(v for v in webhook.review_versions if v in ("v1", "v1beta1")),
+                operation=operation.upper(),
+                attrs=attrs,
+                name=str(_meta(run.obj).get("name") or ""),
+                old_obj=None,
+                user=user,
+                dry_run=False,
+                options=None,
+            )
+            return
+        before = run.obj
+        try:
+            data = self._post(
+                run,
+                label,
+                f"bcs/{label}",
+                webhook.client,
+                webhook.timeout or self.default_timeout,
+                json.dumps(before).encode(),
+            )
+            answer = self._checked(f"bcs/{label}", lambda: _bcs_answer(data, before))
+        except WebhookCallError as err:
+            self._failed(run, label, "bcs", webhook.failure_policy, err)
+            return
+        metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
+        run.called.append(label)
+        changed = answer != before
+        run.patched |= changed
+        run.obj = answer
+        if run.trace:
+            patch = tuple(jsonpatch.make_patch(before, answer).patch) if changed else ()
+            run.steps.append(Step(label, "bcs", "patched" if changed else "allowed", patch=patch))
+
+    # -- Kubernetes definitions ---------------------------------------------------------
+
+    def k8s_webhooks(self, cluster_id: str) -> tuple[K8sWebhook, ...]:
+        """Every webhook of the cluster: mutating first, by configuration name, then as listed."""
+        version = self.store.version()
+        cached = self._k8s.get(cluster_id)
+        if cached is None or cached[0] != version:
+            configurations = sorted(
+                self.store.list_k8s(cluster_id), key=lambda c: (not c.mutating, c.name)
+            )
+            cached = (version, tuple(w for c in configurations for w in c.webhooks))
+            with self._lock:
+                self._k8s[cluster_id] = cached
+        return cached[1]
+
+    def k8s_matching(
+        self, cluster_id: str, operation: str, attrs: RequestAttributes
+    ) -> list[K8sWebhook]:
+        """Webhooks whose ``rules`` match (selectors are checked later, with the objects)."""
+        return [
+            w
+            for w in self.k8s_webhooks(cluster_id)
+            if any(
+                r.matches(
+                    operation,
+                    attrs.group,
+                    attrs.version,
+                    attrs.resource,
+                    attrs.subresource,
+                    attrs.namespaced,
+                )
+                for r in w.rules
+            )
+        ]
+
+    def admit_k8s(
+        self,
+        cluster_id: str,
+        operation: Operation,
+        attrs: RequestAttributes,
+        obj: Any,
+        old_obj: Any,
+        user: User | None,
+        *,
+        dry_run: bool = False,
+        options: Mapping[str, Any] | None = None,
+        webhooks: Sequence[K8sWebhook] | None = None,
+        trace: bool = False,
+    ) -> Outcome:
+        """Run the matching mutating webhooks, then the validating ones on the final object."""
+        if webhooks is None:
+            webhooks = self.k8s_matching(cluster_id, operation, attrs)
+        run = _Run(obj, self._clock() + self.total_budget, trace)
+        name = attrs.name or str(_meta(obj).get("name") or "")
+        for webhook in webhooks:
+            try:
+                selected = self._selected(cluster_id, webhook, attrs, run.obj, old_obj)
+            except WebhookCallError as err:
+                self._failed(run, webhook.name, "kubernetes", webhook.failure_policy, err)
+                continue
+            if not selected:
+                continue
+            if dry_run and webhook.side_effects not in ("None", "NoneOnDryRun"):
+                raise AdmissionRejected(
+                    f'admission webhook "{webhook.name}" does not support dry run',
+                    status=400,
+                    code_name="DRY_RUN_UNSUPPORTED",
+                    steps=run.steps,
+                )
+            self._call_review(
+                run,
+                webhook.name,
+                f"{cluster_id}/{webhook.configuration}/{webhook.name}",
+                webhook.client,
+                webhook.failure_policy,
+                webhook.timeout,
+                mutating=webhook.mutating,
+                version=webhook.review_version,
+                operation=operation,
+                attrs=attrs,
+                name=name,
+                old_obj=old_obj,
+                user=user,
+                dry_run=dry_run,
+                options=options,
+            )
+        return run.outcome()
+
+    def _selected(
+        self, cluster_id: str, webhook: K8sWebhook, attrs: RequestAttributes, obj: Any, old_obj: Any
+    ) -> bool:
+        selector = webhook.object_selector
+        if not selector.is_empty and not any(
+            o is not None and selector.matches(_labels(o)) for o in (obj, old_obj)
+        ):
+            return False
+        selector = webhook.namespace_selector
+        if selector.is_empty:
+            return True
+        if attrs.resource == "namespaces":
+            source = obj if obj is not None else old_obj
+            labels = {
+                **_labels(source),
+                NAMESPACE_NAME_LABEL: attrs.name or str(_meta(source).get("name") or ""),
+            }
+            return selector.matches(labels)
+        if not attrs.namespaced:
+            return (
+                True  # cluster-scoped objects are not in a namespace: the selector does not apply
+            )
+        return selector.matches(self.namespace_labels(cluster_id, attrs.namespace))
+
+    def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
+        key = (cluster_id, namespace)
+        now = self._clock()
+        with self._lock:
+            hit = self._ns_labels.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+        labels: dict[str, str] = {}
+        if self.cluster_reader is not None:
+            try:
+                labels = dict(self.cluster_reader.namespace_labels(cluster_id, namespace) or {})
+            except Exception:
+                log.warning(
+                    "admission: cannot read labels of namespace %s in cluster %s",
+                    namespace,
+                    cluster_id,
+                    exc_info=True,
+                )
+                raise WebhookCallError(
+                    "namespace", f"cannot read labels of namespace {namespace!r}"
+                ) from None
+        labels[NAMESPACE_NAME_LABEL] = namespace
+        with self._lock:
+            self._ns_labels[key] = (now + self.namespace_ttl, labels)
+            self._ns_labels.move_to_end(key)
+            while len(self._ns_labels) > 4096:
+                self._ns_labels.popitem(last=False)
+        return labels
+
+    # -- calling --------------------------------------------------------------------
+
+    def _call_review(
+        self,
+        run: _Run,
+        label: str,
+        breaker_key: str,
+        client: ClientConfig,
+        policy: str,
+        timeout: float,
+        *,
+        mutating: bool,
+        version: str,
+        operation: str,
+        attrs: RequestAttributes,
+        name: str,
+        old_obj: Any,
+        user: User | None,
+        dry_run: bool,
+        options: Mapping[str, Any] | None,
+    ) -> None:
+        uid = str(uuid.uuid4())
+        body = build_review(
+            version=version,
+            uid=uid,
+            operation=operation,
+            attrs=attrs,
+            kind=kind_of(run.obj, attrs),
+            name=name,
+            user=user,
+            obj=run.obj,
+            old_obj=old_obj,
+            dry_run=dry_run,
+            options=options,
+        )
+        try:
+            data = self._post(run, label, breaker_key, client, timeout, json.dumps(body).encode())
+
+            def check() -> tuple[Any, Any]:
+                response = parse_review_response(data, version=version, uid=uid, mutating=mutating)
+                patched = run.obj
+                if response.allowed and response.patch:
+                    try:
+                        patched = apply_json_patch(run.obj, response.patch)
+                    except ValueError as exc:
+                        raise WebhookCallError("malformed", str(exc)) from None
+                    if not isinstance(patched, dict):
+                        raise WebhookCallError("malformed", "patched object is not a JSON object")
+                return response, patched
+
+            response, patched = self._checked(breaker_key, check)
+        except WebhookCallError as err:
+            self._failed(run, label, "kubernetes", policy, err)
+            return
+        run.called.append(label)
+        run.warnings.extend(response.warnings)
+        run.annotations.extend((f"{label}/{k}", v) for k, v in response.audit_annotations)
+        if not response.allowed:
+            metrics.WEBHOOK_CALLS.labels(label, "denied").inc()
+            status = response.status
+            code = status.get("code") if isinstance(status.get("code"), int) else 403
+            code = max(int(code), 400) if code else 403
+            reason = status.get("message") or status.get("reason")
+            message = f'admission webhook "{label}" denied the request'
+            message = f"{message}: {reason}" if reason else f"{message} without explanation"
+            run.steps.append(
+                Step(
+                    label,
+                    "kubernetes",
+                    "denied",
+                    detail=str(reason or ""),
+                    warnings=response.warnings,
+                )
+            )
+            raise AdmissionRejected(
+                message,
+                status=min(code, 599),
+                steps=run.steps,
+                headers=warning_headers(run.warnings),
+            )
+        metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
+        changed = response.patch is not None and patched != run.obj
+        run.patched |= changed
+        run.obj = patched
+        if run.trace:
+            run.steps.append(
+                Step(
+                    label,
+                    "kubernetes",
+                    "patched" if changed else "allowed",
+                    patch=response.patch,
+                    warnings=response.warnings,
+                )
+            )
+
+    def _post(
+        self,
+        run: _Run,
+        label: str,
+        breaker_key: str,
+        client: ClientConfig,
+        timeout: float,
+        body: bytes,
+    ) -> bytes:
+        remaining = run.deadline - self._clock()
+        if remaining <= 0:
+            raise WebhookCallError(
+                "budget", f"total admission budget of {self.total_budget:g}s spent"
+            )
+        started = time.perf_counter()
+        try:
+            return self.client.post(
+                self.client.target(client), body, min(timeout, remaining), breaker_key=breaker_key
+            )
+        finally:
+            metrics.WEBHOOK_LATENCY.labels(label).observe(time.perf_counter() - started)
+
+    def _checked(self, breaker_key: str, check: Callable[[], Any]) -> Any:
+        # Answers that arrive but are unusable count against the breaker too.
+        try:
+            result = check()
+        except WebhookCallError:
+            self.client.breaker.failure(breaker_key)
+            raise
+        self.client.breaker.success(breaker_key)
+        return result
+
+    def _failed(
+        self,
+        run: _Run,
+        label: str,
+        protocol: Literal["bcs", "kubernetes"],
+        policy: str,
+        err: WebhookCallError,
+    ) -> None:
+        metrics.WEBHOOK_FAILURES.labels(label, err.cause).inc()
+        metrics.WEBHOOK_CALLS.labels(label, "error").inc()
+        if policy == "Ignore":
+            log.warning(
+                "admission webhook %s skipped (failurePolicy Ignore): %s: %s",
+                label,
+                err.cause,
+                err.detail,
+            )
+            run.steps.append(Step(label, protocol, "skipped", err.cause, err.detail))
+            return
+        log.warning(
+            "admission webhook %s failed (failurePolicy Fail): %s: %s", label, err.cause, err.detail
+        )
+        run.steps.append(Step(label, protocol, "failed", err.cause, err.detail))
+        raise AdmissionRejected(
+            f'failed calling webhook "{label}": {err.detail}',
+            status=500,
+            code_name="ADMISSION_WEBHOOK_FAILED",
+            steps=run.steps,
+        )
+
+
+def _bcs_answer(data: bytes, before: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise WebhookCallError("malformed", "answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise WebhookCallError("malformed", "answer is not a JSON object")
+    if str(answer.get("kind", "")).lower() != str(before.get("kind", "")).lower():
+        raise WebhookCallError("malformed", "answer changed the object's kind")
+    for key in ("name", "namespace"):
+        if _meta(answer).get(key) != _meta(before).get(key):
+            raise WebhookCallError("malformed", f"answer changed metadata.{key}")
+    return answer
+
+
+def _meta(obj: Any) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    labels = _meta(obj).get("labels")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def warning_headers(warnings: Sequence[str], limit: int = 32) -> list[tuple[str, str]]:
+    """RFC 7234 ``Warning: 299 - "text"`` headers, as the apiserver sends them."""
+    headers = []
+    for text in list(dict.fromkeys(warnings))[:limit]:
+        clean = "".join(c if c.isprintable() else " " for c in text)[:1024]
+        clean = clean.replace("\\", "\\\\").replace('"', '\\"')
+        headers.append(("Warning", f'299 - "{clean}"'))
+    return headers
+
+
+def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[str, Any]:
+    """Dry-run admission of ``document``; nothing is forwarded anywhere.
+
+    ``{"operation": "CREATE"|"UPDATE"|"Create"|"Update", "object": {...},
+    "oldObject"?, "cluster_id"? (Kubernetes definitions), "resource"?
+    ("pods" or {"group","version","resource"}), "subResource"?, "namespace"?, "name"?,
+    "dryRun"?}`` → which webhooks ran, what each did, warnings, the final object,
+    and whether the request would be allowed.
+    """
+    if not isinstance(document, dict):
+        raise ValidationError("(body): must be a JSON object")
+    operation = str(document.get("operation", "")).upper()
+    if operation not in ("CREATE", "UPDATE"):
+        raise ValidationError("operation: must be CREATE or UPDATE")
+    obj = document.get("object")
+    if not isinstance(obj, dict):
+        raise ValidationError("object: must be a JSON object")
+    cluster_id = document.get("cluster_id")
+    try:
+        if cluster_id is None:
+            outcome = engine.admit_bcs(
+                "Create" if operation == "CREATE" else "Update", obj, user, trace=True
+            )
+        else:
+            attrs = _review_attributes(document, obj)
+            outcome = engine.admit_k8s(
+                str(cluster_id),
+                "CREATE" if operation == "CREATE" else "UPDATE",
+                attrs,
+                obj,
+                document.get("oldObject"),
+                user,
+                dry_run=bool(document.get("dryRun", False)),
+                trace=True,
+            )
+    except AdmissionRejected as rejected:
+        return {
+            "allowed": False,
+            "status": {"code": rejected.status, "message": rejected.message},
+            "webhooks": [s.as_dict() for s in rejected.steps],
+            "final_object": None,
+        }
+    return {
+        "allowed": True,
+        "webhooks": [s.as_dict() for s in outcome.steps],
+        "patched": outcome.patched,
+        "warnings": list(outcome.warnings),
+        "audit_annotations": dict(outcome.audit_annotations),
+        "final_object": outcome.object,
+    }
+
+
+def _review_attributes(document: Mapping[str, Any], obj: Mapping[str, Any]) -> RequestAttributes:
+    resource = document.get("resource")
+    api_version = str(obj.get("apiVersion") or "v1")
+    group, _, version = api_version.rpartition("/")
+    if isinstance(resource, dict):
+        group = str(resource.get("group", group))
+        version = str(resource.get("version", version))
+        resource = resource.get("resource")
+    if not isinstance(resource, str) or not resource:
+        raise ValidationError('resource: required for Kubernetes definitions (e.g. "pods")')
+    namespace = document.get("namespace", _meta(obj).get("namespace") or "")
+    return RequestAttributes(
+        group=group,
+        version=version,
+        resource=resource,
+        subresource=str(document.get("subResource") or ""),
+        name=str(document.get("name") or _meta(obj).get("name") or ""),
+        namespace=str(namespace),
+    )

@@ -1,0 +1,427 @@
+"""Admission interception: create/update requests pass through webhook chains first.
+
+:class:`AdmissionMiddleware` buffers the (bounded) JSON body of a POST, PUT or
+PATCH that a definition matches, runs the webhooks (mutating first, validating
+after), and hands the downstream app the admitted body as a fresh ``wsgi.input``
+with the right ``Content-Length``. Anything else — other methods, requests no
+definition matches — passes through untouched and unread.
+
+Which definitions apply:
+
+* ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
+  webhook configurations of that cluster, matched on the Kubernetes API path
+  (``bcs.upstream.path``, else ``PATH_INFO`` without ``/tunnels/clusters/{id}``);
+* otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
+  POST = Create / PUT = Update and the body's ``kind``.
+
+A matched ``PATCH`` (JSON Patch or merge patch) is resolved against the current
+object (read through the :class:`~bcs_middleware.admission.ClusterReader`),
+admitted as an UPDATE, and forwarded as a ``PUT`` of the admitted object guarded
+by its ``resourceVersion``. Strategic-merge and apply patches cannot be resolved
+without the resource's schema and are refused (415) rather than let through
+unadmitted. Requests that change webhook definitions are never intercepted.
+
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``; sets
+``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites
+``wsgi.input``, ``CONTENT_LENGTH`` (and, for a resolved PATCH, ``REQUEST_METHOD``,
+``CONTENT_TYPE``). Webhook ``warnings`` become ``Warning: 299`` response headers.
+
+Security: webhooks are only reached over HTTPS verified against their
+``caBundle`` and service name; no credential of the request is sent to them
+(the object and the user's name and groups only).
+
+:param app: the WSGI app to protect.
+:param store: the :class:`~bcs_middleware.admission.DefinitionStore`.
+:param cluster_reader: reads namespace labels and current objects (Kubernetes).
+:param mode: ``"auto"`` (by ``bcs.cluster``), ``"bcs"`` or ``"kubernetes"``.
+:param max_body: largest body buffered; a larger matched request is a 413.
+:param total_budget: seconds all webhooks of one request may take together.
+:param default_timeout: per-call timeout of bcs webhooks without ``timeoutSeconds``.
+:param address_map: ``{"name.namespace": "host:port"}`` to connect elsewhere
+    while verifying the service name.
+:param breaker_threshold: consecutive failures that open a webhook's breaker.
+:param breaker_cooldown: seconds an open breaker fails calls fast.
+:param client: a ready :class:`~bcs_middleware.admission.WebhookClient` (the
+    address map and breaker options are then ignored).
+
+Example::
+
+    app = AdmissionMiddleware(app, store=MemoryDefinitionStore(), total_budget=5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlencode
+
+import yaml
+
+from .. import environ as env
+from ..admission.client import CircuitBreaker, WebhookClient
+from ..admission.engine import AdmissionEngine, Outcome, warning_headers
+from ..admission.review import (
+    RequestAttributes,
+    apply_json_patch,
+    apply_merge_patch,
+    parse_api_path,
+)
+from ..admission.store import (
+    ClusterReader,
+    DefinitionStore,
+    MemoryDefinitionStore,
+    load_definitions_file,
+)
+from ..converters import asint, convert_options, mapping, seconds, size, text
+from ..errors import (
+    BadGateway,
+    BadRequest,
+    BCSError,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+
+Mode = Literal["bcs", "kubernetes", "auto"]
+StartResponse = Callable[..., Any]
+
+_TUNNEL = re.compile(r"^/+tunnels/+clusters/+([^/]+)(/.*)?$")
+# Webhook definitions themselves: the mesos-driver and management API routes.
+_DEFINITION_PATHS = re.compile(
+    r"/namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|/admissionwebhooks(/[^/]*)?/?$"
+    r"|/admissionwebhookconfigurations(/.*)?$|^/+rest/+admission/"
+)
+_REGISTRATION_GROUP = "admissionregistration.k8s.io"
+_JSON_PATCH = "application/json-patch+json"
+_MERGE_PATCH = "application/merge-patch+json"
+
+
+class AdmissionMiddleware:
+    """Run matching admission webhooks before a create/update reaches ``app`` (see module doc)."""
+
+    def __init__(
+        self,
+        app: Callable[..., Iterable[bytes]],
+        *,
+        store: DefinitionStore,
+        cluster_reader: ClusterReader | None = None,
+        mode: Mode = "auto",
+        max_body: int = 3 * 1024 * 1024,
+        total_budget: float = 15.0,
+        default_timeout: float = 10.0,
+        address_map: Mapping[str, str] | None = None,
+        breaker_threshold: int = 5,
+        breaker_cooldown: float = 30.0,
+        client: WebhookClient | None = None,
+        namespace_ttl: float = 5.0,
+    ) -> None:
+        if mode not in ("bcs", "kubernetes", "auto"):
+            raise ValueError(f"mode must be bcs, kubernetes or auto, not {mode!r}")
+        if max_body <= 0 or total_budget <= 0 or default_timeout <= 0:
+            raise ValueError("max_body, total_budget and default_timeout must be positive")
+        self.app = app
+        self.mode = mode
+        self.max_body = max_body
+        client = client or WebhookClient(
+            address_map=address_map or {},
+            breaker=CircuitBreaker(breaker_threshold, breaker_cooldown),
+        )
+        self.engine = AdmissionEngine(
+            store,
+            client=client,
+            cluster_reader=cluster_reader,
+            total_budget=total_budget,
+            default_timeout=default_timeout,
+            namespace_ttl=namespace_ttl,
+        )
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        if method not in ("POST", "PUT", "PATCH") or _DEFINITION_PATHS.search(
+            environ.get("PATH_INFO", "")
+        ):
+            return self.app(environ, start_response)
+        kubernetes = self._kubernetes(environ)
+        style: env.ErrorStyle = "kubernetes" if kubernetes else env.get_error_style(environ)
+        try:
+            if kubernetes is not None:
+                outcome = self._admit_kubernetes(environ, method, *kubernetes)
+            else:
+                outcome = self._admit_bcs(environ, method)
+        except BCSError as exc:
+            status_line, headers, payload = exc.response_parts(style)
+            start_response(status_line, headers)
+            return [payload]
+        if outcome is None:
+            return self.app(environ, start_response)
+        environ[env.ADMISSION] = outcome.result()
+        extra = warning_headers(outcome.warnings)
+        if not extra:
+            return self.app(environ, start_response)
+
+        def with_warnings(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            return start_response(status, [*headers, *extra], exc_info)
+
+        return self.app(environ, with_warnings)
+
+    # -- bcs ------------------------------------------------------------------------
+
+    def _admit_bcs(self, environ: dict[str, Any], method: str) -> Outcome | None:
+        if method == "PATCH":
+            return None
+        operation: Literal["Create", "Update"] = "Create" if method == "POST" else "Update"
+        if not self.engine.has_bcs_operation(operation):
+            return None
+        content_type = _mime(environ)
+        is_yaml = "yaml" in content_type
+        if content_type and "json" not in content_type and not is_yaml:
+            return None
+        body = self._read_body(environ)
+        try:
+            obj = yaml.safe_load(body) if is_yaml else json.loads(body)
+        except (ValueError, yaml.YAMLError):
+            obj = None
+        outcome = self.engine.admit_bcs(operation, obj, env.get_user(environ))
+        if not outcome.webhooks and not outcome.steps:
+            _set_body(environ, body)
+            return None
+        if outcome.patched or is_yaml:
+            body = json.dumps(outcome.object).encode()
+            environ["CONTENT_TYPE"] = "application/json"
+        _set_body(environ, body)
+        return outcome
+
+    # -- Kubernetes -------------------------------------------------------------------
+
+    def _kubernetes(self, environ: dict[str, Any]) -> tuple[str, str] | None:
+        """``(cluster_id, api_path)`` when Kubernetes definitions apply, else ``None``."""
+        cluster = env.get_cluster(environ)
+        if self.mode == "bcs" or (
+            self.mode == "auto" and (cluster is None or cluster.cluster_type != "k8s")
+        ):
+            return None
+        path = environ.get("PATH_INFO", "")
+        tunnel = _TUNNEL.match(path)
+        cluster_id = cluster.id if cluster else (tunnel.group(1) if tunnel else "")
+        upstream = env.get_upstream(environ)
+        if upstream is not None:
+            api_path = upstream.path
+        else:
+            api_path = (tunnel.group(2) or "/") if tunnel else path
+        return cluster_id, api_path
+
+    def _admit_kubernetes(
+        self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str
+    ) -> Outcome | None:
+        attrs = parse_api_path(api_path)
+        if attrs is None or attrs.group == _REGISTRATION_GROUP:
+            return None
+        operation: Literal["CREATE", "UPDATE"] = "CREATE" if method == "POST" else "UPDATE"
+        webhooks = self.engine.k8s_matching(cluster_id, operation, attrs)
+        if not webhooks:
+            return None
+        first = webhooks[0].name
+        content_type = _mime(environ)
+        if method == "PATCH":
+            if content_type not in (_JSON_PATCH, _MERGE_PATCH):
+                raise UnsupportedMediaType(
+                    f'{content_type or "this"} patch cannot be admitted by webhook "{first}": '
+                    f"send a JSON Patch ({_JSON_PATCH}), a merge patch ({_MERGE_PATCH}) "
+                    "or a full update"
+                )
+        elif content_type not in ("application/json", ""):
+            raise UnsupportedMediaType(
+                f'a {content_type} body cannot be admitted by webhook "{first}": '
+                "send application/json"
+            )
+        body = self._read_body(environ)
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise BadRequest("request body is not valid JSON") from None
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        dry_run = "All" in query.get("dryRun", [])
+        old = None
+        if method == "PATCH":
+            old = self._current(cluster_id, attrs, required=True)
+            try:
+                obj = (
+                    apply_json_patch(old, document)
+                    if content_type == _JSON_PATCH
+                    else apply_merge_patch(old, document)
+                )
+            except ValueError as exc:
+                raise BCSError(
+                    f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
+                ) from None
+            if isinstance(obj, dict):
+                obj.setdefault("metadata", {})["resourceVersion"] = (
+                    (old or {}).get("metadata", {}).get("resourceVersion")
+                )
+        else:
+            obj = document
+            if method == "PUT":
+                old = self._current(cluster_id, attrs, required=False)
+        if not isinstance(obj, dict):
+            raise BadRequest("request body must be a JSON object")
+        options = _options(operation, query)
+        outcome = self.engine.admit_k8s(
+            cluster_id,
+            operation,
+            attrs,
+            obj,
+            old,
+            env.get_user(environ),
+            dry_run=dry_run,
+            options=options,
+            webhooks=webhooks,
+        )
+        if method == "PATCH":
+            environ["REQUEST_METHOD"] = "PUT"
+            environ["CONTENT_TYPE"] = "application/json"
+            self._drop_apply_only_query(environ, query)
+            body = json.dumps(outcome.object).encode()
+        elif outcome.patched:
+            body = json.dumps(outcome.object).encode()
+        _set_body(environ, body)
+        return outcome
+
+    def _current(self, cluster_id: str, attrs: RequestAttributes, *, required: bool) -> Any:
+        reader = self.engine.cluster_reader
+        if reader is None or not attrs.name:
+            if required:
+                raise BadGateway(
+                    "cannot resolve the patch for admission: the cluster cannot be read"
+                )
+            return None
+        try:
+            current = reader.get_object(cluster_id, attrs.api_path)
+        except Exception:
+            raise BadGateway(
+                "cannot read the current object from the cluster for admission"
+            ) from None
+        if current is None and required:
+            raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
+        return current
+
+    @staticmethod
+    def _drop_apply_only_query(environ: dict[str, Any], query: dict[str, list[str]]) -> None:
+        # "force" is meaningful only for apply patches; a PUT carrying it is refused.
+        if "force" not in query:
+            return
+        rest = {k: v for k, v in query.items() if k != "force"}
+        environ["QUERY_STRING"] = urlencode(rest, doseq=True)
+        upstream = env.get_upstream(environ)
+        if upstream is not None:
+            environ[env.UPSTREAM] = dataclasses.replace(upstream, query=environ["QUERY_STRING"])
+
+    # -- bodies ---------------------------------------------------------------------
+
+    def _read_body(self, environ: dict[str, Any]) -> bytes:
+        length_header = environ.get("CONTENT_LENGTH") or ""
+        stream = environ["wsgi.input"]
+        if length_header.strip():
+            try:
+                length = int(length_header)
+            except ValueError:
+                raise BadRequest("invalid Content-Length") from None
+            if length < 0:
+                raise BadRequest("invalid Content-Length")
+            if length > self.max_body:
+                raise PayloadTooLarge(
+                    f"request body larger than {self.max_body} bytes cannot be admitted"
+                )
+            return _read_exactly(stream, length)
+        # Chunked upload (the server de-chunks): read up to one byte past the limit.
+        data = _read_exactly(stream, self.max_body + 1)
+        if len(data) > self.max_body:
+            raise PayloadTooLarge(
+                f"request body larger than {self.max_body} bytes cannot be admitted"
+            )
+        return data
+
+
+def _read_exactly(stream: Any, limit: int) -> bytes:
+    chunks, total = [], 0
+    while total < limit:
+        chunk = stream.read(min(65536, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _set_body(environ: dict[str, Any], body: bytes) -> None:
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    environ.pop("HTTP_TRANSFER_ENCODING", None)
+
+
+def _mime(environ: Mapping[str, Any]) -> str:
+    return str(environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
+
+
+def _options(operation: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+    kind = "CreateOptions" if operation == "CREATE" else "UpdateOptions"
+    options: dict[str, Any] = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
+    if query.get("dryRun"):
+        options["dryRun"] = query["dryRun"]
+    if query.get("fieldManager"):
+        options["fieldManager"] = query["fieldManager"][0]
+    return options
+
+
+def _mode(value: str) -> Mode:
+    value = value.strip().lower()
+    if value not in ("bcs", "kubernetes", "auto"):
+        raise ValueError("must be bcs, kubernetes or auto")
+    return value  # type: ignore[return-value]
+
+
+def filter_factory(
+    global_conf: Mapping[str, Any], **local_conf: str
+) -> Callable[[Any], AdmissionMiddleware]:
+    """PasteDeploy filter ``admission``.
+
+    .. code-block:: ini
+
+        [filter:admission]
+        use = egg:bcs-middleware#admission
+        # JSON or YAML: {"admissionwebhooks": [...], "clusters": {"<id>": [...]}}
+        definitions_file = /etc/bcs/admission.yaml
+        mode = auto
+        max_body = 3MiB
+        total_budget = 15s
+        default_timeout = 10s
+        breaker_threshold = 5
+        breaker_cooldown = 30s
+        address_map =
+            sidecar-webhook-service.sidecar-webhook-namespace = 10.0.0.12:8443
+    """
+    options = convert_options(
+        "filter:admission",
+        local_conf,
+        {
+            "definitions_file": text,
+            "mode": _mode,
+            "max_body": size,
+            "total_budget": seconds,
+            "default_timeout": seconds,
+            "address_map": mapping,
+            "breaker_threshold": asint,
+            "breaker_cooldown": seconds,
+            "namespace_ttl": seconds,
+        },
+    )
+    path = options.pop("definitions_file", None)
+    store: DefinitionStore = load_definitions_file(path) if path else MemoryDefinitionStore()
+
+    def make(app: Any) -> AdmissionMiddleware:
+        return AdmissionMiddleware(app, store=store, **options)
+
+    return make
