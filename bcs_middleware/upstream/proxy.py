@@ -1,0 +1,438 @@
+"""``UpstreamProxy`` — the terminal WSGI app that streams a request to its upstream and back.
+
+Where it sends the request:
+
+* to ``environ["bcs.upstream"]`` (:class:`~bcs_middleware.environ.Upstream`)
+  when an earlier layer (cluster routing) decided it; or
+* to the fixed ``upstream`` URL it was configured with, keeping the request's
+  own path and query — a general reverse proxy in front of any HTTP service.
+
+Neither → ``500`` (a configuration error), rendered like every other error.
+
+What it does to the request:
+
+* Hop-by-hop headers (``Connection``, ``Keep-Alive``, ``TE``, ``Trailer``,
+  ``Transfer-Encoding``, ``Upgrade``, ``Proxy-*``) and every header named in
+  ``Connection`` are dropped, in both directions (RFC 9110 §7.6.1).
+* The client's ``Authorization`` is **never** forwarded; the upstream's own
+  ``bearer_token`` is sent instead, then ``Upstream.set_headers`` are set.
+  A client's ``Impersonate-*`` headers are always stripped (the routing layer
+  refuses them outright; this is the backstop when it did not run).
+* ``X-Forwarded-For``/``-Proto``/``-Host`` are built from ``REMOTE_ADDR``; the
+  client's own ``X-Forwarded-*``/``Forwarded`` headers are kept (and appended
+  to) only when ``REMOTE_ADDR`` is one of ``trusted_proxies``.
+* Bodies stream: a ``Content-Length`` body is sent with that exact length, a
+  chunked one (the server sets ``wsgi.input_terminated``) is sent chunked, in
+  64 KiB pieces, never read whole.
+
+What it does with the answer: status and headers pass through (minus
+hop-by-hop), redirects are **not** followed, and the body is relayed raw
+(no decompression) piece by piece as it arrives, so each event of a
+``watch=true`` stream reaches the client at once. Closing the returned
+iterable (the client went away) closes the upstream connection instead of
+returning a half-read one to the pool.
+
+Environ: reads ``bcs.upstream`` and ``bcs.error_style``; sets nothing.
+
+Security: TLS to the upstream is verified by default; ``verify = false`` must
+be written explicitly and is logged. No credential appears in any log line or
+error message.
+
+Example::
+
+    from bcs_middleware.upstream.proxy import UpstreamProxy
+    app = UpstreamProxy(upstream="https://backend.internal:8443", ca_pem=pem)
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import urllib3
+from urllib3 import exceptions as u3exc
+
+from .. import environ as env
+from .. import metrics
+from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
+from ..errors import BadGateway, BadRequest, BCSError, ConfigError, GatewayTimeout, InternalError
+from .transport import PooledTransport, Transport
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
+})
+# Never forwarded from the client, whatever else happens: framing is ours,
+# Host is the upstream's, credentials are replaced, and Expect would make the
+# upstream wait for a 100 we already answered.
+_REQUEST_DROP = HOP_BY_HOP | {"host", "authorization", "content-length", "expect"}
+_PIECE = 64 * 1024
+# Bodies up to this size are read before the status line goes out, so an
+# upstream failing mid-body still becomes a clean 502 and the connection is
+# back in the pool before the client has even seen the answer.
+_PRELOAD_LIMIT = 64 * 1024
+
+
+@functools.lru_cache(maxsize=512)
+def _header_name(environ_key: str) -> tuple[str, str]:
+    name = environ_key[5:].replace("_", "-")
+    return name.title(), name.lower()
+
+
+def _connection_tokens(value: str | None) -> frozenset[str]:
+    if not value:
+        return frozenset()
+    return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
+
+
+class UpstreamProxy:
+    """Forward the request to its upstream over pooled keep-alive connections.
+
+    :param upstream: a fixed ``http(s)://host[:port][/prefix]`` to send every
+        request to (the request's path is appended to the prefix) when no
+        earlier layer set ``bcs.upstream``.
+    :param ca_pem: PEM bundle the fixed upstream's certificate must chain to;
+        ``None`` uses the system store.
+    :param verify: ``False`` turns TLS verification off for the fixed
+        upstream — only for tests and emergencies; it is logged.
+    :param client_cert: ``(certfile, keyfile)`` presented to the fixed upstream.
+    :param tls_server_name: name the fixed upstream's certificate is verified
+        against (and sent as SNI) instead of the URL's host.
+    :param trusted_proxies: IPs/CIDRs whose ``X-Forwarded-*`` headers are
+        believed and extended; from anyone else they are replaced.
+    :param transport: the connection layer; by default a
+        :class:`~bcs_middleware.upstream.transport.PooledTransport` built from
+        the timeout and pool arguments (which are ignored when one is given).
+    :param connect_timeout: seconds to connect, TLS included.
+    :param read_timeout: seconds to wait for the response headers.
+    :param stream_idle_timeout: seconds a streamed body (no ``Content-Length``)
+        may stay silent; ``None`` means forever.
+    :param pool_maxsize: idle keep-alive connections kept per upstream.
+    """
+
+    def __init__(
+        self,
+        *,
+        upstream: str | None = None,
+        ca_pem: str | None = None,
+        verify: bool = True,
+        client_cert: tuple[str, str] | None = None,
+        tls_server_name: str | None = None,
+        trusted_proxies: Iterable[str] = (),
+        transport: Transport | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        stream_idle_timeout: float | None = 3600.0,
+        pool_maxsize: int = 32,
+    ) -> None:
+        self.transport: Transport = transport or PooledTransport(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            stream_idle_timeout=stream_idle_timeout,
+            pool_maxsize=pool_maxsize,
+        )
+        self._fixed: tuple[str, str, str] | None = None
+        if upstream is not None:
+            parts = urlsplit(upstream)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(f"upstream must be an http(s) URL, got {upstream!r}")
+            if parts.username or parts.password:
+                raise ConfigError("upstream URL must not carry credentials")
+            self._fixed = (
+                f"{parts.scheme}://{parts.netloc}",
+                parts.path.rstrip("/"),
+                parts.hostname,
+            )
+        self._ca_pem = ca_pem
+        self._verify = verify
+        self._client_cert = client_cert
+        self._server_name = tls_server_name
+        try:
+            self._trusted = tuple(
+                ipaddress.ip_network(item, strict=False) for item in trusted_proxies
+            )
+        except ValueError as exc:
+            raise ConfigError(f"trusted_proxies: {exc}") from None
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        upstream: env.Upstream | None = None
+        try:
+            upstream = env.get_upstream(environ) or self._fixed_upstream(environ)
+            headers = self._request_headers(environ, upstream)
+            body, length = _request_body(environ)
+            resp = self.transport.send(
+                upstream, environ["REQUEST_METHOD"], headers, body, length
+            )
+        except BCSError as exc:
+            if upstream is not None and exc.status in (502, 503, 504):
+                _count_error(upstream, exc)
+            return exc(environ, start_response)
+
+        out_headers = _response_headers(resp)
+        remaining = getattr(resp, "length_remaining", None)
+        if remaining is not None and remaining <= _PRELOAD_LIMIT:
+            try:
+                data = resp.read(decode_content=False)
+            except (u3exc.HTTPError, OSError):
+                resp.close()
+                resp.release_conn()
+                broken = BadGateway(f"upstream {upstream.name or '?'} broke off its answer")
+                _count_error(upstream, broken)
+                return broken(environ, start_response)
+            resp.release_conn()
+            start_response(f"{resp.status} {resp.reason}", out_headers)
+            return [data]
+        start_response(f"{resp.status} {resp.reason}", out_headers)
+        return _StreamedBody(resp, upstream.name)
+
+    def _fixed_upstream(self, environ: dict[str, Any]) -> env.Upstream:
+        if self._fixed is None:
+            raise InternalError(
+                "the proxy has no upstream: set 'upstream' or put a routing layer in front",
+                code_name="CONFIG_ERROR",
+            )
+        base, prefix, host = self._fixed
+        raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
+        if raw.startswith("/"):
+            # The bytes the client sent, so encoded slashes and the like survive.
+            path, _, query = raw.partition("?")
+        else:
+            script = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            path = quote(script.encode("latin-1"), safe="/:@!$&'()*+,;=-._~%")
+            query = environ.get("QUERY_STRING", "")
+        return env.Upstream(
+            base_urls=(base,),
+            path=prefix + (path or "/"),
+            query=query,
+            ca_pem=self._ca_pem,
+            server_name=self._server_name,
+            verify=self._verify,
+            client_cert=self._client_cert,
+            name=host,
+        )
+
+    def _request_headers(
+        self, environ: dict[str, Any], upstream: env.Upstream
+    ) -> list[tuple[str, str]]:
+        remote = environ.get("REMOTE_ADDR", "")
+        trusted = bool(self._trusted) and self._is_trusted(remote)
+        named = _connection_tokens(environ.get("HTTP_CONNECTION"))
+        overridden = {name.lower() for name, _ in upstream.set_headers}
+        headers: list[tuple[str, str]] = []
+        forwarded_for = forwarded_proto = forwarded_host = None
+        for key, value in environ.items():
+            if not key.startswith("HTTP_"):
+                continue
+            name, lower = _header_name(key)
+            if lower in _REQUEST_DROP or lower in named or lower in overridden:
+                continue
+            if lower.startswith("impersonate-"):
+                continue
+            if lower.startswith("x-forwarded-") or lower == "forwarded":
+                if not trusted:
+                    continue
+                if lower == "x-forwarded-for":
+                    forwarded_for = value
+                    continue
+                if lower == "x-forwarded-proto":
+                    forwarded_proto = value
+                    continue
+                if lower == "x-forwarded-host":
+                    forwarded_host = value
+                    continue
+            headers.append((name, value))
+        content_type = environ.get("CONTENT_TYPE")
+        if content_type:
+            headers.append(("Content-Type", content_type))
+        if remote:
+            headers.append(
+                ("X-Forwarded-For", f"{forwarded_for}, {remote}" if forwarded_for else remote)
+            )
+        proto = forwarded_proto or environ.get("wsgi.url_scheme", "http")
+        headers.append(("X-Forwarded-Proto", proto))
+        host = forwarded_host or environ.get("HTTP_HOST")
+        if host:
+            headers.append(("X-Forwarded-Host", host))
+        if upstream.bearer_token:
+            headers.append(("Authorization", f"Bearer {upstream.bearer_token}"))
+        headers.extend(upstream.set_headers)
+        return headers
+
+    def _is_trusted(self, remote: str) -> bool:
+        try:
+            address = ipaddress.ip_address(remote)
+        except ValueError:
+            return False
+        return any(address in network for network in self._trusted)
+
+
+def _request_body(environ: dict[str, Any]) -> tuple[Iterable[bytes] | None, int | None]:
+    stream = environ["wsgi.input"]
+    raw_length = environ.get("CONTENT_LENGTH")
+    if raw_length:
+        try:
+            length = int(raw_length)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if length < 0:
+            raise BadRequest("Content-Length is negative")
+        return (_sized_body(stream, length) if length else None), length
+    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        if not environ.get("wsgi.input_terminated"):
+            # Without the server marking the end of the input we could only
+            # guess where the body ends; refuse rather than hang or truncate.
+            raise BCSError(
+                "this server cannot stream chunked request bodies; send Content-Length",
+                status=411,
+                code_name="LENGTH_REQUIRED",
+            )
+        return _chunked_body(stream), None
+    return None, None
+
+
+def _sized_body(stream: Any, remaining: int) -> Iterator[bytes]:
+    while remaining > 0:
+        try:
+            piece = stream.read(min(_PIECE, remaining))
+        # Servers raise their own types when the client breaks off its body.
+        except Exception:
+            raise BadRequest("the request body ended before its Content-Length") from None
+        if not piece:
+            raise BadRequest("the request body ended before its Content-Length")
+        remaining -= len(piece)
+        yield piece
+
+
+def _chunked_body(stream: Any) -> Iterator[bytes]:
+    while True:
+        try:
+            piece = stream.read(_PIECE)
+        except Exception:
+            raise BadRequest("the chunked request body is malformed or was cut off") from None
+        if not piece:
+            return
+        yield piece
+
+
+def _response_headers(resp: urllib3.BaseHTTPResponse) -> list[tuple[str, str]]:
+    named = _connection_tokens(resp.headers.get("Connection"))
+    return [
+        (name, value)
+        for name, value in resp.headers.items()
+        if name.lower() not in HOP_BY_HOP and name.lower() not in named
+    ]
+
+
+def _count_error(upstream: env.Upstream, exc: BCSError) -> None:
+    if exc.code_name == "UPSTREAM_TLS_ERROR":
+        cause = "tls"
+    elif isinstance(exc, GatewayTimeout):
+        cause = "timeout"
+    elif exc.status == 502:
+        cause = "connect"
+    else:
+        cause = "protocol"
+    metrics.UPSTREAM_ERRORS.labels(upstream.name or "?", cause).inc()
+
+
+class _UpstreamBrokeOff(Exception):
+    """Raised into the server so it aborts the client connection instead of ending it cleanly."""
+
+
+class _StreamedBody:
+    """The response body, relayed piece by piece; ``close()`` frees the upstream connection."""
+
+    def __init__(self, resp: urllib3.BaseHTTPResponse, label: str) -> None:
+        self._resp = resp
+        self._label = label
+        self._complete = False
+        self._closed = False
+        metrics.OPEN_STREAMS.inc()
+
+    def __iter__(self) -> Iterator[bytes]:
+        read1 = self._resp.read1
+        try:
+            while True:
+                # read1 returns what has arrived (up to one chunk) instead of
+                # waiting to fill the buffer: each watch event goes out at once.
+                piece = read1(_PIECE, decode_content=False)
+                if not piece:
+                    break
+                yield piece
+        except (u3exc.HTTPError, OSError) as exc:
+            cause = "timeout" if isinstance(exc, u3exc.TimeoutError | TimeoutError) else "protocol"
+            metrics.UPSTREAM_ERRORS.labels(self._label or "?", cause).inc()
+            log.info("upstream %s: response body broke off (%s)", self._label, cause)
+            # Ending normally would send the last chunk and make a truncated
+            # body look complete; an exception makes the server drop the client.
+            raise _UpstreamBrokeOff(f"upstream {self._label} broke off its answer") from None
+        self._complete = True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        metrics.OPEN_STREAMS.dec()
+        if not self._complete:
+            # Half-read: the connection is mid-message and must never be reused.
+            self._resp.close()
+        self._resp.release_conn()
+
+
+def app_factory(global_conf: dict[str, Any], **local_conf: str) -> UpstreamProxy:
+    """Build an :class:`UpstreamProxy` from an ini section.
+
+    .. code-block:: ini
+
+        [app:main]
+        use = egg:bcs-middleware#upstream_proxy
+        upstream = https://backend.internal:8443
+        ca_file = /etc/bcs/backend-ca.pem
+        # tls_server_name = kubernetes
+        # client_cert = /etc/bcs/client.pem
+        # client_key = /etc/bcs/client-key.pem
+        # verify = false          ; explicit, logged — never in production
+        connect_timeout = 5s
+        read_timeout = 60s
+        stream_idle_timeout = 1h
+        trusted_proxies = 10.0.0.0/8 127.0.0.1
+        pool_maxsize = 32
+    """
+    options = convert_options(
+        "upstream_proxy",
+        local_conf,
+        {
+            "upstream": url,
+            "ca_file": text,
+            "verify": asbool,
+            "client_cert": text,
+            "client_key": text,
+            "tls_server_name": text,
+            "connect_timeout": seconds,
+            "read_timeout": seconds,
+            "stream_idle_timeout": seconds,
+            "trusted_proxies": aslist,
+            "pool_maxsize": positive_int,
+        },
+    )
+    ca_file = options.pop("ca_file", None)
+    if ca_file:
+        try:
+            options["ca_pem"] = Path(ca_file).read_text()
+        except OSError as exc:
+            raise ConfigError(
+                f"[upstream_proxy] cannot read ca_file {ca_file!r}: {exc.strerror}"
+            ) from None
+    cert, key = options.pop("client_cert", None), options.pop("client_key", None)
+    if bool(cert) != bool(key):
+        raise ConfigError("[upstream_proxy] client_cert and client_key go together")
+    if cert and key:
+        options["client_cert"] = (cert, key)
+    return UpstreamProxy(**options)
