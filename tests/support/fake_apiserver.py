@@ -624,7 +624,8 @@ def _defaults(rt: ResourceType, obj: JSON) -> None:
             "phase": "Running",
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [
-                {"name": c.get("name", ""), "image": c.get("image", ""), "ready": True,
+                {"name": c.get("name", ""), "image": c.get("image", ""), "imageID": "",
+                 "containerID": "", "ready": True,
                  "restartCount": 0, "started": True, "state": {"running": {"startedAt": _now()}}}
                 for c in containers
             ],
