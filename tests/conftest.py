@@ -22,3 +22,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server():  # type: ignore[no-untyped-def]
+    """A real PostgreSQL for the session (skips locally if absent; fails under CI)."""
+    from tests.support.postgres import PostgresServer, pg_bindir
+
+    if pg_bindir() is None:
+        pytest.skip("PostgreSQL server binaries are not installed")
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):  # type: ignore[no-untyped-def]
+    """A fresh, empty database on the session's PostgreSQL server."""
+    return postgres_server.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):  # type: ignore[no-untyped-def]
+    """Run a test against SQLite and against a real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'bcs.sqlite3'}"
+    return request.getfixturevalue("postgres_url")

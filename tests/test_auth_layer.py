@@ -1,0 +1,141 @@
+"""The token auth layer on its own, in front of an app that is not ours."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+from werkzeug.test import Client
+
+from bcs_middleware import environ as env
+from bcs_middleware.errors import ConfigError
+from bcs_middleware.middleware.auth import (
+    CachingAuthenticator,
+    StaticAuthenticator,
+    StoreAuthenticator,
+    TokenAuthMiddleware,
+    filter_factory,
+)
+from bcs_middleware.store import open_store
+from bcs_middleware.store.crypto import token_digest
+from tests.support.foreign_app import application
+from tests.support.servers import gunicorn, http_get
+
+TOKEN = "static-token-value-0123456789abcdefghijklmno"
+
+
+@pytest.fixture
+def client() -> Client:
+    auth = StaticAuthenticator.from_tokens({TOKEN: env.User(1, "svc", True, ("ops",))})
+    return Client(TokenAuthMiddleware(application, authenticator=auth, public_paths=["/public/", "/healthz"]))
+
+
+def test_valid_token_reaches_the_app_as_a_user(client: Client) -> None:
+    body = client.get("/x", headers={"Authorization": f"Bearer {TOKEN}"}).get_json()
+    assert body["user"] == "svc" and body["superuser"] is True
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "status"),
+    [
+        pytest.param("/x", {}, 401, id="missing-token"),
+        pytest.param("/x", {"Authorization": "Bearer wrong"}, 401, id="wrong-token"),
+        pytest.param("/public/page", {}, 200, id="public-prefix"),
+        pytest.param("/healthz", {}, 200, id="public-exact"),
+        pytest.param("/healthzx", {}, 401, id="not-a-prefix-match"),
+        pytest.param("/public/page", {"Authorization": "Bearer wrong"}, 200, id="public-ignores-bad-token"),
+    ],
+)
+def test_access_rules(client: Client, path: str, headers: dict[str, str], status: int) -> None:
+    response = client.get(path, headers=headers)
+    assert response.status_code == status
+    if status == 401:
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        assert set(response.get_json()) == {"code_name", "message"}
+
+
+def test_principal_cannot_be_injected_from_outside(client: Client) -> None:
+    body = client.get("/public/p", environ_overrides={env.USER: env.User(9, "root", True)}).get_json()
+    assert body["user"] is None
+
+
+def test_tokens_file_holds_only_digests(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"# name digest flags\nrobot {token_digest(TOKEN)} superuser ci,ops\n")
+    user = StaticAuthenticator.from_file(path).authenticate(TOKEN)
+    assert user == env.User(2, "robot", True, ("ci", "ops"))
+    path.write_text(f"robot {TOKEN}\n")
+    with pytest.raises(ConfigError, match="SHA256_HEX"):
+        StaticAuthenticator.from_file(path)
+
+
+def test_revocation_takes_effect_within_the_cache_ttl(tmp_path: Path) -> None:
+    store = open_store(data_dir=tmp_path)
+    user = store.create_user("u")
+    token_rec, token = store.create_token(user.id)
+    cached = CachingAuthenticator(StoreAuthenticator(store), ttl=0.5)
+    assert cached.authenticate(token) == env.User(user.id, "u", False, ())
+    store.revoke_token(user.id, token_rec.id)
+    deadline = time.monotonic() + 5
+    while cached.authenticate(token) is not None:
+        assert time.monotonic() < deadline, "revoked token still accepted after the TTL"
+        time.sleep(0.05)
+    store.dispose()
+
+
+def test_filter_factory_rejects_unknown_keys_and_needs_a_source() -> None:
+    with pytest.raises(ConfigError, match=r"\[filter:token_auth\] unknown key 'databse_url'"):
+        filter_factory({}, databse_url="sqlite://")
+    with pytest.raises(ConfigError, match="needs database_url or tokens_file"):
+        filter_factory({})
+    with pytest.raises(ConfigError, match="cache_ttl"):
+        filter_factory({}, tokens_file="x", cache_ttl="soon")
+
+
+def test_token_auth_in_front_of_a_foreign_app_under_gunicorn(tmp_path: Path) -> None:
+    key = Fernet.generate_key().decode()
+    url = f"sqlite:///{tmp_path / 'auth.db'}"
+    store = open_store(url, secret_key=key)
+    user = store.create_user("webuser")
+    _, token = store.create_token(user.id)
+    store.dispose()
+    ini = tmp_path / "app.ini"
+    ini.write_text(textwrap.dedent(f"""
+        [pipeline:main]
+        pipeline = token_auth myapp
+
+        [filter:token_auth]
+        use = egg:bcs-middleware#token_auth
+        database_url = {url}
+        secret_key = {key}
+        public_paths = /healthz
+
+        [app:myapp]
+        paste.app_factory = tests.support.foreign_app:app_factory
+    """))
+    with gunicorn(str(ini), workers=2) as server:
+        status, _, body = http_get(f"{server.url}/hello", headers={"Authorization": f"Bearer {token}"})
+        assert status == 200 and b'"user": "webuser"' in body
+        assert http_get(f"{server.url}/hello")[0] == 401
+        assert http_get(f"{server.url}/healthz")[0] == 200
+        output = server.output()
+    assert token not in output
+
+
+def test_gunicorn_paste_serves_the_gateway_ini(tmp_path: Path) -> None:
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("p" * 43)
+    ini = tmp_path / "gateway.ini"
+    ini.write_text(textwrap.dedent(f"""
+        [app:main]
+        use = egg:bcs-middleware#gateway
+        data_dir = {tmp_path / 'data'}
+        bootstrap_users =
+            admin = file:{token_file}
+    """))
+    with gunicorn(str(ini), workers=2) as server:
+        status, _, body = http_get(f"{server.url}/rest/users/admin", headers={"Authorization": "Bearer " + "p" * 43})
+        assert status == 200 and b'"is_super_user": true' in body

@@ -1,0 +1,180 @@
+"""``bcs-middleware serve`` as an operator runs it: a real gunicorn on a real socket."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import ssl
+import stat
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import BIN, ServerProcess, free_port, http_get
+
+CLI = str(BIN / "bcs-middleware")
+
+
+def serve(data_dir: Path, *extra: str, env: dict[str, str] | None = None, scheme: str = "https") -> ServerProcess:
+    port = free_port()
+    argv = [CLI, "serve", "--data-dir", str(data_dir), "--bind", f"127.0.0.1:{port}", "--workers", "2",
+            "--threads", "8", "--graceful-timeout", "3", *extra]
+    return ServerProcess(argv, port=port, env=env, scheme=scheme, timeout=60)
+
+
+def call(url: str, method: str = "GET", *, token: str | None = None, body: dict | None = None,
+         cafile: str | None = None) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    ctx = ssl.create_default_context(cafile=cafile) if url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(req, timeout=20, context=ctx) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("curl")
+    if exe is None:
+        pytest.skip("curl is not installed")
+    return subprocess.run([exe, "-sS", "--max-time", "10", *args], capture_output=True, text=True, timeout=30)
+
+
+def test_first_start_serves_https_with_its_own_ca_and_a_new_admin_token(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k != "BCS_ADMIN_TOKEN"}
+    with serve(data, env=env) as server:
+        ca = data / "tls" / "ca.crt"
+        token_file = data / "admin.token"
+        token = token_file.read_text().strip()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE((data / "tls" / "server.key").stat().st_mode) == 0o600
+        assert stat.S_IMODE((data / "secret.key").stat().st_mode) == 0o600
+        ok = curl("--cacert", str(ca), f"{server.url}/healthz")
+        assert ok.returncode == 0 and json.loads(ok.stdout) == {"status": "ok"}
+        refused = curl(f"{server.url}/healthz")
+        assert refused.returncode != 0  # the system trust store does not know our CA
+        by_name = curl("--cacert", str(ca), "-H", f"Authorization: Bearer {token}",
+                       f"https://localhost:{server.port}/rest/users/admin")
+        assert json.loads(by_name.stdout)["is_super_user"] is True
+        output = server.output()
+    assert f"curl --cacert {ca}" in output
+    assert output.count(token) == 1  # printed once, in the hand-over banner, never logged
+
+
+def test_restart_keeps_ca_tokens_and_data(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k != "BCS_ADMIN_TOKEN"}
+    with serve(data, env=env) as server:
+        token = (data / "admin.token").read_text().strip()
+        ca_before = (data / "tls" / "ca.crt").read_bytes()
+        cafile = str(data / "tls" / "ca.crt")
+        status, user = call(f"{server.url}/rest/users/", "POST", token=token, body={"user_name": "alice"},
+                            cafile=cafile)
+        assert status == 201
+        status, issued = call(f"{server.url}/rest/users/{user['id']}/tokens", "POST", token=token, cafile=cafile)
+        alice_token = issued["user_token"]
+        first_output = server.output()
+    with serve(data, env=env) as server:
+        assert (data / "tls" / "ca.crt").read_bytes() == ca_before
+        assert call(f"{server.url}/rest/users/alice", token=token, cafile=cafile)[0] == 200
+        assert call(f"{server.url}/rest/clusters/none", token=alice_token, cafile=cafile)[0] == 404
+        second_output = server.output()
+    assert token not in second_output
+    assert alice_token not in first_output + second_output
+
+
+def test_admin_token_from_environment(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    token = "env-admin-token-" + "x" * 32
+    with serve(data, env={"BCS_ADMIN_TOKEN": token}) as server:
+        cafile = str(data / "tls" / "ca.crt")
+        assert call(f"{server.url}/rest/users/admin", token=token, cafile=cafile)[0] == 200
+        assert not (data / "admin.token").exists()
+        assert token not in server.output()
+
+
+def test_operator_certificates_are_served_and_handed_to_clients(tmp_path: Path) -> None:
+    out = tmp_path / "pki"
+    made = subprocess.run([CLI, "certs", "--gateway", "--host", "localhost,127.0.0.1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert f"--certfile {out / 'server.crt'}" in made.stdout
+    data = tmp_path / "data"
+    with serve(data, "--certfile", str(out / "server.crt"), "--keyfile", str(out / "server.key"),
+               "--ca-file", str(out / "ca.crt"), env={"BCS_ADMIN_TOKEN": "t" * 43}) as server:
+        cafile = str(out / "ca.crt")
+        assert not (data / "tls").exists()
+        status, _ = call(f"{server.url}/rest/clusters/bcs", "POST", token="t" * 43, cafile=cafile,
+                         body={"id": "c1", "project_id": "p", "cluster_type": "k8s"})
+        assert status == 201
+        status, creds = call(f"https://localhost:{server.port}/rest/clusters/c1/client_credentials",
+                             token="t" * 43, cafile=cafile)
+        assert status == 200
+        assert creds["cacert_data"] == (out / "ca.crt").read_text()
+        assert creds["server_address"] == f"https://localhost:{server.port}/tunnels/clusters/c1/"
+        # The address verifies against the CA it came with.
+        ctx = ssl.create_default_context(cadata=creds["cacert_data"])
+        with urllib.request.urlopen(creds["server_address"].replace("/tunnels/clusters/c1/", "/healthz"),
+                                    context=ctx, timeout=10) as resp:
+            assert resp.status == 200
+
+
+def test_insecure_http_serves_plain_http_with_a_warning(tmp_path: Path) -> None:
+    with serve(tmp_path / "data", "--insecure-http", env={"BCS_ADMIN_TOKEN": "t" * 43}, scheme="http") as server:
+        status, _, body = http_get(f"{server.url}/healthz")
+        assert status == 200
+        output = server.output()
+    assert "kubectl will not send bearer tokens" in output
+    assert not (tmp_path / "data" / "tls").exists()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_concurrent_creation_yields_one_201_and_409s(tmp_path: Path, backend: str, request) -> None:  # type: ignore[no-untyped-def]
+    extra: list[str] = []
+    if backend == "postgresql":
+        extra = ["--database-url", request.getfixturevalue("postgres_url")]
+    token = "c" * 43
+    env = {"BCS_ADMIN_TOKEN": token, "BCS_SECRET_KEY": subprocess.run(
+        [CLI, "keygen"], capture_output=True, text=True, check=True).stdout.strip()}
+    data = tmp_path / "data"
+    port = free_port()
+    argv = [CLI, "serve", "--data-dir", str(data), "--bind", f"127.0.0.1:{port}", "--workers", "4",
+            "--threads", "8", *extra]
+    with ServerProcess(argv, port=port, env=env, scheme="https", timeout=60) as server:
+        cafile = str(data / "tls" / "ca.crt")
+
+        def create(kind: str) -> int:
+            if kind == "user":
+                return call(f"{server.url}/rest/users/", "POST", token=token, body={"user_name": "racer"},
+                            cafile=cafile)[0]
+            return call(f"{server.url}/rest/clusters/bcs", "POST", token=token, cafile=cafile,
+                        body={"id": "race-1", "project_id": "p", "cluster_type": "k8s"})[0]
+
+        for kind in ("user", "cluster"):
+            with concurrent.futures.ThreadPoolExecutor(12) as pool:
+                codes = sorted(pool.map(create, [kind] * 24))
+            assert codes.count(201) == 1, codes
+            assert codes.count(409) == 23, codes
+        output = server.output()
+    assert "Traceback" not in output
+
+
+def test_serve_rejects_half_a_certificate(tmp_path: Path) -> None:
+    result = subprocess.run([CLI, "serve", "--data-dir", str(tmp_path), "--certfile", "x.crt"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--keyfile" in result.stderr
+
+
+def test_cli_entry_point_runs(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "bcs_middleware.cli", "--version"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "bcs-middleware" in result.stdout
