@@ -1,0 +1,233 @@
+"""CRUD of webhook definitions, and the dry-run review, as one WSGI app.
+
+Routes (all JSON; ``{p}`` is the mount prefix):
+
+* ``POST|PUT {p}/mesosdriver/v4/namespaces/{ns}/admissionwebhook`` — create / update (bcs)
+* ``GET|DELETE {p}/mesosdriver/v4/namespaces/{ns}/admissionwebhook/{name}``
+* ``GET {p}/mesosdriver/v4/admissionwebhooks`` — list
+* ``GET|POST {p}/rest/admissionwebhooks``, ``GET|PUT|DELETE {p}/rest/admissionwebhooks/{name}``
+* ``GET|POST {p}/rest/clusters/{id}/admissionwebhookconfigurations`` (Kubernetes form)
+* ``GET|PUT|DELETE {p}/rest/clusters/{id}/admissionwebhookconfigurations/{kind}/{name}``
+* ``POST {p}/rest/admission/review`` — dry-run admission (:func:`~.engine.review`)
+
+``{kind}`` is ``mutatingwebhookconfigurations`` or ``validatingwebhookconfigurations``
+(the Kind names are accepted too). Bodies are validated by JSON Schema; a bad
+field, a missing or undecodable ``caBundle`` is a 400 naming the field; a second
+bcs definition for the same (operation, kind) is a 409.
+
+With ``require_superuser`` (the default) every route needs ``bcs.user`` to be a
+superuser (set by the token auth layer in front): 401 without a user, 403 for
+others.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map, Rule
+from werkzeug.wrappers import Request, Response
+
+from .. import environ as env
+from ..errors import (
+    BadRequest,
+    BCSError,
+    Conflict,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from .client import WebhookClient
+from .definitions import (
+    MUTATING,
+    VALIDATING,
+    BcsDefinition,
+    K8sConfiguration,
+    parse_bcs_definition,
+    parse_k8s_configuration,
+)
+from .engine import AdmissionEngine, review
+from .store import DefinitionStore
+
+MAX_BODY = 1024 * 1024
+_KINDS = {
+    "mutatingwebhookconfigurations": MUTATING,
+    "mutatingwebhookconfiguration": MUTATING,
+    "validatingwebhookconfigurations": VALIDATING,
+    "validatingwebhookconfiguration": VALIDATING,
+}
+
+
+class AdmissionWebhookAPI:
+    """WSGI app serving the definition CRUD routes and ``POST /rest/admission/review``.
+
+    :param store: the :class:`~bcs_middleware.admission.DefinitionStore`.
+    :param engine: the engine the review endpoint runs (share the admission
+        layer's: ``AdmissionWebhookAPI(store, engine=layer.engine)``); one with a
+        default client is made if omitted.
+    :param require_superuser: refuse every route to non-superusers.
+    :param prefix: mounted under this path prefix (e.g. ``""`` or ``"/bcsapi/v4"``).
+    """
+
+    def __init__(
+        self,
+        store: DefinitionStore,
+        *,
+        engine: AdmissionEngine | None = None,
+        require_superuser: bool = True,
+        prefix: str = "",
+    ) -> None:
+        self.store = store
+        self.engine = engine or AdmissionEngine(store, client=WebhookClient())
+        self.require_superuser = require_superuser
+        p = prefix.rstrip("/")
+        self.url_map = Map(
+            [
+                Rule(f"{p}/mesosdriver/v4/namespaces/<ns>/admissionwebhook",
+                     methods=["POST", "PUT"], endpoint="mesos_put"),
+                Rule(f"{p}/mesosdriver/v4/namespaces/<ns>/admissionwebhook/<name>",
+                     methods=["GET", "DELETE"], endpoint="mesos_item"),
+                Rule(f"{p}/mesosdriver/v4/admissionwebhooks", methods=["GET"], endpoint="bcs_list"),
+                Rule(f"{p}/rest/admissionwebhooks", methods=["GET", "POST"], endpoint="rest_bcs"),
+                Rule(f"{p}/rest/admissionwebhooks/<name>", methods=["GET", "PUT", "DELETE"],
+                     endpoint="rest_bcs_item"),
+                Rule(f"{p}/rest/clusters/<cluster_id>/admissionwebhookconfigurations",
+                     methods=["GET", "POST"], endpoint="k8s"),
+                Rule(f"{p}/rest/clusters/<cluster_id>/admissionwebhookconfigurations/<kind>/<name>",
+                     methods=["GET", "PUT", "DELETE"], endpoint="k8s_item"),
+                Rule(f"{p}/rest/admission/review", methods=["POST"], endpoint="review"),
+            ],
+            strict_slashes=False,
+        )
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        request = Request(environ)
+        try:
+            try:
+                endpoint, args = self.url_map.bind_to_environ(environ).match()
+            except HTTPException as exc:
+                if exc.code == 405:
+                    raise MethodNotAllowed(f"{request.method} is not allowed here") from None
+                raise NotFound("no such route") from None
+            self._authorize(environ)
+            handler: Callable[..., Response] = getattr(self, f"_{endpoint}")
+            response = handler(request, **args)
+        except BCSError as exc:
+            return exc(environ, start_response)
+        return response(environ, start_response)
+
+    def _authorize(self, environ: dict[str, Any]) -> None:
+        if not self.require_superuser:
+            return
+        user = env.get_user(environ)
+        if user is None:
+            raise Unauthorized()
+        if not user.is_superuser:
+            raise Forbidden("only superusers manage admission webhooks")
+
+    # -- bcs definitions ----------------------------------------------------------------
+
+    def _mesos_put(self, request: Request, ns: str) -> Response:
+        definition = parse_bcs_definition(_body(request), namespace=ns)
+        return self._save_bcs(definition, create=request.method == "POST")
+
+    def _mesos_item(self, request: Request, ns: str, name: str) -> Response:
+        definition = self.store.get_bcs(name)
+        if definition is None or definition.namespace != ns:
+            raise NotFound(f"admissionwebhook {name!r} not found in namespace {ns!r}")
+        if request.method == "DELETE":
+            self.store.delete_bcs(name)
+        return _json(_bcs_doc(definition))
+
+    def _bcs_list(self, request: Request) -> Response:
+        return _json({"items": [_bcs_doc(d) for d in self.store.list_bcs()]})
+
+    def _rest_bcs(self, request: Request) -> Response:
+        if request.method == "GET":
+            return self._bcs_list(request)
+        return self._save_bcs(parse_bcs_definition(_body(request)), create=True)
+
+    def _rest_bcs_item(self, request: Request, name: str) -> Response:
+        if request.method == "PUT":
+            definition = parse_bcs_definition(_body(request))
+            if definition.name != name:
+                raise BadRequest("metadata.name: must match the name in the path")
+            return self._save_bcs(definition, create=False)
+        found = self.store.get_bcs(name)
+        if found is None:
+            raise NotFound(f"admissionwebhook {name!r} not found")
+        if request.method == "DELETE":
+            self.store.delete_bcs(name)
+        return _json(_bcs_doc(found))
+
+    def _save_bcs(self, definition: BcsDefinition, *, create: bool) -> Response:
+        exists = self.store.get_bcs(definition.name) is not None
+        if create and exists:
+            raise Conflict(f"admissionwebhook {definition.name!r} already exists")
+        if not create and not exists:
+            raise NotFound(f"admissionwebhook {definition.name!r} not found")
+        self.store.put_bcs(definition)
+        return _json(_bcs_doc(definition), 201 if create else 200)
+
+    # -- Kubernetes configurations ---------------------------------------------------------
+
+    def _k8s(self, request: Request, cluster_id: str) -> Response:
+        if request.method == "GET":
+            items = [dict(c.document) for c in self.store.list_k8s(cluster_id)]
+            return _json({"items": items})
+        configuration = parse_k8s_configuration(_body(request))
+        if self.store.get_k8s(cluster_id, configuration.kind, configuration.name) is not None:
+            raise Conflict(f"{configuration.kind} {configuration.name!r} already exists")
+        self.store.put_k8s(cluster_id, configuration)
+        return _json(dict(configuration.document), 201)
+
+    def _k8s_item(self, request: Request, cluster_id: str, kind: str, name: str) -> Response:
+        kind_name = _KINDS.get(kind.lower())
+        if kind_name is None:
+            raise NotFound(f"unknown configuration kind {kind!r}")
+        found = self.store.get_k8s(cluster_id, kind_name, name)
+        if request.method == "PUT":
+            configuration: K8sConfiguration = parse_k8s_configuration(_body(request))
+            if (configuration.kind, configuration.name) != (kind_name, name):
+                raise BadRequest("kind and metadata.name: must match the path")
+            if found is None:
+                raise NotFound(f"{kind_name} {name!r} not found")
+            self.store.put_k8s(cluster_id, configuration)
+            return _json(dict(configuration.document))
+        if found is None:
+            raise NotFound(f"{kind_name} {name!r} not found")
+        if request.method == "DELETE":
+            self.store.delete_k8s(cluster_id, kind_name, name)
+        return _json(dict(found.document))
+
+    # -- review -----------------------------------------------------------------------------
+
+    def _review(self, request: Request) -> Response:
+        return _json(review(self.engine, _body(request), env.get_user(request.environ)))
+
+
+def _bcs_doc(definition: BcsDefinition) -> dict[str, Any]:
+    return dict(definition.document)
+
+
+def _body(request: Request) -> Any:
+    length = request.content_length
+    if length is not None and length > MAX_BODY:
+        raise PayloadTooLarge(f"body larger than {MAX_BODY} bytes")
+    data = request.stream.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise PayloadTooLarge(f"body larger than {MAX_BODY} bytes")
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise BadRequest("(body): must be JSON") from None
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data), status=status, content_type="application/json")
