@@ -76,7 +76,7 @@ class _Gunicorn:
 
         outer = self
 
-        class Application(BaseApplication):  # type: ignore[misc]
+        class Application(BaseApplication):
             def load_config(self) -> None:
                 for key, value in outer.settings.items():
                     self.cfg.set(key, value)
@@ -95,7 +95,7 @@ class _Gunicorn:
 def _child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+    multiprocess.mark_process_dead(worker.pid)
 
 
 def _post_fork(server: Any, worker: Any) -> None:

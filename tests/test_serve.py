@@ -130,7 +130,7 @@ def test_operator_certificates_are_served_and_handed_to_clients(tmp_path: Path) 
 
 def test_insecure_http_serves_plain_http_with_a_warning(tmp_path: Path) -> None:
     with serve(tmp_path / "data", "--insecure-http", env={"BCS_ADMIN_TOKEN": "t" * 43}, scheme="http") as server:
-        status, _, body = http_get(f"{server.url}/healthz")
+        status, _, _ = http_get(f"{server.url}/healthz")
         assert status == 200
         output = server.output()
     assert "kubectl will not send bearer tokens" in output

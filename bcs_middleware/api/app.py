@@ -69,7 +69,7 @@ class ManagementAPI:
                 endpoint, values = adapter.match()
             except HTTPException as exc:
                 if self.fallback is not None and exc.code == 404:
-                    return self.fallback(environ, start_response)  # type: ignore[no-any-return]
+                    return self.fallback(environ, start_response)
                 if exc.code == 405:
                     raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}") from None
                 raise NotFound(f"no such API route: {request.path}") from None
@@ -80,7 +80,7 @@ class ManagementAPI:
             # Logged with the traceback for the operator; the client gets no internals.
             log.exception("unhandled error in %s %s", request.method, request.path)
             return InternalError("internal error; see the gateway log")(environ, start_response)
-        return response(environ, start_response)  # type: ignore[no-any-return]
+        return response(environ, start_response)
 
 
 _OPTIONS: dict[str, conv.Converter] = {

@@ -140,13 +140,13 @@ class ClusterRoutingMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if not path.startswith(TUNNEL_PREFIX):
-            return self.app(environ, start_response)  # type: ignore[no-any-return]
+            return self.app(environ, start_response)
         environ[env.ERROR_STYLE] = "kubernetes"
         try:
             self.route(environ)
         except BCSError as exc:
             return exc(environ, start_response)
-        return self.app(environ, start_response)  # type: ignore[no-any-return]
+        return self.app(environ, start_response)
 
     def route(self, environ: dict[str, Any]) -> None:
         raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")

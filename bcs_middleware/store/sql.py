@@ -285,7 +285,9 @@ class SQLStore:
         digest = token_digest(token)
         with self._read() as conn:
             row = conn.execute(
-                select(m.user_tokens, m.users.c.name, m.users.c.is_superuser, m.users.c.created_at.label("user_created"))
+                select(
+                    m.user_tokens, m.users.c.name, m.users.c.is_superuser, m.users.c.created_at.label("user_created")
+                )
                 .join(m.users, m.users.c.id == m.user_tokens.c.user_id)
                 .where(m.user_tokens.c.token_hash == digest)
             ).first()
