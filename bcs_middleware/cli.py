@@ -268,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     cli_certs.configure_parser(certs)
     certs.set_defaults(func=cli_certs.run)
 
+    from . import kube_agent
+
+    agent = sub.add_parser("kube-agent", help="report this cluster's apiserver credentials to a gateway")
+    kube_agent.configure_parser(agent)
+    agent.set_defaults(func=kube_agent.run)
+
     keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)")
     keygen.set_defaults(func=cmd_keygen)
     return parser

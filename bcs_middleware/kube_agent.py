@@ -1,0 +1,224 @@
+"""``bcs-middleware kube-agent``: report a cluster's apiserver credentials to the gateway.
+
+Runs inside the cluster (a Deployment, see ``examples/kube-agent.yaml``) or beside
+it with ``--kubeconfig``. Every ``--periodsync`` seconds it gathers
+
+* the apiserver addresses — ``--external-proxy-addresses`` if given, else the
+  ``default/kubernetes`` Endpoints (``https://ip:port`` of each ready address),
+  else the kubeconfig's server;
+* the cluster CA and the service-account token — from the standard mount
+  (``/var/run/secrets/kubernetes.io/serviceaccount``) or the kubeconfig;
+
+and PUTs them to ``{bke-address}/rest/clusters/{cluster-id}/credentials``,
+authenticated by the cluster's register token (env ``REGISTER_TOKEN``). The
+gateway's certificate is verified against env ``SERVER_CERT`` (PEM, or a path to
+one); ``--insecure-skip-verify`` turns that off and says so at every report.
+
+On failure it logs the gateway's ``code_name`` and message and retries with
+exponential backoff (capped at the period). It never logs a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+log = logging.getLogger("bcs_middleware.kube_agent")
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TIMEOUT = (5.0, 20.0)
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """What the agent reports. ``token`` is a secret: never logged."""
+
+    addresses: tuple[str, ...]
+    ca_pem: str
+    token: str = field(repr=False)
+
+
+class AgentError(Exception):
+    """A report could not be made; the message is safe to log."""
+
+
+def _pem_file(pem: str) -> str:
+    handle = tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False)  # noqa: SIM115
+    with handle:
+        handle.write(pem)
+    return handle.name
+
+
+def _endpoint_addresses(server: str, ca_pem: str, token: str, insecure: bool) -> list[str]:
+    """``https://ip:port`` for each address of the ``default/kubernetes`` Endpoints."""
+    ca_file = _pem_file(ca_pem)
+    try:
+        resp = requests.get(
+            f"{server.rstrip('/')}/api/v1/namespaces/default/endpoints/kubernetes",
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            verify=False if insecure else ca_file,
+            timeout=TIMEOUT,
+            allow_redirects=False,
+        )
+    except requests.RequestException as exc:
+        raise AgentError(f"cannot read default/kubernetes endpoints: {type(exc).__name__}") from None
+    finally:
+        os.unlink(ca_file)
+    if resp.status_code != 200:
+        raise AgentError(f"reading default/kubernetes endpoints: HTTP {resp.status_code}")
+    addresses = []
+    for subset in resp.json().get("subsets") or []:
+        ports = [p for p in subset.get("ports") or [] if p.get("name", "https") == "https"] or subset.get("ports") or []
+        for address in subset.get("addresses") or []:
+            for port in ports:
+                ip = address["ip"]
+                host = f"[{ip}]" if ":" in ip else ip
+                addresses.append(f"https://{host}:{port['port']}")
+    return addresses
+
+
+def discover_in_cluster(sa_dir: Path = SA_DIR) -> tuple[str, str, str]:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host or not (sa_dir / "token").exists():
+        raise AgentError("not running in a cluster (no KUBERNETES_SERVICE_HOST or service-account mount); "
+                         "pass --kubeconfig")
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return server, (sa_dir / "ca.crt").read_text(), (sa_dir / "token").read_text().strip()
+
+
+def discover_from_kubeconfig(path: Path, context: str | None = None) -> tuple[str, str, str]:
+    config = yaml.safe_load(path.read_text()) or {}
+    name = context or config.get("current-context")
+    ctx = next((c["context"] for c in config.get("contexts", []) if c["name"] == name), None)
+    if ctx is None:
+        raise AgentError(f"kubeconfig {path}: no context {name!r}")
+    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
+    user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
+    if "certificate-authority-data" in cluster:
+        ca_pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
+    elif "certificate-authority" in cluster:
+        ca_pem = (path.parent / cluster["certificate-authority"]).read_text()
+    else:
+        raise AgentError(f"kubeconfig {path}: the cluster has no certificate authority")
+    token = user.get("token") or (Path(user["tokenFile"]).read_text().strip() if "tokenFile" in user else "")
+    if not token:
+        raise AgentError(f"kubeconfig {path}: the user has no bearer token")
+    return cluster["server"], ca_pem, token
+
+
+def gather(args: argparse.Namespace) -> ClusterAccess:
+    if args.kubeconfig:
+        server, ca_pem, token = discover_from_kubeconfig(Path(args.kubeconfig))
+    else:
+        server, ca_pem, token = discover_in_cluster()
+    if args.external_proxy_addresses:
+        addresses = [a.strip() for a in args.external_proxy_addresses.split(";") if a.strip()]
+    else:
+        try:
+            addresses = _endpoint_addresses(server, ca_pem, token, args.insecure_skip_verify)
+        except AgentError as exc:
+            log.warning("%s; reporting %s instead", exc, server)
+            addresses = []
+        addresses = addresses or [server]
+    return ClusterAccess(tuple(addresses), ca_pem, token)
+
+
+class Reporter:
+    def __init__(self, gateway: str, cluster_id: str, register_token: str, *, server_cert: str | None,
+                 insecure: bool) -> None:
+        self.url = f"{gateway.rstrip('/')}/rest/clusters/{cluster_id}/credentials"
+        self.register_token = register_token
+        self.insecure = insecure
+        self.session = requests.Session()
+        self.session.trust_env = False
+        self.verify: Any = True
+        if insecure:
+            self.verify = False
+        elif server_cert:
+            pem = Path(server_cert).read_text() if "BEGIN CERTIFICATE" not in server_cert else server_cert
+            self.verify = _pem_file(pem)
+
+    def report(self, access: ClusterAccess) -> None:
+        if self.insecure:
+            log.warning("--insecure-skip-verify: the gateway's certificate is NOT verified")
+        body = {"server_addresses": ";".join(access.addresses), "cacert_data": access.ca_pem,
+                "user_token": access.token}
+        try:
+            resp = self.session.put(self.url, json=body, timeout=TIMEOUT, verify=self.verify,
+                                    headers={"Authorization": f"Bearer {self.register_token}"},
+                                    allow_redirects=False)
+        except requests.exceptions.SSLError:
+            raise AgentError("the gateway's certificate did not verify against SERVER_CERT") from None
+        except requests.RequestException as exc:
+            raise AgentError(f"cannot reach the gateway: {type(exc).__name__}") from None
+        if resp.status_code != 200:
+            try:
+                err = resp.json()
+                detail = f"{err.get('code_name')}: {err.get('message')}"
+            except ValueError:
+                detail = resp.reason or "no details"
+            raise AgentError(f"gateway refused the report (HTTP {resp.status_code}) {detail}")
+        log.info("reported %d apiserver address(es) for the cluster", len(access.addresses))
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    register_token = os.environ.get("REGISTER_TOKEN", "").strip()
+    if not register_token:
+        log.error("env REGISTER_TOKEN is not set")
+        return 2
+    if not args.bke_address.startswith("https://") and not args.insecure_skip_verify:
+        log.error("--bke-address must be https:// (the register token must not cross the network in clear)")
+        return 2
+    server_cert = os.environ.get("SERVER_CERT")
+    if not server_cert and not args.insecure_skip_verify:
+        log.info("env SERVER_CERT not set: verifying the gateway against the system trust store")
+    reporter = Reporter(args.bke_address, args.cluster_id, register_token, server_cert=server_cert,
+                        insecure=args.insecure_skip_verify)
+    failures = 0
+    reports = 0
+    while True:
+        try:
+            reporter.report(gather(args))
+            failures = 0
+            reports += 1
+            delay = float(args.periodsync)
+        except AgentError as exc:
+            failures += 1
+            log.error("report failed: %s", exc)
+            if args.once:
+                return 1
+            delay = min(float(args.periodsync), 2.0 ** min(failures, 8)) * random.uniform(0.8, 1.2)  # noqa: S311
+        if args.once and reports:
+            return 0
+        time.sleep(delay)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bke-address", required=True, help="the gateway's base URL (https://…)")
+    parser.add_argument("--cluster-id", required=True)
+    parser.add_argument("--periodsync", type=int, default=60, help="seconds between reports (default 60)")
+    parser.add_argument("--external-proxy-addresses", help="';'-separated apiserver URLs to report instead")
+    parser.add_argument("--kubeconfig", help="outside a cluster: where the apiserver, CA and token come from")
+    parser.add_argument("--insecure-skip-verify", action="store_true",
+                        help="do not verify the gateway's certificate (logged at every report)")
+    parser.add_argument("--once", action="store_true", help="report once and exit (0 on success)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bcs-middleware kube-agent")
+    configure_parser(parser)
+    return run(parser.parse_args(argv))
