@@ -134,6 +134,19 @@ def test_kubectl_apply_get_delete_round_trip(api, kubeconfig, version):
     assert api.store.list("pods", "default")[0] == []
 
 
+def test_kubectl_create_generators_round_trip(api, kubeconfig, version):
+    """kubectl 1.32+ sends these as protobuf; the fake decodes the kinds generators create."""
+    _ok(kubectl("create", "namespace", "team", kubeconfig=kubeconfig, version=version))
+    _ok(kubectl("create", "configmap", "cm", "-n", "team", "--from-literal=a=b",
+                kubeconfig=kubeconfig, version=version))
+    _ok(kubectl("create", "secret", "generic", "s", "-n", "team", "--from-literal=k=v",
+                kubeconfig=kubeconfig, version=version))
+    namespace = api.store.get("namespaces", None, "team")
+    assert namespace["metadata"]["labels"] == {"kubernetes.io/metadata.name": "team"}
+    assert api.store.get("configmaps", "team", "cm")["data"] == {"a": "b"}
+    assert api.store.get("secrets", "team", "s")["data"] == {"k": "dg=="}
+
+
 def test_kubectl_get_pods_watch_receives_a_later_pod(api, kubeconfig, version):
     api.create("pods", _pod("before"))
     with kubectl_watch("get", "pods", "--watch", kubeconfig=kubeconfig, version=version) as watch:

@@ -56,6 +56,7 @@ import ssl
 import tempfile
 import threading
 import time
+import traceback
 import urllib.parse
 import uuid
 from collections import deque
@@ -409,7 +410,7 @@ class ObjectStore:
                            {"kind": rt.kind, "causes": [{"reason": "FieldValueRequired",
                                                           "field": "metadata.name"}]})
         ns = self._ns(rt, namespace if namespace is not None else meta.get("namespace"))
-        if rt.namespaced and meta.get("namespace") not in (None, ns):
+        if rt.namespaced and meta.get("namespace") not in (None, "", ns):
             raise ApiError(400, "BadRequest", "the namespace of the provided object does not "
                            "match the namespace sent on the request")
         with self._lock:
@@ -796,6 +797,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(exc.code, exc.status())
         except (ConnectionError, TimeoutError, ssl.SSLError):
             self.close_connection = True
+        except Exception as exc:  # A bug in the fake must show up as an answer, not a hang.
+            traceback.print_exc()
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self._send_json(500, ApiError(500, "InternalError",
+                                              f"fake apiserver bug: {exc!r}").status())
 
     def _record(self, query: str) -> None:
         self.fake.requests.append(RecordedRequest(
@@ -969,10 +976,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif info.verb == "watch":
             self._watch(rt, ns)
         elif info.verb == "create":
-            obj = _decode(body)
+            obj = _decode(body, self.req_headers.get("Content-Type") or "")
             self._send_json(201, store.create(rt, obj, ns, dry_run=dry_run))
         elif info.verb == "update":
-            obj = _decode(body)
+            obj = _decode(body, self.req_headers.get("Content-Type") or "")
             if obj.get("metadata", {}).get("name") != info.name:
                 raise ApiError(400, "BadRequest", "the name of the object does not match the "
                                "name on the URL")
@@ -1214,7 +1221,110 @@ def _openapi_v2_protobuf() -> bytes:
     return _pb(1, "2.0") + _pb(2, info) + _pb(8, paths)
 
 
-def _decode(body: bytes) -> JSON:
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
+
+def _pb_fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """Decode one protobuf message into (field number, varint or bytes) pairs."""
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while pos < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            yield number, varint()
+        elif wire == 2:
+            size = varint()
+            yield number, data[pos:pos + size]
+            pos += size
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _pb_map(entries: list[bytes], *, binary: bool = False) -> dict[str, str]:
+    result = {}
+    for entry in entries:
+        fields = dict(_pb_fields(entry))
+        key, value = fields.get(1, b""), fields.get(2, b"")
+        assert isinstance(key, bytes) and isinstance(value, bytes)
+        result[key.decode()] = base64.b64encode(value).decode() if binary else value.decode()
+    return result
+
+
+def _pb_object_meta(data: bytes) -> JSON:
+    meta: JSON = {}
+    labels, annotations = [], []
+    for number, value in _pb_fields(data):
+        if isinstance(value, bytes):
+            if number in (1, 2, 3) and value:
+                meta[("name", "generateName", "namespace")[number - 1]] = value.decode()
+            elif number == 11:
+                labels.append(value)
+            elif number == 12:
+                annotations.append(value)
+    if labels:
+        meta["labels"] = _pb_map(labels)
+    if annotations:
+        meta["annotations"] = _pb_map(annotations)
+    return meta
+
+
+def _decode_protobuf(body: bytes) -> JSON:
+    """Decode the few kinds kubectl 1.32+ sends as protobuf (``kubectl create namespace``,
+    ``create configmap``, ``create secret``, ``create serviceaccount``).
+
+    The envelope is ``k8s\\0`` + ``runtime.Unknown{typeMeta{apiVersion, kind}, raw}``; field
+    numbers are those of ``k8s.io/api/core/v1/generated.proto``. Other kinds → 415.
+    """
+    if not body.startswith(b"k8s\x00"):
+        raise ApiError(400, "BadRequest", "protobuf body without the k8s envelope")
+    envelope = dict(_pb_fields(body[4:]))
+    type_meta = dict(_pb_fields(envelope.get(1, b"")))  # type: ignore[arg-type]
+    api_version = type_meta.get(1, b"").decode()  # type: ignore[union-attr]
+    kind = type_meta.get(2, b"").decode()  # type: ignore[union-attr]
+    fields: dict[int, list[int | bytes]] = {}
+    for number, value in _pb_fields(envelope.get(2, b"")):  # type: ignore[arg-type]
+        fields.setdefault(number, []).append(value)
+    strings = {n: [v for v in values if isinstance(v, bytes)] for n, values in fields.items()}
+    obj: JSON = {"apiVersion": api_version, "kind": kind,
+                 "metadata": _pb_object_meta(strings.get(1, [b""])[0])}
+    if (api_version, kind) == ("v1", "Namespace"):
+        pass
+    elif (api_version, kind) == ("v1", "ConfigMap"):
+        if 2 in strings:
+            obj["data"] = _pb_map(strings[2])
+        if 3 in strings:
+            obj["binaryData"] = _pb_map(strings[3], binary=True)
+    elif (api_version, kind) == ("v1", "Secret"):
+        if 2 in strings:
+            obj["data"] = _pb_map(strings[2], binary=True)
+        if 3 in strings:
+            obj["type"] = strings[3][0].decode()
+    elif (api_version, kind) != ("v1", "ServiceAccount"):
+        raise ApiError(415, "UnsupportedMediaType",
+                       f"the fake apiserver cannot decode {kind} from protobuf; send JSON")
+    return obj
+
+
+def _decode(body: bytes, content_type: str = "application/json") -> JSON:
+    if content_type.split(";")[0].strip() == PROTOBUF:
+        try:
+            return _decode_protobuf(body)
+        except (ValueError, IndexError, UnicodeDecodeError):
+            raise ApiError(400, "BadRequest", "undecodable protobuf body") from None
     try:
         obj = json.loads(body or b"{}")
     except ValueError:
@@ -1329,7 +1439,7 @@ class FakeAPIServer:
     (``{(namespace, pod): [lines]}``), ``open_watches``.
     """
 
-    def __init__(self, *, token: str = "fake-service-account-token",  # noqa: S107
+    def __init__(self, *, token: str = "fake-service-account-token",
                  cert_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "kubernetes"),
                  server_version: tuple[int, int] = (1, 32), log_interval: float = 0.2,
                  host: str = "127.0.0.1") -> None:
