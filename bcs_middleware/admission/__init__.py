@@ -6,6 +6,7 @@ needs is importable from here.
 
 from __future__ import annotations
 
+from .api import AdmissionWebhookAPI
 from .client import CircuitBreaker, Target, WebhookCallError, WebhookClient
 from .definitions import (
     BcsDefinition,
@@ -25,6 +26,7 @@ from .store import ClusterReader, DefinitionStore, MemoryDefinitionStore, load_d
 __all__ = [
     "AdmissionEngine",
     "AdmissionRejected",
+    "AdmissionWebhookAPI",
     "BcsDefinition",
     "BcsWebhook",
     "CircuitBreaker",

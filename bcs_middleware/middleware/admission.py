@@ -209,10 +209,8 @@ class AdmissionMiddleware:
         cluster_id = cluster.id if cluster else (tunnel.group(1) if tunnel else "")
         upstream = env.get_upstream(environ)
         if upstream is not None:
-            api_path = upstream.path
-        else:
-            api_path = (tunnel.group(2) or "/") if tunnel else path
-        return cluster_id, api_path
+            return cluster_id, upstream.path
+        return cluster_id, (tunnel.group(2) or "/") if tunnel else path
 
     def _admit_kubernetes(
         self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str

@@ -16,7 +16,7 @@ import pytest
 import trustme
 from werkzeug.serving import make_server
 
-from bcs_middleware.admission import MemoryDefinitionStore, WebhookClient, CircuitBreaker
+from bcs_middleware.admission import CircuitBreaker, MemoryDefinitionStore, WebhookClient
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "webhooks"
 if str(EXAMPLES) not in sys.path:

@@ -75,7 +75,8 @@ def test_kind_matching_is_case_insensitive_and_update_is_put(hooks, ca):
                                     operation="Update", kind="Application"))
     client = layer(store, client_for(("hook-a.webhooks", hook)))
     assert "labels" not in post(client, {**APP, "kind": "Application"}).get_json()["body"]["metadata"]
-    assert post(client, {**APP, "kind": "APPLICATION"}, method="PUT").get_json()["body"]["metadata"]["labels"] == {"x": "1"}
+    updated = post(client, {**APP, "kind": "APPLICATION"}, method="PUT").get_json()["body"]
+    assert updated["metadata"]["labels"] == {"x": "1"}
     assert hook.calls == 1
 
 
