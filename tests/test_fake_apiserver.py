@@ -452,3 +452,18 @@ def test_stop_ends_open_watches_promptly():
     assert api.open_watches == 0
     response.close()
     session.close()
+
+
+def test_kubectl_as_user_meets_the_rbac_authorizer(api, kubeconfig, version):
+    api.authorize(rbac_authorizer(api))
+    api.create("rolebindings", {
+        "metadata": {"name": "alice-view", "namespace": "default"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "view"},
+        "subjects": [{"kind": "User", "name": "alice"}]})
+    can = kubectl("auth", "can-i", "list", "pods", "--as", "alice", kubeconfig=kubeconfig,
+                  version=version)
+    assert (can.returncode, can.stdout.strip()) == (0, "yes")
+    denied = kubectl("get", "pods", "--as", "bob", kubeconfig=kubeconfig, version=version)
+    assert denied.returncode != 0
+    assert 'Error from server (Forbidden): pods is forbidden: User "bob"' in denied.stderr

@@ -124,6 +124,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("apps", "v1", "Deployment", "deployments", True, ("deploy",),
                  (("deployments/status", "Deployment", ("get", "patch", "update")),),
                  ("all",)),
+    ResourceType("authorization.k8s.io", "v1", "SelfSubjectAccessReview",
+                 "selfsubjectaccessreviews", False),
     ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
@@ -939,7 +941,8 @@ class _Handler(BaseHTTPRequestHandler):
         if namespace and not rt.namespaced:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         info = self._request_info(rt, namespace, name, sub)
-        self.fake._authorize(info)
+        if rt.kind != "SelfSubjectAccessReview":  # every authenticated user may ask
+            self.fake._authorize(info)
         if sub:
             self._subresource(rt, info, body)
             return
@@ -975,6 +978,9 @@ class _Handler(BaseHTTPRequestHandler):
                                       "metadata": {"resourceVersion": str(rv)}, "items": items})
         elif info.verb == "watch":
             self._watch(rt, ns)
+        elif info.verb == "create" and rt.kind == "SelfSubjectAccessReview":
+            self._send_json(201, self._access_review(info, _decode(
+                body, self.req_headers.get("Content-Type") or "")))
         elif info.verb == "create":
             obj = _decode(body, self.req_headers.get("Content-Type") or "")
             self._send_json(201, store.create(rt, obj, ns, dry_run=dry_run))
@@ -1007,6 +1013,24 @@ class _Handler(BaseHTTPRequestHandler):
                                   "metadata": {"resourceVersion": str(rv)}, "items": items})
         else:
             raise ApiError(405, "MethodNotAllowed", f"method {info.method} not allowed")
+
+    def _access_review(self, info: RequestInfo, review: JSON) -> JSON:
+        """``kubectl auth can-i``: the authorizer's verdict for the (impersonated) caller."""
+        attributes = review.get("spec", {}).get("resourceAttributes") or {}
+        asked = RequestInfo(
+            attributes.get("verb", ""), attributes.get("group", ""),
+            attributes.get("version", ""), attributes.get("resource", ""),
+            attributes.get("subresource", ""), attributes.get("namespace", ""),
+            attributes.get("name", ""), info.user, info.groups, info.method, info.path,
+            info.headers)
+        try:
+            self.fake._authorize(asked)
+            allowed, reason = True, ""
+        except ApiError as exc:
+            allowed, reason = False, exc.message
+        return {**review, "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "status": {"allowed": allowed, **({"reason": reason} if reason else {})}}
 
     def _send_object(self, obj: JSON) -> None:
         if self._wants_table():
@@ -1313,6 +1337,13 @@ def _decode_protobuf(body: bytes) -> JSON:
             obj["data"] = _pb_map(strings[2], binary=True)
         if 3 in strings:
             obj["type"] = strings[3][0].decode()
+    elif (api_version, kind) == ("authorization.k8s.io/v1", "SelfSubjectAccessReview"):
+        # spec(2).resourceAttributes(1): namespace verb group version resource subresource name
+        spec = dict(_pb_fields(strings.get(2, [b""])[0]))
+        names = ("namespace", "verb", "group", "version", "resource", "subresource", "name")
+        attributes = {names[n - 1]: v.decode() for n, v in _pb_fields(spec.get(1, b""))  # type: ignore[arg-type]
+                      if isinstance(v, bytes) and 1 <= n <= len(names)}
+        obj["spec"] = {"resourceAttributes": attributes}
     elif (api_version, kind) != ("v1", "ServiceAccount"):
         raise ApiError(415, "UnsupportedMediaType",
                        f"the fake apiserver cannot decode {kind} from protobuf; send JSON")
@@ -1552,7 +1583,7 @@ class FakeAPIServer:
         resource = info.resource + (f"/{info.subresource}" if info.subresource else "")
         where = (f' in the namespace "{info.namespace}"' if info.namespace
                  else " at the cluster scope")
-        subject = _qualified(resource_type(info.resource, info.api_group))
+        subject = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
         if info.subresource:
             subject += f"/{info.subresource}"
         if info.name:
