@@ -1096,6 +1096,7 @@ class _Handler(BaseHTTPRequestHandler):
                         return
                     continue
                 self._chunk(_event_line(event, table, self.params.get("includeObject")))
+            store.unwatch(watcher)  # before the client can see the end of the stream
             self._end_stream()
         except OSError:
             self.close_connection = True
