@@ -162,6 +162,7 @@ class AdmissionEngine:
         self._clock = clock
         self._lock = threading.Lock()
         self._bcs: tuple[int, dict[tuple[str, str], BcsDefinition]] = (-1, {})
+        self._bcs_operations: tuple[int, frozenset[str]] = (-1, frozenset())
         self._k8s: dict[str, tuple[int, tuple[K8sWebhook, ...]]] = {}
         self._ns_labels: OrderedDict[tuple[str, str], tuple[float, dict[str, str]]] = OrderedDict()
 
@@ -176,7 +177,12 @@ class AdmissionEngine:
         return cached[1]
 
     def has_bcs_operation(self, operation: str) -> bool:
-        return any(op == operation for op, _ in self.bcs_definitions())
+        version = self.store.version()
+        cached = self._bcs_operations
+        if cached[0] != version:
+            cached = (version, frozenset(op for op, _ in self.bcs_definitions()))
+            self._bcs_operations = cached
+        return operation in cached[1]
 
     def admit_bcs(
         self,
