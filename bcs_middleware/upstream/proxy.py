@@ -54,14 +54,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import urllib3
-from urllib3 import exceptions as u3exc
-
 from .. import environ as env
 from .. import metrics
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..errors import BadGateway, BadRequest, BCSError, ConfigError, GatewayTimeout, InternalError
-from .transport import PooledTransport, Transport
+from .transport import PooledTransport, Response, Transport
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +173,11 @@ class UpstreamProxy:
             return exc(environ, start_response)
 
         out_headers = _response_headers(resp)
-        remaining = getattr(resp, "length_remaining", None)
+        remaining = resp.length_remaining
         if remaining is not None and remaining <= _PRELOAD_LIMIT:
             try:
-                data = resp.read(decode_content=False)
-            except (u3exc.HTTPError, OSError):
+                data = resp.read()
+            except OSError:
                 resp.close()
                 resp.release_conn()
                 broken = BadGateway(f"upstream {upstream.name or '?'} broke off its answer")
@@ -321,13 +318,19 @@ def _chunked_body(stream: Any) -> Iterator[bytes]:
         yield piece
 
 
-def _response_headers(resp: urllib3.BaseHTTPResponse) -> list[tuple[str, str]]:
-    named = _connection_tokens(resp.headers.get("Connection"))
-    return [
-        (name, value)
-        for name, value in resp.headers.items()
-        if name.lower() not in HOP_BY_HOP and name.lower() not in named
-    ]
+def _response_headers(resp: Response) -> list[tuple[str, str]]:
+    named: frozenset[str] = frozenset()
+    out = []
+    for name, value in resp.headers:
+        lower = name.lower()
+        if lower in HOP_BY_HOP:
+            if lower == "connection":
+                named = named | _connection_tokens(value)
+            continue
+        out.append((name, value))
+    if named:
+        out = [(name, value) for name, value in out if name.lower() not in named]
+    return out
 
 
 def _count_error(upstream: env.Upstream, exc: BCSError) -> None:
@@ -349,7 +352,7 @@ class _UpstreamBrokeOff(Exception):
 class _StreamedBody:
     """The response body, relayed piece by piece; ``close()`` frees the upstream connection."""
 
-    def __init__(self, resp: urllib3.BaseHTTPResponse, label: str) -> None:
+    def __init__(self, resp: Response, label: str) -> None:
         self._resp = resp
         self._label = label
         self._complete = False
@@ -362,12 +365,12 @@ class _StreamedBody:
             while True:
                 # read1 returns what has arrived (up to one chunk) instead of
                 # waiting to fill the buffer: each watch event goes out at once.
-                piece = read1(_PIECE, decode_content=False)
+                piece = read1(_PIECE)
                 if not piece:
                     break
                 yield piece
-        except (u3exc.HTTPError, OSError) as exc:
-            cause = "timeout" if isinstance(exc, u3exc.TimeoutError | TimeoutError) else "protocol"
+        except OSError as exc:
+            cause = "timeout" if isinstance(exc, TimeoutError) else "protocol"
             metrics.UPSTREAM_ERRORS.labels(self._label or "?", cause).inc()
             log.info("upstream %s: response body broke off (%s)", self._label, cause)
             # Ending normally would send the last chunk and make a truncated

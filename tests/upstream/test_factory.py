@@ -76,6 +76,6 @@ def test_transport_counts_connections_and_reuses_them() -> None:
         resp.read()
         resp.release_conn()
         assert transport.connections_opened == 2
-        transport.reset()
         transport.close()
+        transport.reset()
     assert fake.accepted == 2

@@ -1,0 +1,457 @@
+#!/usr/bin/env python
+"""Loopback benchmark of the upstream proxy against its alternatives — ratios, not absolutes.
+
+Contenders, all serving the same static bytes:
+
+1. ``nginx``         — nginx itself (the upstream of the proxies), the floor of any cost;
+2. ``upstream_proxy`` — ``bcs_middleware.upstream.proxy`` under gunicorn, in front of nginx;
+3. ``werkzeug``      — werkzeug's ``ProxyMiddleware`` under the same gunicorn settings;
+4. ``ceiling``       — a gunicorn app answering the same bytes without proxying: the most any
+   Python WSGI proxy under these gunicorn settings could reach.
+
+The machine's speed drifts, so contenders alternate (A B C D, A B C D, …) and the report gives
+medians and the median of per-round ratios. Load comes from ``wrk`` (Debian package) in its own
+process, or a threaded ``http.client`` loader (``--loader python``) when wrk is missing.
+CPU per request is the servers' CPU time (``/proc/<pid>/stat``, every process of the contender,
+nginx included behind a proxy) over the requests served; upstream connections per request come
+from nginx's ``stub_status`` accepts counter.
+
+Then 1 GiB is uploaded (chunked) and downloaded through ``upstream_proxy``, reporting the
+gunicorn workers' peak RSS growth (``VmHWM`` after ``clear_refs``).
+
+Contenders are pluggable: append a :class:`Contender` whose ``start(ctx)`` returns a
+:class:`Running` (base URL, headers, process ids) — the gateway tunnel will be one.
+
+Usage: ``python bench/proxy_bench.py [--rounds 5] [--duration 5] [--connections 16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.fake_upstream import FakeUpstream  # noqa: E402
+from tests.support.servers import ServerProcess, free_port, gunicorn  # noqa: E402
+
+GUNICORN = {"workers": 2, "worker_class": "gthread", "threads": 8}
+BODY_SIZE = 2048
+GiB = 1024**3
+MiB = 1024**2
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# -- WSGI apps gunicorn imports from this module ("--chdir bench proxy_bench:...()") ------------
+
+
+def ceiling_app():  # type: ignore[no-untyped-def]
+    body = Path(os.environ["BENCH_FILE"]).read_bytes()
+    headers = [("Content-Type", "application/octet-stream"), ("Content-Length", str(len(body)))]
+
+    def app(environ, start_response):  # type: ignore[no-untyped-def]
+        start_response("200 OK", headers)
+        return [body]
+
+    return app
+
+
+def werkzeug_app():  # type: ignore[no-untyped-def]
+    from werkzeug.exceptions import NotFound
+    from werkzeug.middleware.http_proxy import ProxyMiddleware
+
+    # werkzeug turns a "/" prefix into "//", so the proxied tree lives under /p/.
+    return ProxyMiddleware(
+        NotFound(), {"/p/": {"target": os.environ["BENCH_UPSTREAM"] + "/", "remove_prefix": True}}
+    )
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _tree(pid: int) -> list[int]:
+    return [pid, *_children(pid)]
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+
+def _vm_kib(pid: int, name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Context:
+    tmp: Path
+    file_url_path: str
+    nginx: ServerProcess
+    status_url: str
+
+    def nginx_accepts(self) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", self.nginx.port, timeout=5)
+        try:
+            conn.request("GET", "/nginx_status")
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        # "server accepts handled requests\n N N N"
+        return int(text.splitlines()[2].split()[0])
+
+
+@dataclass
+class Running:
+    url: str
+    pids: Callable[[], list[int]]
+    headers: dict[str, str] = field(default_factory=dict)
+    # True when requests reach nginx through a proxy: count its accepted connections.
+    proxied: bool = True
+    stop: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Contender:
+    name: str
+    start: Callable[[Context], Running]
+
+
+def _start_nginx(tmp: Path) -> ServerProcess:
+    port = free_port()
+    www = tmp / "www"
+    www.mkdir()
+    (www / "payload.bin").write_bytes(hashlib.sha256(b"bench").digest() * (BODY_SIZE // 32))
+    for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (tmp / name).mkdir()
+    conf = tmp / "nginx.conf"
+    conf.write_text(f"""
+daemon off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        root {www};
+        location = /nginx_status {{ stub_status; }}
+    }}
+}}
+""")
+    return ServerProcess(["nginx", "-p", str(tmp), "-e", f"{tmp}/error.log", "-c", str(conf)],
+                         port=port)
+
+
+def _gunicorn_tree(server: ServerProcess, ctx: Context, with_nginx: bool) -> Callable[[], list[int]]:
+    def pids() -> list[int]:
+        out = _tree(server.proc.pid)
+        if with_nginx:
+            out += _tree(ctx.nginx.proc.pid)
+        return out
+
+    return pids
+
+
+def start_nginx_direct(ctx: Context) -> Running:
+    return Running(ctx.nginx.url, lambda: _tree(ctx.nginx.proc.pid), proxied=False)
+
+
+def start_upstream_proxy(ctx: Context) -> Running:
+    ini = ctx.tmp / "upstream_proxy.ini"
+    ini.write_text("[app:main]\nuse = egg:bcs-middleware#upstream_proxy\n"
+                   f"upstream = {ctx.nginx.url}\n")
+    server = gunicorn(str(ini), **GUNICORN)  # type: ignore[arg-type]
+    return Running(server.url, _gunicorn_tree(server, ctx, True), stop=server.stop)
+
+
+def start_werkzeug(ctx: Context) -> Running:
+    server = gunicorn("proxy_bench:werkzeug_app()", extra=["--chdir", str(BENCH)],
+                      env={"BENCH_UPSTREAM": ctx.nginx.url}, **GUNICORN)  # type: ignore[arg-type]
+    return Running(server.url + "/p", _gunicorn_tree(server, ctx, True), stop=server.stop)
+
+
+def start_ceiling(ctx: Context) -> Running:
+    server = gunicorn("proxy_bench:ceiling_app()", extra=["--chdir", str(BENCH)],
+                      env={"BENCH_FILE": str(ctx.tmp / "www" / "payload.bin")},
+                      **GUNICORN)  # type: ignore[arg-type]
+    return Running(server.url, _gunicorn_tree(server, ctx, False), proxied=False,
+                   stop=server.stop)
+
+
+CONTENDERS = [
+    Contender("nginx", start_nginx_direct),
+    Contender("upstream_proxy", start_upstream_proxy),
+    Contender("werkzeug", start_werkzeug),
+    Contender("ceiling", start_ceiling),
+]
+
+
+# -- load --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    cpu_us_per_req: float = 0.0
+    upstream_conns_per_req: float | None = None
+
+
+def _wrk_ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def load_wrk(url: str, headers: dict[str, str], duration: float, connections: int) -> Sample:
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "10s"]
+    for name, value in headers.items():
+        argv += ["-H", f"{name}: {value}"]
+    out = subprocess.run([*argv, url], capture_output=True, text=True, timeout=duration + 30,
+                         check=True).stdout
+    pct = dict(re.findall(r"^\s+(\d+)%\s+(\S+)", out, re.M))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{url}: {errors.group(1)} failed responses\n{out}")
+    return Sample(
+        rps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        p50_ms=_wrk_ms(pct["50"]),
+        p99_ms=_wrk_ms(pct["99"]),
+        requests=int(re.search(r"(\d+) requests in", out).group(1)),  # type: ignore[union-attr]
+    )
+
+
+def load_python(url: str, headers: dict[str, str], duration: float, connections: int) -> Sample:
+    """Fallback loader: a child process of threads on keep-alive connections, bounded in time."""
+    code = f"""
+import http.client, json, threading, time, urllib.parse
+u = urllib.parse.urlsplit({url!r}); headers = {headers!r}
+lat = []; stop = time.monotonic() + {duration}; lock = threading.Lock()
+def run():
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10); mine = []
+    while time.monotonic() < stop and len(mine) < 10_000_000:
+        t = time.perf_counter(); conn.request("GET", u.path, headers=headers)
+        r = conn.getresponse(); r.read(); assert r.status == 200; mine.append(time.perf_counter() - t)
+    with lock: lat.extend(mine)
+ts = [threading.Thread(target=run) for _ in range({connections})]
+start = time.monotonic(); [t.start() for t in ts]; [t.join() for t in ts]
+lat.sort(); n = len(lat)
+print(json.dumps([n / (time.monotonic() - start), lat[n // 2] * 1e3, lat[int(n * .99)] * 1e3, n]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=duration + 30, check=True).stdout
+    rps, p50, p99, n = json.loads(out)
+    return Sample(rps, p50, p99, n)
+
+
+def measure(ctx: Context, running: Running, loader: Callable[..., Sample], duration: float,
+            connections: int) -> Sample:
+    url = running.url + ctx.file_url_path
+    pids = running.pids()
+    accepts = ctx.nginx_accepts()
+    cpu = _cpu_seconds(pids)
+    sample = loader(url, running.headers, duration, connections)
+    sample.cpu_us_per_req = (_cpu_seconds(pids) - cpu) / sample.requests * 1e6
+    if running.proxied:
+        # -1: the stub_status request itself is one accepted connection.
+        sample.upstream_conns_per_req = (ctx.nginx_accepts() - accepts - 1) / sample.requests
+    return sample
+
+
+# -- 1 GiB transfers ---------------------------------------------------------------------------
+
+
+def transfers(tmp: Path) -> dict[str, float]:
+    with FakeUpstream() as fake:
+        ini = tmp / "transfer.ini"
+        ini.write_text("[app:main]\nuse = egg:bcs-middleware#upstream_proxy\n"
+                       f"upstream = {fake.url}\n")
+        server = gunicorn(str(ini), **GUNICORN)  # type: ignore[arg-type]
+        try:
+            workers = _children(server.proc.pid)
+            import requests
+
+            requests.get(server.url + "/echo", timeout=10)
+            results: dict[str, float] = {}
+            for label, run in (("upload", _upload), ("download", _download)):
+                base = {}
+                for pid in workers:
+                    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM
+                    base[pid] = _vm_kib(pid, "VmRSS")
+                started = time.monotonic()
+                run(server.url)
+                elapsed = time.monotonic() - started
+                growth = max(_vm_kib(pid, "VmHWM") - base[pid] for pid in workers)
+                results[f"{label}_peak_rss_growth_mib"] = growth / 1024
+                results[f"{label}_mib_per_s"] = GiB / MiB / elapsed
+            return results
+        finally:
+            server.stop()
+
+
+def _upload(url: str) -> None:
+    import requests
+
+    block = os.urandom(MiB)
+
+    def body():  # type: ignore[no-untyped-def]
+        for _ in range(GiB // MiB):
+            yield block
+
+    digest = hashlib.sha256()
+    for _ in range(GiB // MiB):
+        digest.update(block)
+    resp = requests.post(url + "/digest", data=body(), timeout=600)
+    assert resp.json() == {"bytes": GiB, "sha256": digest.hexdigest()}, resp.text
+
+
+def _download(url: str) -> None:
+    import requests
+
+    got = 0
+    with requests.get(f"{url}/download?bytes={GiB}", stream=True, timeout=600) as resp:
+        for piece in resp.iter_content(MiB):
+            got += len(piece)
+    assert got == GiB
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--loader", choices=["wrk", "python"],
+                        default="wrk" if shutil.which("wrk") else "python")
+    parser.add_argument("--skip-transfers", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args()
+    loader = load_wrk if args.loader == "wrk" else load_python
+
+    tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
+    nginx = _start_nginx(tmp)
+    ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status")
+    running: dict[str, Running] = {}
+    samples: dict[str, list[Sample]] = {c.name: [] for c in CONTENDERS}
+    try:
+        for contender in CONTENDERS:
+            running[contender.name] = contender.start(ctx)
+            measure(ctx, running[contender.name], loader, 1.0, args.connections)  # warm up
+        for round_no in range(args.rounds):
+            for contender in CONTENDERS:
+                sample = measure(ctx, running[contender.name], loader, args.duration,
+                                 args.connections)
+                samples[contender.name].append(sample)
+                print(f"round {round_no + 1} {contender.name:15} {sample.rps:9.0f} req/s "
+                      f"p50 {sample.p50_ms:6.2f} ms p99 {sample.p99_ms:6.2f} ms "
+                      f"cpu {sample.cpu_us_per_req:6.0f} us/req", flush=True)
+    finally:
+        for item in running.values():
+            item.stop()
+        nginx.stop()
+
+    print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
+          f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
+          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']}, {os.cpu_count()} CPUs\n")
+    print(f"{'contender':15} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} "
+          f"{'upstream conn/req':>18}")
+    med: dict[str, dict[str, float | None]] = {}
+    for name, items in samples.items():
+        conns = [s.upstream_conns_per_req for s in items if s.upstream_conns_per_req is not None]
+        med[name] = {
+            "rps": statistics.median(s.rps for s in items),
+            "p50_ms": statistics.median(s.p50_ms for s in items),
+            "p99_ms": statistics.median(s.p99_ms for s in items),
+            "cpu_us_per_req": statistics.median(s.cpu_us_per_req for s in items),
+            "upstream_conns_per_req": statistics.median(conns) if conns else None,
+        }
+        m = med[name]
+        conn_text = f"{m['upstream_conns_per_req']:.4f}" if conns else "-"
+        print(f"{name:15} {m['rps']:9.0f} {m['p50_ms']:8.2f} {m['p99_ms']:8.2f} "
+              f"{m['cpu_us_per_req']:11.0f} {conn_text:>18}")
+
+    def ratio(a: str, b: str, key: str = "rps") -> float:
+        return statistics.median(
+            getattr(x, key) / getattr(y, key) for x, y in zip(samples[a], samples[b], strict=True)
+        )
+
+    ratios = {
+        "upstream_proxy/ceiling req/s": ratio("upstream_proxy", "ceiling"),
+        "upstream_proxy/werkzeug req/s": ratio("upstream_proxy", "werkzeug"),
+        "upstream_proxy/nginx req/s": ratio("upstream_proxy", "nginx"),
+        "werkzeug/ceiling req/s": ratio("werkzeug", "ceiling"),
+        "upstream_proxy/ceiling CPU/req": ratio("upstream_proxy", "ceiling", "cpu_us_per_req"),
+        "upstream_proxy/werkzeug CPU/req": ratio("upstream_proxy", "werkzeug", "cpu_us_per_req"),
+    }
+    print("\nmedian of per-round ratios")
+    for name, value in ratios.items():
+        print(f"  {name:34} {value:6.2f}")
+
+    result: dict[str, object] = {"medians": med, "ratios": ratios}
+    targets = {
+        "upstream_proxy >= 0.6x ceiling": ratios["upstream_proxy/ceiling req/s"] >= 0.6,
+        "upstream_proxy >= 1.25x werkzeug": ratios["upstream_proxy/werkzeug req/s"] >= 1.25,
+        "upstream conn/req <= 0.01": (med["upstream_proxy"]["upstream_conns_per_req"] or 0) <= 0.01,
+    }
+    if not args.skip_transfers:
+        moved = transfers(tmp)
+        result["transfers"] = moved
+        print("\n1 GiB through upstream_proxy")
+        for name, value in moved.items():
+            print(f"  {name:34} {value:8.1f}")
+        targets["RSS growth < 32 MiB"] = max(
+            moved["upload_peak_rss_growth_mib"], moved["download_peak_rss_growth_mib"]) < 32
+    print("\ntargets")
+    for name, ok in targets.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    result["targets"] = targets
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all(targets.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
