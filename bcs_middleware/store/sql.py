@@ -132,7 +132,7 @@ class SQLStore:
             self._engine = None
 
     @contextmanager
-    def _read(self) -> Iterator[Connection]:
+    def connection(self) -> Iterator[Connection]:
         try:
             with self.engine.connect() as conn:
                 yield conn
@@ -141,7 +141,7 @@ class SQLStore:
             raise ServiceUnavailable("the gateway's database is unavailable") from None
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def transaction(self) -> Iterator[Connection]:
         try:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(bcs_write=True)
@@ -184,7 +184,7 @@ class SQLStore:
 
     def create_user(self, name: str, *, is_superuser: bool = False) -> UserRecord:
         try:
-            with self._write() as conn:
+            with self.transaction() as conn:
                 result = conn.execute(
                     insert(m.users).values(name=name, is_superuser=is_superuser, created_at=_now())
                 )
@@ -204,7 +204,7 @@ class SQLStore:
                 existing = self.find_user(name)
                 assert existing is not None
         if existing.is_superuser != is_superuser:
-            with self._write() as conn:
+            with self.transaction() as conn:
                 conn.execute(
                     update(m.users).where(m.users.c.id == existing.id).values(is_superuser=is_superuser)
                 )
@@ -212,12 +212,12 @@ class SQLStore:
         return existing
 
     def find_user(self, name: str) -> UserRecord | None:
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
         return self._user(row) if row else None
 
     def get_user(self, user_id: int) -> UserRecord:
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(select(m.users).where(m.users.c.id == user_id)).first()
         if row is None:
             raise NotFound(f"user {user_id} not found", code_name="USER_NOT_FOUND")
@@ -229,7 +229,7 @@ class SQLStore:
         """Issue a token; the value is returned here and never again."""
         self.get_user(user_id)
         value = new_token()
-        with self._write() as conn:
+        with self.transaction() as conn:
             result = conn.execute(
                 insert(m.user_tokens).values(
                     user_id=user_id,
@@ -245,7 +245,7 @@ class SQLStore:
 
     def add_token_hash(self, user_id: int, digest: str, *, token_type: str) -> None:
         """Register a token whose value came from configuration (bootstrap users)."""
-        with self._write() as conn:
+        with self.transaction() as conn:
             row = conn.execute(
                 select(m.user_tokens.c.user_id).where(m.user_tokens.c.token_hash == digest)
             ).first()
@@ -258,14 +258,14 @@ class SQLStore:
 
     def list_tokens(self, user_id: int) -> list[TokenRecord]:
         self.get_user(user_id)
-        with self._read() as conn:
+        with self.connection() as conn:
             rows = conn.execute(
                 select(m.user_tokens).where(m.user_tokens.c.user_id == user_id).order_by(m.user_tokens.c.id)
             ).all()
         return [self._token(r) for r in rows]
 
     def revoke_token(self, user_id: int, token_id: int) -> TokenRecord:
-        with self._write() as conn:
+        with self.transaction() as conn:
             row = conn.execute(
                 select(m.user_tokens).where(
                     m.user_tokens.c.id == token_id, m.user_tokens.c.user_id == user_id
@@ -283,7 +283,7 @@ class SQLStore:
     def authenticate(self, token: str) -> tuple[UserRecord, TokenRecord] | None:
         """The user and token behind a token value, if it is usable now."""
         digest = token_digest(token)
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(
                 select(
                     m.user_tokens, m.users.c.name, m.users.c.is_superuser, m.users.c.created_at.label("user_created")
@@ -300,7 +300,7 @@ class SQLStore:
         return user, token_rec
 
     def touch_token(self, token_id: int) -> None:
-        with self._write() as conn:
+        with self.transaction() as conn:
             conn.execute(
                 update(m.user_tokens).where(m.user_tokens.c.id == token_id).values(last_used_at=_now())
             )
@@ -313,7 +313,7 @@ class SQLStore:
 
     def create_cluster(self, cluster_id: str, *, project_id: str, cluster_type: str) -> ClusterRecord:
         try:
-            with self._write() as conn:
+            with self.transaction() as conn:
                 conn.execute(
                     insert(m.clusters).values(
                         id=cluster_id, project_id=project_id, cluster_type=cluster_type, created_at=_now()
@@ -325,7 +325,7 @@ class SQLStore:
         return self._cluster(row)
 
     def find_cluster(self, cluster_id: str) -> ClusterRecord | None:
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(select(m.clusters).where(m.clusters.c.id == cluster_id)).first()
         return self._cluster(row) if row else None
 
@@ -339,7 +339,7 @@ class SQLStore:
         self.get_cluster(cluster_id)
         value = new_token()
         try:
-            with self._write() as conn:
+            with self.transaction() as conn:
                 conn.execute(
                     insert(m.register_tokens).values(
                         cluster_id=cluster_id,
@@ -356,7 +356,7 @@ class SQLStore:
 
     def get_register_token(self, cluster_id: str) -> tuple[str, datetime]:
         self.get_cluster(cluster_id)
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(
                 select(m.register_tokens).where(m.register_tokens.c.cluster_id == cluster_id)
             ).first()
@@ -369,7 +369,7 @@ class SQLStore:
     def authenticate_register_token(self, token: str) -> str | None:
         """The cluster id a register token belongs to, if any."""
         digest = token_digest(token)
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(
                 select(m.register_tokens.c.cluster_id, m.register_tokens.c.token_hash).where(
                     m.register_tokens.c.token_hash == digest
@@ -389,7 +389,7 @@ class SQLStore:
             )
         )
         now = _now()
-        with self._write() as conn:
+        with self.transaction() as conn:
             changed = conn.execute(
                 update(m.cluster_credentials)
                 .where(m.cluster_credentials.c.cluster_id == cluster_id)
@@ -413,7 +413,7 @@ class SQLStore:
         return CredentialRecord(cluster_id, tuple(server_addresses), cacert_pem, user_token, now)
 
     def get_credentials(self, cluster_id: str) -> CredentialRecord | None:
-        with self._read() as conn:
+        with self.connection() as conn:
             row = conn.execute(
                 select(m.cluster_credentials).where(m.cluster_credentials.c.cluster_id == cluster_id)
             ).first()
@@ -433,7 +433,7 @@ class SQLStore:
     def rotate_secrets(self) -> int:
         """Re-encrypt every stored secret with the current (first) key."""
         count = 0
-        with self._write() as conn:
+        with self.transaction() as conn:
             for row in conn.execute(select(m.register_tokens.c.id, m.register_tokens.c.token_encrypted)).all():
                 conn.execute(
                     update(m.register_tokens)
@@ -458,7 +458,7 @@ class SQLStore:
     def record_audit(self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None) -> None:
         """Persist and log a management change. ``detail`` must hold no secret."""
         detail = detail or {}
-        with self._write() as conn:
+        with self.transaction() as conn:
             conn.execute(
                 insert(m.audit_log).values(at=_now(), actor=actor, action=action, target=target, detail=detail)
             )
@@ -467,7 +467,7 @@ class SQLStore:
         )
 
     def list_audit(self, limit: int = 100) -> list[AuditRecord]:
-        with self._read() as conn:
+        with self.connection() as conn:
             rows = conn.execute(select(m.audit_log).order_by(m.audit_log.c.id.desc()).limit(limit)).all()
         return [AuditRecord(r.id, _aware(r.at), r.actor, r.action, r.target, r.detail) for r in rows]  # type: ignore[arg-type]
 
@@ -489,6 +489,6 @@ class SQLStore:
                 )
 
     def revision(self, topic: str) -> int:
-        with self._read() as conn:
+        with self.connection() as conn:
             value = conn.execute(select(func.max(m.revisions.c.revision)).where(m.revisions.c.topic == topic)).scalar()
         return int(value or 0)

@@ -1,0 +1,148 @@
+"""Admission webhook definitions in the SQL store (the admission layer's ``DefinitionStore``).
+
+Documents are stored as JSON and parsed on read; parsed lists are cached per
+process until the ``webhooks`` revision moves. The revision itself is re-read
+at most every ``refresh`` seconds, so a change made through any worker or any
+gateway reaches every other one within ``refresh`` — and the request path costs
+no database round trip in between.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ..admission.definitions import (
+    BcsDefinition,
+    K8sConfiguration,
+    parse_bcs_definition,
+    parse_k8s_configuration,
+)
+from ..errors import Conflict
+from . import models as m
+from .sql import SQLStore
+
+TOPIC = "webhooks"
+_BCS = "bcs"
+_K8S = "k8s"
+
+
+class SQLDefinitionStore:
+    """:param store: the gateway's :class:`SQLStore`.
+    :param refresh: how stale (seconds) a process may see the definitions.
+    """
+
+    def __init__(self, store: SQLStore, *, refresh: float = 2.0) -> None:
+        self.store = store
+        self.refresh = refresh
+        self._lock = threading.Lock()
+        self._checked = 0.0
+        self._version = -1
+        self._cache: dict[tuple[str, str], Any] = {}
+
+    # -- versioning ----------------------------------------------------------------
+
+    def version(self) -> int:
+        now = time.monotonic()
+        if now - self._checked >= self.refresh:
+            version = self.store.revision(TOPIC)
+            with self._lock:
+                if version != self._version:
+                    self._cache.clear()
+                    self._version = version
+                self._checked = now
+        return self._version
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._checked = 0.0  # this process sees its own writes at once
+
+    def _rows(self, flavor: str, cluster_id: str) -> list[Any]:
+        key = (flavor, cluster_id)
+        version = self.version()
+        with self._lock:
+            if key in self._cache and self._version == version:
+                return list(self._cache[key])
+        with self.store.connection() as conn:
+            rows = conn.execute(
+                select(m.webhook_definitions.c.document)
+                .where(m.webhook_definitions.c.flavor == flavor, m.webhook_definitions.c.cluster_id == cluster_id)
+                .order_by(m.webhook_definitions.c.kind, m.webhook_definitions.c.name)
+            ).all()
+        parsed = [
+            parse_bcs_definition(r.document) if flavor == _BCS else parse_k8s_configuration(r.document) for r in rows
+        ]
+        with self._lock:
+            if self._version == version:
+                self._cache[key] = parsed
+        return list(parsed)
+
+    def _put(self, flavor: str, cluster_id: str, kind: str, name: str, match_key: str, document: Any) -> bool:
+        table = m.webhook_definitions
+        now = datetime.now(UTC)
+        where = (table.c.flavor == flavor, table.c.cluster_id == cluster_id, table.c.kind == kind,
+                 table.c.name == name)
+        try:
+            with self.store.transaction() as conn:
+                changed = conn.execute(
+                    update(table).where(*where).values(match_key=match_key, document=document, updated_at=now)
+                ).rowcount
+                if not changed:
+                    conn.execute(
+                        insert(table).values(flavor=flavor, cluster_id=cluster_id, kind=kind, name=name,
+                                             match_key=match_key, document=document, updated_at=now)
+                    )
+                self.store.bump_revision(conn, TOPIC)
+        except IntegrityError:
+            raise Conflict(f"another admission definition already covers {match_key.replace('/', ' ')}"
+                           if flavor == _BCS else f"{kind} {name!r} was created concurrently") from None
+        finally:
+            self._changed()
+        return not changed
+
+    def _delete(self, flavor: str, cluster_id: str, kind: str, name: str) -> bool:
+        table = m.webhook_definitions
+        with self.store.transaction() as conn:
+            found = conn.execute(
+                delete(table).where(table.c.flavor == flavor, table.c.cluster_id == cluster_id,
+                                    table.c.kind == kind, table.c.name == name)
+            ).rowcount
+            if found:
+                self.store.bump_revision(conn, TOPIC)
+        self._changed()
+        return bool(found)
+
+    # -- bcs definitions -------------------------------------------------------------
+
+    def list_bcs(self) -> list[BcsDefinition]:
+        return sorted(self._rows(_BCS, ""), key=lambda d: d.name)
+
+    def get_bcs(self, name: str) -> BcsDefinition | None:
+        return next((d for d in self.list_bcs() if d.name == name), None)
+
+    def put_bcs(self, definition: BcsDefinition) -> bool:
+        match_key = f"{definition.operation}/{definition.kind}"
+        return self._put(_BCS, "", "admissionwebhook", definition.name, match_key, dict(definition.document))
+
+    def delete_bcs(self, name: str) -> bool:
+        return self._delete(_BCS, "", "admissionwebhook", name)
+
+    # -- Kubernetes configurations ------------------------------------------------------
+
+    def list_k8s(self, cluster_id: str) -> list[K8sConfiguration]:
+        return self._rows(_K8S, cluster_id)
+
+    def get_k8s(self, cluster_id: str, kind: str, name: str) -> K8sConfiguration | None:
+        return next((c for c in self.list_k8s(cluster_id) if c.kind == kind and c.name == name), None)
+
+    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration) -> bool:
+        return self._put(_K8S, cluster_id, configuration.kind, configuration.name,
+                         f"{configuration.kind}/{configuration.name}", dict(configuration.document))
+
+    def delete_k8s(self, cluster_id: str, kind: str, name: str) -> bool:
+        return self._delete(_K8S, cluster_id, kind, name)
