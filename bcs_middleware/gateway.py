@@ -35,7 +35,9 @@ from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuth
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
 from .store import SQLStore, open_store
 from .store.crypto import token_digest
+from .upstream.cluster_reader import TunnelClusterReader
 from .upstream.proxy import UpstreamProxy
+from .upstream.transport import PooledTransport, Transport
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,11 @@ class GatewayConfig:
     read_timeout: float = 60.0
     stream_idle_timeout: float = 3600.0
     trusted_proxies: tuple[str, ...] = ()
+    admission: bool = True
+    admission_max_body: int = 3 * 1024 * 1024
+    admission_budget: float = 15.0
+    admission_refresh: float = 2.0
+    webhook_address_map: tuple[tuple[str, str], ...] = ()
 
 
 def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -199,11 +206,56 @@ class RequestContext:
         return self.app(environ, _start_response)
 
 
-def build_gateway(config: GatewayConfig, *, store: SQLStore | None = None) -> RequestContext:
-    """Assemble the gateway from a config (the one place the layers are stacked)."""
+def build_gateway(
+    config: GatewayConfig, *, store: SQLStore | None = None, transport: Transport | None = None
+) -> RequestContext:
+    """Assemble the gateway from a config (the one place the layers are stacked).
+
+    :param store: an already open store (tests, the ``serve`` master); else opened from config.
+    :param transport: the upstream connection layer shared by the proxy and the admission
+        layer's cluster reads; a :class:`PooledTransport` from config by default.
+    """
+    from .admission.api import AdmissionWebhookAPI
+    from .middleware.admission import AdmissionMiddleware
+    from .store.definitions import SQLDefinitionStore
+
     if store is None:
         store = open_store(config.database_url, data_dir=config.data_dir, secret_key=config.secret_key)
     apply_bootstrap(store, config.bootstrap_users)
+    if transport is None:
+        transport = PooledTransport(
+            connect_timeout=config.connect_timeout,
+            read_timeout=config.read_timeout,
+            stream_idle_timeout=config.stream_idle_timeout,
+        )
+    if not config.upstream_verify:
+        log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
+    directory = CachedDirectory(store, ttl=config.cluster_cache_ttl)
+    definitions = SQLDefinitionStore(store, refresh=config.admission_refresh)
+
+    proxy = UpstreamProxy(trusted_proxies=config.trusted_proxies, transport=transport)
+    engine = None
+    inner: Any = proxy
+    if config.admission:
+        admission = AdmissionMiddleware(
+            proxy,
+            store=definitions,
+            cluster_reader=TunnelClusterReader(
+                directory, transport, tls_server_name=config.tls_server_name, verify=config.upstream_verify
+            ),
+            mode="kubernetes",
+            max_body=config.admission_max_body,
+            total_budget=config.admission_budget,
+            address_map=dict(config.webhook_address_map),
+        )
+        engine, inner = admission.engine, admission
+    tunnel = ClusterRoutingMiddleware(
+        inner,
+        directory=directory,
+        rbac=config.rbac,
+        tls_server_name=config.tls_server_name,
+        verify=config.upstream_verify,
+    )
     ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
     cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
     api = ManagementAPI(
@@ -211,21 +263,7 @@ def build_gateway(config: GatewayConfig, *, store: SQLStore | None = None) -> Re
         settings=APISettings(
             gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body
         ),
-    )
-    if not config.upstream_verify:
-        log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
-    proxy = UpstreamProxy(
-        trusted_proxies=config.trusted_proxies,
-        connect_timeout=config.connect_timeout,
-        read_timeout=config.read_timeout,
-        stream_idle_timeout=config.stream_idle_timeout,
-    )
-    tunnel = ClusterRoutingMiddleware(
-        proxy,
-        directory=CachedDirectory(store, ttl=config.cluster_cache_ttl),
-        rbac=config.rbac,
-        tls_server_name=config.tls_server_name,
-        verify=config.upstream_verify,
+        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True),
     )
     dispatcher = GatewayDispatcher(api=api, tunnel=tunnel, store=store)
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
@@ -252,6 +290,11 @@ _OPTIONS: dict[str, conv.Converter] = {
     "read_timeout": conv.seconds,
     "stream_idle_timeout": conv.seconds,
     "trusted_proxies": conv.aslist,
+    "admission": conv.asbool,
+    "admission_max_body": conv.size,
+    "admission_budget": conv.seconds,
+    "admission_refresh": conv.seconds,
+    "webhook_address_map": conv.mapping,
 }
 
 
@@ -268,6 +311,8 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     for key in ("public_paths", "trusted_proxies"):
         if key in values:
             values[key] = tuple(values[key])
+    if "webhook_address_map" in values:
+        values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
     return GatewayConfig(**values)
 
 

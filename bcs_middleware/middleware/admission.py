@@ -79,6 +79,7 @@ from ..admission.store import (
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
+    ConfigError,
     BadRequest,
     BCSError,
     NotFound,
@@ -392,6 +393,9 @@ def filter_factory(
         use = egg:bcs-middleware#admission
         # JSON or YAML: {"admissionwebhooks": [...], "clusters": {"<id>": [...]}}
         definitions_file = /etc/bcs/admission.yaml
+        # ... or the gateway's database (definitions managed through its REST API;
+        # Kubernetes definitions then read namespaces/objects with the cluster's credentials)
+        # database_url = postgresql://bcs@db/bcs
         mode = auto
         max_body = 3MiB
         total_budget = 15s
@@ -406,6 +410,8 @@ def filter_factory(
         local_conf,
         {
             "definitions_file": text,
+            "database_url": text,
+            "secret_key": text,
             "mode": _mode,
             "max_body": size,
             "total_budget": seconds,
@@ -417,7 +423,21 @@ def filter_factory(
         },
     )
     path = options.pop("definitions_file", None)
+    database_url = options.pop("database_url", None)
+    secret_key = options.pop("secret_key", None)
+    if path and database_url:
+        raise ConfigError("[filter:admission] definitions_file and database_url exclude each other")
     store: DefinitionStore = load_definitions_file(path) if path else MemoryDefinitionStore()
+    if database_url:
+        from ..middleware.routing import CachedDirectory
+        from ..store import open_store
+        from ..store.definitions import SQLDefinitionStore
+        from ..upstream.cluster_reader import TunnelClusterReader
+        from ..upstream.transport import PooledTransport
+
+        sql = open_store(database_url, secret_key=secret_key, migrate=False)
+        store = SQLDefinitionStore(sql)
+        options.setdefault("cluster_reader", TunnelClusterReader(CachedDirectory(sql), PooledTransport()))
 
     def make(app: Any) -> AdmissionMiddleware:
         return AdmissionMiddleware(app, store=store, **options)

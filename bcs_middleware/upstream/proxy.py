@@ -360,6 +360,9 @@ class _StreamedBody:
         metrics.OPEN_STREAMS.inc()
 
     def __iter__(self) -> Iterator[bytes]:
+        # An empty first piece makes the server send the status line and headers
+        # now: a quiet watch must still tell its client the request was accepted.
+        yield b""
         read1 = self._resp.read1
         try:
             while True:
