@@ -8,8 +8,15 @@ install step in ``.ci/run`` can never pass silently.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The example webhook servers (examples/webhooks/) are imported by tests as top-level modules.
+EXAMPLE_WEBHOOKS = str(Path(__file__).resolve().parent.parent / "examples" / "webhooks")
+if EXAMPLE_WEBHOOKS not in sys.path:
+    sys.path.insert(0, EXAMPLE_WEBHOOKS)
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -1,0 +1,125 @@
+"""Gateway-side admission on tunnel traffic: kubectl apply gets a sidecar it never asked for."""
+
+from __future__ import annotations
+
+import base64
+import json
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sidecar_injector
+import trustme
+from webhook_kit import https_server
+
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.kube import kubectl
+from tests.support.servers import free_port
+
+from .conftest import CLUSTER, Gateway
+
+CONFIGS = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
+
+
+@pytest.fixture
+def injector(tmp_path: Path) -> Iterator[tuple[int, str]]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "hook.pem"))
+    server = https_server(sidecar_injector.app, str(tmp_path / "hook.pem"), str(tmp_path / "hook.pem"), port=0)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server.server_port, base64.b64encode(ca.cert_pem.bytes()).decode()
+    server.shutdown()
+    server.server_close()
+
+
+def _configuration(name: str, url: str, ca_bundle: str, policy: str = "Fail") -> dict:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": f"{name}.example.com",
+            "clientConfig": {"url": url, "caBundle": ca_bundle},
+            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                       "resources": ["pods"]}],
+            "failurePolicy": policy,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+        }],
+    }
+
+
+def _pod(tmp_path: Path, name: str) -> Path:
+    manifest = tmp_path / f"{name}.yaml"
+    manifest.write_text(textwrap.dedent(f"""
+        apiVersion: v1
+        kind: Pod
+        metadata: {{name: {name}, namespace: default}}
+        spec:
+          containers: [{{name: app, image: nginx:1.25}}]
+    """))
+    return manifest
+
+
+def _apply_until(kubeconfig: Path, manifest: Path, expect: str, deadline_s: float = 10) -> str:
+    """Definitions reach every worker within the admission refresh bound (2 s)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
+        output = result.stdout + result.stderr
+        if expect in output or time.monotonic() > deadline:
+            return output
+        time.sleep(0.5)
+
+
+def test_kubectl_apply_gets_a_sidecar_from_a_kubernetes_webhook(
+    gateway: Gateway, apiserver: FakeAPIServer, injector: tuple[int, str], tmp_path: Path
+) -> None:
+    port, ca_bundle = injector
+    alice = gateway.user("alice-admission")
+    kubeconfig = gateway.kubeconfig(alice, tmp_path / "kc")
+    status, body = gateway.call("POST", CONFIGS, body=_configuration("sidecar", f"https://localhost:{port}/",
+                                                                       ca_bundle))
+    assert status == 201, body
+    try:
+        time.sleep(2.5)  # the refresh bound, so both workers have it
+        output = _apply_until(kubeconfig, _pod(tmp_path, "injected"), "created")
+        assert "pod/injected created" in output, output
+        pod = apiserver.store.get("pods", "default", "injected")
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["app", "sidecar"]
+        assert pod["metadata"]["annotations"]["sidecar-injector/status"] == "injected"
+    finally:
+        gateway.call("DELETE", f"{CONFIGS}/MutatingWebhookConfiguration/sidecar")
+
+
+def test_failing_webhook_with_fail_policy_blocks_and_names_itself(
+    gateway: Gateway, apiserver: FakeAPIServer, injector: tuple[int, str], tmp_path: Path
+) -> None:
+    _, ca_bundle = injector
+    alice = gateway.user("alice-admission-2")
+    kubeconfig = gateway.kubeconfig(alice, tmp_path / "kc")
+    dead = f"https://localhost:{free_port()}/"
+    status, body = gateway.call("POST", CONFIGS, body=_configuration("broken", dead, ca_bundle))
+    assert status == 201, body
+    try:
+        time.sleep(2.5)
+        output = _apply_until(kubeconfig, _pod(tmp_path, "blocked"), "broken.example.com")
+        assert 'failed calling webhook "broken.example.com"' in output, output
+        with pytest.raises(Exception):  # noqa: B017 - the fake raises its own not-found error
+            apiserver.store.get("pods", "default", "blocked")
+    finally:
+        gateway.call("DELETE", f"{CONFIGS}/MutatingWebhookConfiguration/broken")
+
+
+def test_configuration_changes_are_refused_for_ordinary_users(gateway: Gateway, injector: tuple[int, str]) -> None:
+    _, ca_bundle = injector
+    alice = gateway.user("alice-admission-3")
+    status, body = gateway.call("POST", CONFIGS, token=alice,
+                                body=_configuration("x", "https://localhost:1/", ca_bundle))
+    assert status == 403, body
+    assert json.loads(body)["code_name"]
