@@ -1,0 +1,332 @@
+"""The driver composition (the source system's "mesos-driver" role) and its app factory.
+
+One driver (usually three replicas) per Mesos cluster. Request flow::
+
+    DriverApp
+      ├ /healthz /readyz                         health; readiness = discovery fresh + a master known
+      ├ {driver_prefix}namespaces/{ns}/admissionwebhook…, {driver_prefix}admissionwebhooks
+      │                                          AdmissionWebhookAPI (definition CRUD, never intercepted)
+      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400
+          └ AdmissionMiddleware (bcs definitions)
+              └ SchedulerRouting                 bcs.upstream = scheduler master (read per request)
+                  └ UpstreamProxy                → {scheduler_prefix}{uri}?{query}
+
+The scheduler master is read from the discovery snapshot for every request, so
+when the master changes the next request follows it.
+
+Registration: the driver announces itself in ZooKeeper once per gunicorn
+server (not per worker) — see :func:`gunicorn_hooks`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import converters as conv
+from . import environ as env
+from .admission.api import AdmissionWebhookAPI
+from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
+from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
+from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable
+from .middleware.admission import AdmissionMiddleware
+from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
+from .upstream.proxy import UpstreamProxy
+
+log = logging.getLogger(__name__)
+
+# Definition CRUD (relative to the driver prefix): served, never admitted or forwarded.
+_DEFINITIONS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
+
+
+def _json(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
+    payload = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload))),
+                            ("Cache-Control", "no-store")])
+    return [payload]
+
+
+class SchedulerRouting:
+    """Set ``bcs.upstream`` to the scheduler master for ``{driver_prefix}{uri}``.
+
+    :param app: the upstream proxy.
+    :param discovery: where the scheduler master is (read per request, from memory).
+    :param driver_prefix: the incoming path prefix.
+    :param scheduler_prefix: the path prefix on the scheduler.
+    :param ca_pem: PEM bundle ``https`` schedulers must chain to.
+    :param verify: ``False`` turns TLS verification towards schedulers off (explicit, logged).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        discovery: Discovery,
+        driver_prefix: str = DRIVER_PATH,
+        scheduler_prefix: str = "/v4/",
+        ca_pem: str | None = None,
+        verify: bool = True,
+    ) -> None:
+        self.app = app
+        self.discovery = discovery
+        self.driver_prefix = driver_prefix
+        self.scheduler_prefix = scheduler_prefix.rstrip("/") + "/"
+        self.ca_pem = ca_pem
+        self.verify = verify
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        try:
+            uri = safe_subpath(environ.get("PATH_INFO", ""), self.driver_prefix,
+                               environ.get("RAW_URI") or environ.get("REQUEST_URI"))
+            master = self.discovery.scheduler_master()
+            if master is None:
+                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER")
+        except BCSError as exc:
+            return exc(environ, start_response)
+        environ[env.UPSTREAM] = env.Upstream(
+            base_urls=(master.base_url(),),
+            path=self.scheduler_prefix + uri,
+            query=environ.get("QUERY_STRING", ""),
+            ca_pem=self.ca_pem,
+            verify=self.verify,
+            name="scheduler",
+        )
+        return self.app(environ, start_response)
+
+
+class DriverApp:
+    """The mesos-driver role as one WSGI app (see module doc).
+
+    :param cluster_id: the Mesos cluster this driver serves.
+    :param discovery: where the scheduler master is.
+    :param admission: the admission layer wrapping the scheduler route.
+    :param definitions_api: the definition CRUD app.
+    :param driver_prefix: path prefix of the driver API.
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster_id: str,
+        discovery: Discovery,
+        admission: Any,
+        definitions_api: Any,
+        driver_prefix: str = DRIVER_PATH,
+    ) -> None:
+        self.cluster_id = cluster_id
+        self.discovery = discovery
+        self.admission = admission
+        self.definitions_api = definitions_api
+        self.driver_prefix = driver_prefix
+        self.cluster = env.Cluster(cluster_id, "", "mesos")
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            return _json(start_response, "200 OK", {"status": "ok"})
+        if path == "/readyz":
+            return self.readyz(start_response)
+        if not path.startswith(self.driver_prefix):
+            return NotFound(f"no route for {path}")(environ, start_response)
+        rest = path[len(self.driver_prefix):]
+        if _DEFINITIONS.match(rest):
+            return self.definitions_api(environ, start_response)
+        try:
+            cluster_id = cluster_header(environ)
+            if cluster_id != self.cluster_id:
+                raise BadRequest(
+                    f"this driver serves cluster {self.cluster_id!r}, not {cluster_id!r}",
+                    code_name="WRONG_CLUSTER",
+                )
+        except BCSError as exc:
+            return exc(environ, start_response)
+        environ[env.CLUSTER] = self.cluster
+        return self.admission(environ, start_response)
+
+    def readyz(self, start_response: Any) -> list[bytes]:
+        stale = self.discovery.stale()
+        master = self.discovery.scheduler_master()
+        body = {
+            "status": "ready" if not stale and master is not None else "not ready",
+            "cluster": self.cluster_id,
+            "discovery": "stale" if stale else "ok",
+            "scheduler": master.base_url() if master is not None else None,
+        }
+        status = "200 OK" if body["status"] == "ready" else "503 Service Unavailable"
+        return _json(start_response, status, body)
+
+
+def build_driver(
+    *,
+    cluster_id: str,
+    discovery: Discovery,
+    admission_store: DefinitionStore | None = None,
+    scheduler_prefix: str = "/v4/",
+    driver_prefix: str = DRIVER_PATH,
+    proxy: Any = None,
+    scheduler_ca_pem: str | None = None,
+    scheduler_verify: bool = True,
+    admission_options: Mapping[str, Any] | None = None,
+    definitions_require_superuser: bool = True,
+) -> DriverApp:
+    """Assemble the driver role.
+
+    :param admission_store: bcs admission definitions (an in-memory store by default).
+    :param proxy: the terminal app (an :class:`UpstreamProxy` by default).
+    :param admission_options: extra keyword arguments for :class:`AdmissionMiddleware`
+        (``total_budget``, ``address_map``, ``client`` ...).
+    :param definitions_require_superuser: the definition CRUD needs a superuser
+        ``bcs.user`` — put the token auth layer in front of the driver to manage
+        definitions through it.
+    """
+    if not cluster_id or "/" in cluster_id:
+        raise ConfigError(f"bad cluster id {cluster_id!r}")
+    if not driver_prefix.startswith("/") or not driver_prefix.endswith("/"):
+        raise ConfigError("driver_prefix must start and end with '/'")
+    store = admission_store if admission_store is not None else MemoryDefinitionStore()
+    routing = SchedulerRouting(
+        proxy if proxy is not None else UpstreamProxy(),
+        discovery=discovery,
+        driver_prefix=driver_prefix,
+        scheduler_prefix=scheduler_prefix,
+        ca_pem=scheduler_ca_pem,
+        verify=scheduler_verify,
+    )
+    admission = AdmissionMiddleware(routing, store=store, mode="bcs", **dict(admission_options or {}))
+    api = AdmissionWebhookAPI(store, engine=admission.engine,
+                              require_superuser=definitions_require_superuser)
+    return DriverApp(cluster_id=cluster_id, discovery=discovery, admission=admission,
+                     definitions_api=api, driver_prefix=driver_prefix)
+
+
+def _schedulers(value: str) -> list[Endpoint]:
+    return [Endpoint.from_url(item) for item in conv.aslist(value)]
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    "cluster_id": conv.text,
+    "zookeeper_hosts": conv.text,
+    "zookeeper_root": conv.text,
+    "zookeeper_timeout": conv.seconds,
+    "static_schedulers": _schedulers,
+    "scheduler_prefix": conv.text,
+    "scheduler_ca_file": conv.text,
+    "scheduler_verify": conv.asbool,
+    "definitions_file": conv.text,
+    "database_url": conv.text,
+    "secret_key": conv.text,
+    "definitions_require_superuser": conv.asbool,
+    "total_budget": conv.seconds,
+    "default_timeout": conv.seconds,
+    "max_body": conv.size,
+    "address_map": conv.mapping,
+    "connect_timeout": conv.seconds,
+    "read_timeout": conv.seconds,
+}
+
+
+def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
+    """PasteDeploy app ``egg:bcs-middleware#driver``::
+
+        [app:driver]
+        use = egg:bcs-middleware#driver
+        cluster_id = BCS-MESOS-10001
+        zookeeper_hosts = zk1:2181,zk2:2181,zk3:2181
+        # static_schedulers = http://10.0.0.9:8080   ; without ZooKeeper (first = master)
+        scheduler_prefix = /v4/
+        # admission definitions: the shared SQL store, or a file (else in memory)
+        database_url = postgresql://bcs@db/bcs
+        # definitions_file = /etc/bcs/admission.yaml
+        total_budget = 15s
+    """
+    section = "app:driver"
+    opts = conv.convert_options(section, local_conf, _OPTIONS)
+    cluster_id = opts.pop("cluster_id", "")
+    if not cluster_id:
+        raise ConfigError(f"[{section}] cluster_id is required")
+    hosts = opts.pop("zookeeper_hosts", None)
+    schedulers = opts.pop("static_schedulers", None)
+    if hosts and schedulers:
+        raise ConfigError(f"[{section}] set zookeeper_hosts or static_schedulers, not both")
+    discovery: Discovery
+    if hosts:
+        from .discovery.zookeeper import ZookeeperDiscovery
+
+        discovery = ZookeeperDiscovery(hosts, root=opts.pop("zookeeper_root", DEFAULT_ROOT),
+                                       timeout=opts.pop("zookeeper_timeout", 10.0))
+    elif schedulers:
+        discovery = StaticDiscovery(schedulers=schedulers)
+    else:
+        raise ConfigError(f"[{section}] zookeeper_hosts or static_schedulers is required")
+    store: DefinitionStore
+    definitions_file, database_url = opts.pop("definitions_file", None), opts.pop("database_url", None)
+    secret_key = opts.pop("secret_key", None)
+    if definitions_file and database_url:
+        raise ConfigError(f"[{section}] set definitions_file or database_url, not both")
+    if database_url:
+        from .store import open_store
+        from .store.definitions import SQLDefinitionStore
+
+        store = SQLDefinitionStore(open_store(database_url, secret_key=secret_key, migrate=False))
+    elif definitions_file:
+        store = load_definitions_file(definitions_file)
+    else:
+        store = MemoryDefinitionStore()
+    ca_pem = None
+    ca_file = opts.pop("scheduler_ca_file", None)
+    if ca_file:
+        try:
+            ca_pem = Path(ca_file).read_text()
+        except OSError as exc:
+            raise ConfigError(f"[{section}] cannot read scheduler_ca_file {ca_file!r}: {exc.strerror}") from None
+    verify = opts.pop("scheduler_verify", True)
+    if not verify:
+        log.warning("TLS verification towards the Mesos scheduler is OFF (scheduler_verify = false)")
+    proxy = UpstreamProxy(connect_timeout=opts.pop("connect_timeout", 5.0),
+                          read_timeout=opts.pop("read_timeout", 60.0))
+    admission_keys = ("total_budget", "default_timeout", "max_body", "address_map")
+    admission_options: dict[str, Any] = {k: opts.pop(k) for k in admission_keys if k in opts}
+    return build_driver(
+        cluster_id=cluster_id,
+        discovery=discovery,
+        admission_store=store,
+        scheduler_prefix=opts.pop("scheduler_prefix", "/v4/"),
+        proxy=proxy,
+        scheduler_ca_pem=ca_pem,
+        scheduler_verify=verify,
+        admission_options=admission_options,
+        definitions_require_superuser=opts.pop("definitions_require_superuser", True),
+    )
+
+
+def gunicorn_hooks(
+    *,
+    zookeeper_hosts: str,
+    cluster_id: str,
+    endpoint: Endpoint,
+    root: str = DEFAULT_ROOT,
+    timeout: float = 10.0,
+) -> tuple[Any, Any]:
+    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server.
+
+    ``gunicorn.conf.py``::
+
+        from bcs_middleware.discovery import Endpoint
+        from bcs_middleware.driver import gunicorn_hooks
+
+        when_ready, on_exit = gunicorn_hooks(
+            zookeeper_hosts="zk1:2181", cluster_id="BCS-MESOS-10001",
+            endpoint=Endpoint(ip="10.0.0.5", port=8443, scheme="https"))
+    """
+    import dataclasses
+
+    from .discovery.registration import driver_path
+    from .discovery.registration import gunicorn_hooks as hooks
+
+    if not endpoint.cluster:
+        endpoint = dataclasses.replace(endpoint, cluster=cluster_id)
+    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout)

@@ -1,0 +1,280 @@
+"""Mesos routing: ``/bcsapi/v4/scheduler/mesos/{uri}`` → a live mesos-driver of the cluster.
+
+:class:`MesosRoutingMiddleware` reads the cluster from the ``BCS-ClusterID``
+header, takes that cluster's live drivers from a
+:class:`~bcs_middleware.discovery.Discovery` (an in-memory snapshot: no request
+waits on ZooKeeper) and sets an :class:`~bcs_middleware.environ.Upstream` whose
+``base_urls`` are all of them, rotated per request so the load spreads; the
+proxy fails over along that list, once per driver, on connection errors before
+any byte was sent. The path upstream is ``{driver_path}{uri}``, query kept.
+
+``application/x-yaml`` (and ``application/yaml``, ``text/yaml``) bodies are
+converted to JSON here with the safe loader, bounded by ``max_yaml`` (413
+beyond), and must be a mapping or a list (400 otherwise), so drivers and
+schedulers only ever see JSON.
+
+Errors (API JSON shape): no ``bcs.user`` → 401 (403 for a register token);
+missing ``BCS-ClusterID`` → 400; no live driver → 503 naming the cluster; an
+unsafe path (``..``, encoded ``/``) → 400.
+
+Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``,
+``HTTP_BCS_CLUSTERID``, ``bcs.user``; sets ``bcs.cluster`` (type ``mesos``) and
+``bcs.upstream``; may rewrite ``wsgi.input``, ``CONTENT_TYPE``,
+``CONTENT_LENGTH``. Requests outside ``prefix`` pass through untouched.
+
+Example::
+
+    from bcs_middleware.discovery import StaticDiscovery
+    app = MesosRoutingMiddleware(UpstreamProxy(), discovery=StaticDiscovery(
+        {"BCS-MESOS-10001": ["https://10.0.0.5:8443", "https://10.0.0.6:8443"]}))
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+from .. import converters as conv
+from .. import environ as env
+from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
+from ..errors import BadRequest, BCSError, ConfigError, Forbidden, PayloadTooLarge, ServiceUnavailable, Unauthorized
+
+log = logging.getLogger(__name__)
+
+MESOS_PREFIX = "/bcsapi/v4/scheduler/mesos/"
+DRIVER_PATH = "/mesosdriver/v4/"
+_UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
+_YAML_TYPES = frozenset({"application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"})
+_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def safe_subpath(path_info: str, prefix: str, raw_uri: str | None) -> str:
+    """The percent-encoded rest of ``path_info`` after ``prefix``; 400 when it could escape."""
+    if raw_uri is not None and _UNSAFE_RAW.search(raw_uri.split("?", 1)[0]):
+        raise BadRequest("encoded '/' or '\\' is not allowed in the path", code_name="BAD_PATH")
+    rest = path_info[len(prefix):].lstrip("/")
+    if any(seg in (".", "..") for seg in rest.split("/")) or "\\" in rest or "\x00" in rest:
+        raise BadRequest("the path may not contain '.' or '..' segments", code_name="BAD_PATH")
+    return quote(rest, safe=_SAFE)
+
+
+def cluster_header(environ: Mapping[str, Any]) -> str:
+    """The ``BCS-ClusterID`` header, or 400."""
+    cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
+    if not cluster_id:
+        raise BadRequest("the BCS-ClusterID header is required", code_name="CLUSTER_ID_REQUIRED")
+    if len(cluster_id) > 128 or not cluster_id.isprintable() or "/" in cluster_id:
+        raise BadRequest("the BCS-ClusterID header is not a cluster id", code_name="BAD_CLUSTER_ID")
+    return cluster_id
+
+
+def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
+    """Replace a YAML request body by its JSON form (bounded, safe loader)."""
+    content_type = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+    if content_type not in _YAML_TYPES:
+        return
+    raw_length = environ.get("CONTENT_LENGTH") or ""
+    stream = environ["wsgi.input"]
+    if raw_length:
+        try:
+            length = int(raw_length)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if length > max_yaml:
+            raise PayloadTooLarge(f"YAML bodies are limited to {max_yaml} bytes")
+        data = _read_exactly(stream, length)
+    elif environ.get("wsgi.input_terminated"):
+        data = _read_exactly(stream, max_yaml + 1)
+        if len(data) > max_yaml:
+            raise PayloadTooLarge(f"YAML bodies are limited to {max_yaml} bytes")
+    else:
+        data = b""
+    try:
+        document = yaml.safe_load(data) if data else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise BadRequest(f"the YAML body does not parse{where}", code_name="BAD_YAML") from None
+    if not isinstance(document, dict | list):
+        raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML")
+    try:
+        payload = json.dumps(document).encode()
+    except (TypeError, ValueError):
+        # Timestamps, sets... safe_load can build values JSON has no form for.
+        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML") from None
+    environ["wsgi.input"] = io.BytesIO(payload)
+    environ["CONTENT_LENGTH"] = str(len(payload))
+    environ["CONTENT_TYPE"] = "application/json"
+    environ.pop("HTTP_TRANSFER_ENCODING", None)
+
+
+def _read_exactly(stream: Any, limit: int) -> bytes:
+    chunks, remaining = [], limit
+    while remaining > 0:
+        piece = stream.read(min(remaining, 64 * 1024))
+        if not piece:
+            break
+        chunks.append(piece)
+        remaining -= len(piece)
+    return b"".join(chunks)
+
+
+class MesosRoutingMiddleware:
+    """Route ``{prefix}{uri}`` with ``BCS-ClusterID`` to a live driver (see module doc).
+
+    :param app: the next layer — the :class:`~bcs_middleware.upstream.proxy.UpstreamProxy`.
+    :param discovery: where drivers are found (static or ZooKeeper).
+    :param prefix: the gateway path prefix routed here.
+    :param driver_path: the path prefix on the driver.
+    :param prefer_external: use a driver's ``external_ip``/``external_port``
+        when it registered them (a gateway outside the cluster network).
+    :param max_yaml: largest YAML body converted; larger is a 413.
+    :param ca_pem: PEM bundle ``https`` drivers must chain to (``None``: system store).
+    :param verify: ``False`` turns TLS verification towards drivers off —
+        explicit, and logged by the factory; never the default.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        discovery: Discovery,
+        prefix: str = MESOS_PREFIX,
+        driver_path: str = DRIVER_PATH,
+        prefer_external: bool = False,
+        max_yaml: int = 1024 * 1024,
+        ca_pem: str | None = None,
+        verify: bool = True,
+    ) -> None:
+        if not prefix.startswith("/") or not driver_path.startswith("/"):
+            raise ValueError("prefix and driver_path must start with '/'")
+        if max_yaml <= 0:
+            raise ValueError("max_yaml must be positive")
+        self.app = app
+        self.discovery = discovery
+        self.prefix = prefix.rstrip("/") + "/"
+        self.driver_path = driver_path.rstrip("/") + "/"
+        self.prefer_external = prefer_external
+        self.max_yaml = max_yaml
+        self.ca_pem = ca_pem
+        self.verify = verify
+        # Round-robin start offsets: a process-wide counter is enough to spread
+        # load evenly, and next() on itertools.count is atomic under the GIL.
+        self._turn = itertools.count()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if not environ.get("PATH_INFO", "").startswith(self.prefix):
+            return self.app(environ, start_response)
+        try:
+            self.route(environ)
+        except BCSError as exc:
+            return exc(environ, start_response)
+        return self.app(environ, start_response)
+
+    def route(self, environ: dict[str, Any]) -> None:
+        if env.get_user(environ) is None:
+            if env.get_agent(environ) is not None:
+                raise Forbidden("a register token cannot be used to reach a cluster")
+            raise Unauthorized("a gateway token is required")
+        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+        uri = safe_subpath(environ.get("PATH_INFO", ""), self.prefix, raw_uri)
+        cluster_id = cluster_header(environ)
+        drivers = self.discovery.drivers(cluster_id)
+        if not drivers:
+            raise ServiceUnavailable(
+                f"no live mesos-driver for cluster {cluster_id!r}", code_name="NO_LIVE_DRIVER"
+            )
+        yaml_body_to_json(environ, self.max_yaml)
+        start = next(self._turn) % len(drivers)
+        ordered = drivers[start:] + drivers[:start]
+        environ[env.CLUSTER] = env.Cluster(cluster_id, "", "mesos")
+        environ[env.UPSTREAM] = env.Upstream(
+            base_urls=tuple(d.base_url(self.prefer_external) for d in ordered),
+            path=self.driver_path + uri,
+            query=environ.get("QUERY_STRING", ""),
+            ca_pem=self.ca_pem,
+            verify=self.verify,
+            name=f"mesos:{cluster_id}",
+        )
+
+    def health(self) -> dict[str, Any]:
+        """``{"discovery": "ok" | "stale"}`` for a readiness endpoint."""
+        return {"discovery": "stale" if self.discovery.stale() else "ok"}
+
+
+def static_drivers(value: str | Mapping[str, str]) -> dict[str, list[Endpoint]]:
+    """Ini ``cluster = url url`` lines → ``{cluster: [Endpoint, ...]}``."""
+    return {
+        cluster: [Endpoint.from_url(item, cluster=cluster) for item in conv.aslist(urls)]
+        for cluster, urls in conv.mapping(value).items()
+    }
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    "zookeeper_hosts": conv.text,
+    "zookeeper_root": conv.text,
+    "zookeeper_timeout": conv.seconds,
+    "static_drivers": static_drivers,
+    "prefix": conv.text,
+    "driver_path": conv.text,
+    "prefer_external": conv.asbool,
+    "max_yaml": conv.size,
+    "ca_file": conv.text,
+    "verify": conv.asbool,
+}
+
+
+def discovery_from_options(section: str, opts: dict[str, Any]) -> Discovery:
+    """A :class:`ZookeeperDiscovery` when ``zookeeper_hosts`` is set, else static drivers."""
+    hosts = opts.pop("zookeeper_hosts", None)
+    root = opts.pop("zookeeper_root", DEFAULT_ROOT)
+    timeout = opts.pop("zookeeper_timeout", 10.0)
+    drivers = opts.pop("static_drivers", None)
+    if hosts and drivers:
+        raise ConfigError(f"[{section}] set zookeeper_hosts or static_drivers, not both")
+    if hosts:
+        from ..discovery.zookeeper import ZookeeperDiscovery
+
+        return ZookeeperDiscovery(hosts, root=root, timeout=timeout)
+    return StaticDiscovery(drivers or {})
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#mesos_routing``::
+
+        [filter:mesos_routing]
+        use = egg:bcs-middleware#mesos_routing
+        zookeeper_hosts = zk1:2181,zk2:2181,zk3:2181
+        # zookeeper_root = /bcs/services/endpoints
+        # or, without ZooKeeper:
+        # static_drivers =
+        #     BCS-MESOS-10001 = https://10.0.0.5:8443 https://10.0.0.6:8443
+        ca_file = /etc/bcs/driver-ca.pem
+        prefer_external = false
+        max_yaml = 1MiB
+    """
+    section = "filter:mesos_routing"
+    opts = conv.convert_options(section, local_conf, _OPTIONS)
+    discovery = discovery_from_options(section, opts)
+    ca_file = opts.pop("ca_file", None)
+    if ca_file:
+        try:
+            opts["ca_pem"] = Path(ca_file).read_text()
+        except OSError as exc:
+            raise ConfigError(f"[{section}] cannot read ca_file {ca_file!r}: {exc.strerror}") from None
+    if opts.get("verify") is False:
+        log.warning("TLS verification towards mesos-drivers is OFF (verify = false)")
+
+    def make(app: Any) -> MesosRoutingMiddleware:
+        return MesosRoutingMiddleware(app, discovery=discovery, **opts)
+
+    return make
