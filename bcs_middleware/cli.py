@@ -111,6 +111,14 @@ def _configure_logging(level: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(level.upper())
+    # The access log is JSON lines on stdout, one per request, nothing around them.
+    access = logging.getLogger("bcs_middleware.access")
+    if not access.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.propagate = False
+        access.setLevel(logging.INFO)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -171,7 +179,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout=60,
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,
-        accesslog="-" if args.access_log else None,
         errorlog="-",
         control_socket_disable=True,
         child_exit=_child_exit,
@@ -207,6 +214,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             options["gateway_cert_file"] = str(cert_for_api)
         if args.public_url:
             options["public_url"] = args.public_url
+        if args.no_access_log:
+            options["access_log"] = "false"
         config = config_from_options("serve", options)
         store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
         build_gateway(config, store=store)  # migrate + bootstrap once, in the master
@@ -259,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve plain HTTP (kubectl will not send tokens over it)")
     serve.add_argument("--graceful-timeout", type=int, default=30)
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--access-log", action="store_true", help="write gunicorn's access log to stdout")
+    serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")
     serve.set_defaults(func=cmd_serve)
 
     from . import cli_certs

@@ -2,7 +2,7 @@
 
 Request flow::
 
-    RequestContext (request id, error style, metrics)
+    RequestContextMiddleware (request id, error style, metrics, access log)
       └ TokenAuthMiddleware                    bcs.user / bcs.agent
           └ GatewayDispatcher
               ├ /healthz /readyz /metrics      health and metrics (public)
@@ -19,19 +19,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import converters as conv
-from . import environ as env
 from .api.app import ManagementAPI
 from .api.context import APISettings
 from .errors import ConfigError, NotFound
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
+from .middleware.context import RequestContextMiddleware
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
 from .store import SQLStore, open_store
 from .store.crypto import token_digest
@@ -111,6 +109,7 @@ class GatewayConfig:
     stream_idle_timeout: float = 3600.0
     trusted_proxies: tuple[str, ...] = ()
     admission: bool = True
+    access_log: bool = True
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
     admission_refresh: float = 2.0
@@ -166,49 +165,9 @@ def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [payload]
 
 
-def route_kind(path: str) -> str:
-    """The ``kind`` label of request metrics and logs."""
-    if path.startswith(TUNNEL_PREFIX):
-        return "tunnel"
-    if path.startswith(("/rest/", "/clusters/")):
-        return "rest"
-    if path.startswith(("/bcsapi/", "/mesosdriver/")):
-        return "mesos"
-    return "other"
-
-
-class RequestContext:
-    """Outermost layer: request id, error style for tunnel paths, request metrics."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        from .metrics import LATENCY, REQUESTS
-
-        incoming = environ.get("HTTP_X_REQUEST_ID", "")
-        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else secrets.token_hex(16)
-        environ[env.REQUEST_ID] = request_id
-        path = environ.get("PATH_INFO", "")
-        kind = route_kind(path)
-        if kind == "tunnel":
-            environ[env.ERROR_STYLE] = "kubernetes"
-        started = time.monotonic()
-        method = environ.get("REQUEST_METHOD", "GET")
-
-        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            headers.append(("X-Request-Id", request_id))
-            cluster = env.get_cluster(environ)
-            REQUESTS.labels(kind, cluster.id if cluster else "", method, status[:3]).inc()
-            LATENCY.labels(kind, method).observe(time.monotonic() - started)
-            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
-
-        return self.app(environ, _start_response)
-
-
 def build_gateway(
     config: GatewayConfig, *, store: SQLStore | None = None, transport: Transport | None = None
-) -> RequestContext:
+) -> RequestContextMiddleware:
     """Assemble the gateway from a config (the one place the layers are stacked).
 
     :param store: an already open store (tests, the ``serve`` master); else opened from config.
@@ -268,7 +227,7 @@ def build_gateway(
     dispatcher = GatewayDispatcher(api=api, tunnel=tunnel, store=store)
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     authed = TokenAuthMiddleware(dispatcher, authenticator=authenticator, public_paths=config.public_paths)
-    return RequestContext(authed)
+    return RequestContextMiddleware(authed, access_log=config.access_log)
 
 
 _OPTIONS: dict[str, conv.Converter] = {
@@ -291,6 +250,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "stream_idle_timeout": conv.seconds,
     "trusted_proxies": conv.aslist,
     "admission": conv.asbool,
+    "access_log": conv.asbool,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
     "admission_refresh": conv.seconds,
@@ -316,7 +276,7 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     return GatewayConfig(**values)
 
 
-def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> RequestContext:
+def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> RequestContextMiddleware:
     """PasteDeploy app ``egg:bcs-middleware#gateway`` (secrets key from env ``BCS_SECRET_KEY``)::
 
         [app:main]

@@ -1,0 +1,132 @@
+"""The outermost layer: request id, error style, metrics and the JSON access log.
+
+:class:`RequestContextMiddleware` gives every request an id (a client's
+``X-Request-Id`` is kept when it is short and printable, else one is generated)
+and returns it in the response; marks tunnel paths so errors render as
+Kubernetes ``Status``; counts requests and latency per route kind; and writes one
+JSON line per request to the ``bcs_middleware.access`` logger when the response
+is finished (closed)::
+
+    {"time": "...", "request_id": "...", "user": "alice", "cluster": "BCS-K8S-001",
+     "method": "GET", "path": "/tunnels/clusters/BCS-K8S-001/api/v1/pods", "status": 200,
+     "bytes": 5120, "duration_ms": 12.3, "kind": "tunnel", "webhooks": ["sidecar.example.com"]}
+
+It never logs a query string, a header or a body, so no token or credential can
+reach the log through it.
+
+Reads ``bcs.user``, ``bcs.cluster``, ``bcs.admission`` (set by the layers inside,
+read when the response is closed); sets ``bcs.request_id`` and ``bcs.error_style``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import environ as env
+from ..metrics import LATENCY, REQUESTS
+from .routing import TUNNEL_PREFIX
+
+access_log = logging.getLogger("bcs_middleware.access")
+
+
+def route_kind(path: str) -> str:
+    """The ``kind`` label of request metrics and access-log lines."""
+    if path.startswith(TUNNEL_PREFIX):
+        return "tunnel"
+    if path.startswith(("/rest/", "/clusters/")):
+        return "rest"
+    if path.startswith(("/bcsapi/", "/mesosdriver/")):
+        return "mesos"
+    return "other"
+
+
+class _Finished:
+    """Wraps the response body: counts bytes, and logs once when the server closes it."""
+
+    __slots__ = ("_done", "_iterable", "_on_close", "sent")
+
+    def __init__(self, iterable: Iterable[bytes], on_close: Callable[[_Finished], None]) -> None:
+        self._iterable = iterable
+        self._on_close = on_close
+        self._done = False
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._iterable:
+            self.sent += len(piece)
+            yield piece
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            close = getattr(self._iterable, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._on_close(self)
+
+
+class RequestContextMiddleware:
+    """Request id, error style, request metrics and the access log.
+
+    :param app: the WSGI application.
+    :param access_log: write the JSON access-log line (``bcs_middleware.access``).
+    """
+
+    def __init__(self, app: Any, *, access_log: bool = True) -> None:
+        self.app = app
+        self.access_log = access_log
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        incoming = environ.get("HTTP_X_REQUEST_ID", "")
+        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else secrets.token_hex(16)
+        environ[env.REQUEST_ID] = request_id
+        path = environ.get("PATH_INFO", "")
+        kind = route_kind(path)
+        if kind == "tunnel":
+            environ[env.ERROR_STYLE] = "kubernetes"
+        started = time.monotonic()
+        method = environ.get("REQUEST_METHOD", "GET")
+        status_code = [0]
+
+        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            headers.append(("X-Request-Id", request_id))
+            status_code[0] = int(status[:3])
+            cluster = env.get_cluster(environ)
+            REQUESTS.labels(kind, cluster.id if cluster else "", method, status[:3]).inc()
+            LATENCY.labels(kind, method).observe(time.monotonic() - started)
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        if not self.access_log:
+            return self.app(environ, _start_response)  # type: ignore[no-any-return]
+
+        def _log(body: _Finished) -> None:
+            user = env.get_user(environ)
+            agent = env.get_agent(environ)
+            cluster = env.get_cluster(environ)
+            admission = environ.get(env.ADMISSION)
+            line = {
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "request_id": request_id,
+                "remote_addr": environ.get("REMOTE_ADDR", ""),
+                "user": user.name if user else (f"cluster-agent:{agent.cluster_id}" if agent else None),
+                "cluster": cluster.id if cluster else None,
+                "method": method,
+                "path": path,
+                "status": status_code[0],
+                "bytes": body.sent,
+                "duration_ms": round((time.monotonic() - started) * 1000, 3),
+                "kind": kind,
+                "webhooks": list(admission.webhooks) if isinstance(admission, env.AdmissionResult) else [],
+            }
+            access_log.info(json.dumps(line, separators=(",", ":")))
+
+        return _Finished(self.app(environ, _start_response), _log)
