@@ -643,10 +643,7 @@ def test_tls_round_trip_verifies_against_the_generated_ca(
 def test_tls_round_trip_fails_without_the_right_ca_or_name(
     gateway_pki: tls.GatewayPKI, make_context: Any, server_hostname: str, message: str
 ) -> None:
-    if make_context is None:
-        context = ssl.create_default_context(cafile=str(gateway_pki.ca_file))
-    else:
-        context = make_context()
+    context = ssl.create_default_context(cafile=str(gateway_pki.ca_file)) if make_context is None else make_context()
     with (
         tls_server(gateway_pki.cert_file, gateway_pki.key_file) as server,
         pytest.raises(ssl.SSLCertVerificationError, match=message),

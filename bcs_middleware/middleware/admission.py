@@ -79,9 +79,9 @@ from ..admission.store import (
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
-    ConfigError,
     BadRequest,
     BCSError,
+    ConfigError,
     NotFound,
     PayloadTooLarge,
     UnsupportedMediaType,

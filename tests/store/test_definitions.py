@@ -64,7 +64,8 @@ def test_one_bcs_definition_per_operation_and_kind(stores) -> None:  # type: ign
 
 def test_kubernetes_configurations_are_per_cluster(stores) -> None:  # type: ignore[no-untyped-def]
     one, _ = stores
-    config = parse_k8s_configuration(k8s_configuration("sidecar", [k8s_webhook("inject.example.com", "svc.bcs-system", CA)]))
+    webhook = k8s_webhook("inject.example.com", "svc.bcs-system", CA)
+    config = parse_k8s_configuration(k8s_configuration("sidecar", [webhook]))
     assert one.put_k8s("c1", config) is True
     assert one.put_k8s("c1", config) is False
     assert [c.name for c in one.list_k8s("c1")] == ["sidecar"]

@@ -110,7 +110,7 @@ def test_failing_webhook_with_fail_policy_blocks_and_names_itself(
         time.sleep(2.5)
         output = _apply_until(kubeconfig, _pod(tmp_path, "blocked"), "broken.example.com")
         assert 'failed calling webhook "broken.example.com"' in output, output
-        with pytest.raises(Exception):  # noqa: B017 - the fake raises its own not-found error
+        with pytest.raises(Exception):
             apiserver.store.get("pods", "default", "blocked")
     finally:
         gateway.call("DELETE", f"{CONFIGS}/MutatingWebhookConfiguration/broken")
