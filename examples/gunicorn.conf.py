@@ -1,0 +1,95 @@
+"""A gunicorn configuration for the gateway: gunicorn --paste examples/gateway.ini -c examples/gunicorn.conf.py
+
+Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
+BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER).
+
+Worker class: long watch and ``logs -f`` streams hold a worker thread each for as long as the client
+keeps them open, so the gateway runs the **gthread** worker with many threads: capacity for open
+streams = workers x threads (here 4 x 128 = 512, enough for 500 concurrent watches with room for
+ordinary requests). The sync worker would hold a whole process per stream and be killed by
+``timeout`` during a quiet watch; gthread's heartbeat is independent of request threads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
+workers = int(os.environ.get("BCS_WORKERS", "4"))
+worker_class = "gthread"
+threads = int(os.environ.get("BCS_THREADS", "128"))
+timeout = 60
+graceful_timeout = 30
+keepalive = 75
+# gunicorn 27 opens a control socket at one fixed path by default; one per server here.
+control_socket_disable = True
+
+certfile = os.environ.get("BCS_CERTFILE") or None
+keyfile = os.environ.get("BCS_KEYFILE") or None
+
+loglevel = "info"
+errorlog = "-"
+# The gateway writes its own JSON access log (logger bcs_middleware.access); gunicorn's is off.
+accesslog = None
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"},
+        "json": {"format": "%(message)s"},
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"},
+        "access": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"},
+    },
+    "root": {"handlers": ["stderr"], "level": "INFO"},
+    "loggers": {
+        "bcs_middleware": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        "bcs_middleware.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+        "gunicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        "gunicorn.access": {"handlers": [], "level": "INFO", "propagate": False},
+    },
+}
+
+# /metrics aggregates every worker's samples through prometheus_client's multiprocess mode.
+_data_dir = Path(os.environ.get("BCS_DATA_DIR", "bcs-data")).absolute()
+_metrics_dir = _data_dir / "prometheus"
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(_metrics_dir))
+
+
+def on_starting(server):  # type: ignore[no-untyped-def]
+    # Stale files from a previous run would be summed into this one's metrics.
+    shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+
+
+def post_fork(server, worker):  # type: ignore[no-untyped-def]
+    # Engines, HTTP pools and ZooKeeper clients are created lazily per process and re-created
+    # when they notice a new pid, so nothing inherited from the master is shared. Nothing to do
+    # here beyond what gunicorn does; the hook is where a custom resource would be reset.
+    server.log.debug("worker %s forked", worker.pid)
+
+
+def child_exit(server, worker):  # type: ignore[no-untyped-def]
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def when_ready(server):  # type: ignore[no-untyped-def]
+    # One ZooKeeper registration per server (not per worker): the gateway announces itself under
+    # /bcs/services/endpoints/apiserver/ so drivers and tools can find it.
+    hosts = os.environ.get("BCS_ZOOKEEPER")
+    if not hosts:
+        return
+    from bcs_middleware.discovery.registration import register_gateway  # optional: needs kazoo
+
+    server.bcs_registrar = register_gateway(hosts, server.cfg.bind[0])
+
+
+def on_exit(server):  # type: ignore[no-untyped-def]
+    registrar = getattr(server, "bcs_registrar", None)
+    if registrar is not None:
+        registrar.deregister()

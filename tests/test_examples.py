@@ -1,0 +1,230 @@
+"""Every example in examples/ loads and serves under a real gunicorn, as its comments say."""
+
+from __future__ import annotations
+
+import base64
+import importlib.metadata
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+from cryptography.fernet import Fernet
+from paste.deploy import loadapp
+from prometheus_client.parser import text_string_to_metric_families
+
+from bcs_middleware.store import open_store
+from bcs_middleware.store.crypto import token_digest
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import BIN, ServerProcess, free_port, gunicorn, http_get
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ADMIN = "examples-admin-token-" + "e" * 22
+
+
+def test_every_entry_point_loads() -> None:
+    loaded = {}
+    for group in ("paste.app_factory", "paste.filter_factory", "console_scripts"):
+        for ep in importlib.metadata.entry_points(group=group):
+            if ep.dist is not None and ep.dist.name == "bcs-middleware":
+                loaded[(group, ep.name)] = ep.load()
+    assert ("paste.filter_factory", "token_auth") in loaded
+    assert ("paste.filter_factory", "cluster_routing") in loaded
+    assert ("paste.filter_factory", "admission") in loaded
+    assert ("paste.app_factory", "gateway") in loaded
+    assert ("paste.app_factory", "upstream_proxy") in loaded
+    assert ("paste.app_factory", "management_api") in loaded
+    assert all(callable(obj) for obj in loaded.values())
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
+    definitions = _definitions_copy(tmp_path, trustme.CA())
+    overrides = {
+        "gateway.ini": {"data_dir": str(data_dir), "database_url": f"sqlite:///{data_dir}/bcs.sqlite3"},
+        "token_auth_app.ini": {"database_url": f"sqlite:///{data_dir}/bcs.sqlite3"},
+        "admission_app.ini": {"definitions_file": str(definitions)},
+        "reverse_proxy.ini": {},
+    }
+    env = {"BCS_ADMIN_TOKEN": ADMIN, "BCS_SECRET_KEY": Fernet.generate_key().decode()}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        inis = sorted(p.name for p in EXAMPLES.glob("*.ini"))
+        assert set(overrides) <= set(inis)
+        for name in inis:
+            app = loadapp(f"config:{EXAMPLES / name}", global_conf=overrides.get(name, {}))
+            assert callable(app), name
+    finally:
+        sys.path.remove(str(EXAMPLES))
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _definitions_copy(tmp_path: Path, ca: trustme.CA) -> Path:
+    text = (EXAMPLES / "admission-definitions.yaml").read_text()
+    bundle = base64.b64encode(ca.cert_pem.bytes()).decode()
+    copy = tmp_path / "definitions.yaml"
+    copy.write_text(text.replace("PASTE_THE_caBundle_PRINTED_BY_bcs-middleware_certs", bundle))
+    return copy
+
+
+def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    port = free_port()
+    env = {
+        "BCS_ADMIN_TOKEN": ADMIN, "BCS_BIND": f"127.0.0.1:{port}", "BCS_WORKERS": "2", "BCS_THREADS": "8",
+        "BCS_CERTFILE": str(tmp_path / "server.pem"), "BCS_KEYFILE": str(tmp_path / "server.pem"),
+        "BCS_DATA_DIR": str(data_dir),
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    argv = [str(BIN / "gunicorn"), "--paste", str(EXAMPLES / "gateway.ini"), "-c", str(EXAMPLES / "gunicorn.conf.py"),
+            "--paste-global", f"data_dir={data_dir}", "--paste-global", f"database_url=sqlite:///{data_dir}/bcs.sqlite3"]
+    clean_env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    with ServerProcess(argv, port=port, env={**clean_env, **env}, scheme="https", timeout=60) as server:
+        cafile = str(tmp_path / "ca.pem")
+        auth = {"Authorization": f"Bearer {ADMIN}", "X-Request-Id": "req-examples-1"}
+        for _ in range(3):
+            status, headers, body = http_get(f"https://localhost:{port}/rest/users/admin", headers=auth, cafile=cafile)
+            assert status == 200 and json.loads(body)["is_super_user"] is True
+            assert headers["X-Request-Id"] == "req-examples-1"
+        assert http_get(f"https://localhost:{port}/rest/users/nobody", headers=auth, cafile=cafile)[0] == 404
+        status, _, metrics = http_get(f"https://localhost:{port}/metrics", cafile=cafile)
+        assert status == 200
+        families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
+        counted = {
+            (s.labels["kind"], s.labels["method"], s.labels["code"]): s.value
+            for s in families["bcs_api_request_count"].samples
+            if s.name == "bcs_api_request_count_total"
+        }
+        # Several workers, one answer: the multiprocess collector sums them.
+        assert counted[("rest", "GET", "200")] == 3
+        assert counted[("rest", "GET", "404")] == 1
+        assert "bcs_api_request_latency_seconds" in families
+        output = server.output()
+    access = [json.loads(line) for line in output.splitlines() if line.startswith('{"time"')]
+    mine = [line for line in access if line["request_id"] == "req-examples-1"]
+    assert sorted(line["status"] for line in mine) == [200, 200, 200, 404]
+    assert all(line["user"] == "admin" and line["bytes"] > 0 and line["kind"] == "rest" for line in mine)
+    assert ADMIN not in output
+
+
+def test_token_auth_in_front_of_an_existing_app(data_dir: Path) -> None:
+    key = Fernet.generate_key().decode()
+    store = open_store(f"sqlite:///{data_dir}/bcs.sqlite3", secret_key=key)
+    user = store.create_user("webuser")
+    _, token = store.create_token(user.id)
+    store.dispose()
+    with gunicorn(str(EXAMPLES / "token_auth_app.ini"), workers=1,
+                  extra=["--pythonpath", str(EXAMPLES), "--paste-global", f"database_url=sqlite:///{data_dir}/bcs.sqlite3"],
+                  env={"BCS_SECRET_KEY": key}) as server:
+        status, _, body = http_get(f"{server.url}/anything", headers={"Authorization": f"Bearer {token}"})
+        assert status == 200 and json.loads(body)["hello"] == "webuser"
+        assert http_get(f"{server.url}/anything")[0] == 401
+        assert http_get(f"{server.url}/healthz")[0] == 200
+
+
+@pytest.fixture
+def sidecar_injector_service(tmp_path: Path) -> Iterator[tuple[int, trustme.CA]]:
+    import sidecar_injector
+    from webhook_kit import https_server
+
+    ca = trustme.CA()
+    # The certificate names the service, as `bcs-middleware certs --service` makes it.
+    cert = ca.issue_cert("sidecar-injector.bcs-system", "sidecar-injector.bcs-system.svc")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "hook.pem"))
+    server = https_server(sidecar_injector.app, str(tmp_path / "hook.pem"), str(tmp_path / "hook.pem"), port=0)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server.server_port, ca
+    server.shutdown()
+    server.server_close()
+
+
+def test_admission_in_front_of_an_existing_app(
+    tmp_path: Path, sidecar_injector_service: tuple[int, trustme.CA]
+) -> None:
+    port, ca = sidecar_injector_service
+    definitions = _definitions_copy(tmp_path, ca)
+    ini = tmp_path / "admission_app.ini"
+    ini.write_text((EXAMPLES / "admission_app.ini").read_text().replace("127.0.0.1:9443", f"127.0.0.1:{port}"))
+    with gunicorn(str(ini), workers=1, extra=["--pythonpath", str(EXAMPLES),
+                                              "--paste-global", f"definitions_file={definitions}"]) as server:
+        import requests
+
+        deployment = {"apiVersion": "v4", "kind": "Deployment", "metadata": {"name": "web", "namespace": "prod"},
+                      "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "nginx"}]}}}}
+        answer = requests.post(f"{server.url}/v4/deployments", json=deployment, timeout=30).json()
+        containers = answer["body"]["spec"]["template"]["spec"]["containers"]
+        assert [c["name"] for c in containers] == ["app", "sidecar"]
+        # A namespace the selector excludes passes untouched.
+        deployment["metadata"]["namespace"] = "bcs-system"
+        answer = requests.post(f"{server.url}/v4/deployments", json=deployment, timeout=30).json()
+        assert [c["name"] for c in answer["body"]["spec"]["template"]["spec"]["containers"]] == ["app"]
+
+
+def test_reverse_proxy_ini() -> None:
+    with FakeUpstream() as upstream, gunicorn(
+        str(EXAMPLES / "reverse_proxy.ini"), workers=1, extra=["--paste-global", f"upstream={upstream.url}"]
+    ) as server:
+        status, _, body = http_get(f"{server.url}/echo/hi?x=1", headers={"Authorization": "Bearer secret"})
+        assert status == 200
+        echoed = json.loads(body)
+        assert echoed["path"] == "/echo/hi" and echoed["query"] == "x=1"
+        assert "authorization" not in {k.lower() for k, _ in echoed["headers"]}
+
+
+def test_wrap_app_stacks(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"robot {token_digest('w' * 43)} superuser\n")
+    with gunicorn("wrap_app:protected", workers=1, extra=["--pythonpath", str(EXAMPLES)],
+                  env={"BCS_TOKENS_FILE": str(tokens)}) as server:
+        status, _, body = http_get(f"{server.url}/x", headers={"Authorization": "Bearer " + "w" * 43})
+        assert status == 200 and json.loads(body)["hello"] == "robot"
+        assert http_get(f"{server.url}/x")[0] == 401
+
+
+def test_serve_with_the_example_config(data_dir: Path) -> None:
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--config", str(EXAMPLES / "gateway.ini"),
+            "--bind", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--workers", "1"]
+    # The ini's data_dir default is examples/bcs-data: point it at the test's directory.
+    ini = data_dir / "gateway.ini"
+    shutil.copy(EXAMPLES / "gateway.ini", ini)
+    argv[3] = str(ini)
+    with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60):
+        cafile = str(data_dir / "tls" / "ca.crt")
+        status, _, body = http_get(f"https://localhost:{port}/rest/users/admin",
+                                   headers={"Authorization": f"Bearer {ADMIN}"}, cafile=cafile)
+        assert status == 200, body
+    assert (data_dir / "bcs-data" / "bcs.sqlite3").exists()
+
+
+def test_kube_agent_manifest_is_valid_yaml() -> None:
+    import yaml
+
+    documents = list(yaml.safe_load_all((EXAMPLES / "kube-agent.yaml").read_text()))
+    kinds = [d["kind"] for d in documents]
+    assert kinds == ["Secret", "ServiceAccount", "ClusterRoleBinding", "Secret", "Deployment"]
+    container = documents[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["bcs-middleware", "kube-agent"]
+    assert {e["name"] for e in container["env"]} == {"REGISTER_TOKEN", "SERVER_CERT"}
+
