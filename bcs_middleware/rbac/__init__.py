@@ -1,0 +1,28 @@
+"""Permission subscription: grants from an auth system → Kubernetes RBAC bindings on every cluster.
+
+* :mod:`.model` — the data format, its validation and the bindings it implies;
+* :mod:`.sources` — :class:`FileSource` and :class:`HTTPSource` (ETag polling);
+* :mod:`.reconciler` — makes a cluster's owned bindings match, scheduling with backoff;
+* :mod:`.leader` — one reconciler per deployment (a lease in the store);
+* :mod:`.service` — :class:`RBACService`, the background runner;
+* :mod:`.api` — ``GET /rest/rbac/status``.
+"""
+
+from __future__ import annotations
+
+from .model import Grant, Permissions, PermissionsError, load_permissions, parse_permissions
+from .service import RBACService
+from .sources import FileSource, HTTPSource, PermissionSource, SourceError
+
+__all__ = [
+    "FileSource",
+    "Grant",
+    "HTTPSource",
+    "PermissionSource",
+    "Permissions",
+    "PermissionsError",
+    "RBACService",
+    "SourceError",
+    "load_permissions",
+    "parse_permissions",
+]

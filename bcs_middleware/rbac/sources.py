@@ -1,0 +1,203 @@
+"""Where permission data comes from: a file, or an HTTP endpoint of the organisation's auth system.
+
+A source's :meth:`~PermissionSource.poll` returns new :class:`~.model.Permissions`
+when the data changed, ``None`` when it did not, and raises
+:class:`SourceError` (cannot fetch) or :class:`~.model.PermissionsError` (bad
+data). The service keeps the last good permissions on either error, so a broken
+file or a half-written answer never revokes anything.
+
+* :class:`FileSource` (YAML or JSON) is re-read when its size, mtime or inode
+  changes — an atomic rename (what ConfigMap mounts and editors do) is seen too.
+* :class:`HTTPSource` polls with ``If-None-Match`` (a ``304`` costs no parsing
+  and changes nothing), presents a bearer token read from a file at every poll
+  (so a rotated token is picked up), verifies TLS (system store or a CA file),
+  and bounds the answer's size and the whole request's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+
+from .model import MAX_DOCUMENT, Permissions, load_permissions
+
+log = logging.getLogger(__name__)
+
+
+class SourceError(Exception):
+    """The data could not be fetched; the message is safe to log (no token, no URL credentials)."""
+
+
+class PermissionSource(Protocol):
+    """What the RBAC service polls."""
+
+    #: a label for logs and the status page (never a credential).
+    name: str
+
+    def poll(self, *, force: bool = False) -> Permissions | None:
+        """New permissions, ``None`` if unchanged; ``force`` skips a poll interval's wait."""
+        ...
+
+
+class FileSource:
+    """Permission data in a local YAML/JSON file.
+
+    :param path: the file; it may not exist yet (an error until it does).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.name = f"file:{self.path}"
+        self._seen: tuple[int, int, int] | None = None
+        self._digest: str | None = None
+
+    def poll(self, *, force: bool = False) -> Permissions | None:
+        if force:
+            self._seen = None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise SourceError(f"{self.path}: {exc.strerror}") from None
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen == self._seen:
+            return None
+        if st.st_size > MAX_DOCUMENT:
+            self._seen = seen
+            raise SourceError(f"{self.path} is larger than {MAX_DOCUMENT} bytes")
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read(MAX_DOCUMENT + 1)
+        except OSError as exc:
+            raise SourceError(f"{self.path}: {exc.strerror}") from None
+        # Remember the stat only once read, so an error is retried at the next poll
+        # while bad *content* is not re-parsed (and re-logged) until it changes.
+        self._seen = seen
+        permissions = load_permissions(data)
+        if permissions.digest == self._digest:
+            return None
+        self._digest = permissions.digest
+        return permissions
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class HTTPSource:
+    """Permission data served over HTTP(S), polled with ETags.
+
+    :param url: ``https://…`` endpoint answering the JSON/YAML document.
+    :param token_file: file holding the bearer token to present (read at every poll).
+    :param ca_file: CA bundle to verify the server with; default the system store.
+    :param verify: ``False`` only when an operator explicitly turned checking off (logged).
+    :param connect_timeout: seconds to connect.
+    :param timeout: seconds for the whole request, body included.
+    :param max_bytes: the largest document accepted.
+    :param poll_interval: seconds between polls; :meth:`poll` returns ``None`` in between.
+
+    A bearer token is never sent over plain ``http://`` — that configuration is refused.
+    """
+
+    def __init__(self, url: str, *, token_file: str | Path | None = None, ca_file: str | Path | None = None,
+                 verify: bool = True, connect_timeout: float = 5.0, timeout: float = 30.0,
+                 max_bytes: int = MAX_DOCUMENT, poll_interval: float = 30.0) -> None:
+        scheme = urlsplit(url).scheme
+        if scheme not in ("http", "https"):
+            raise ValueError(f"rbac source URL must be http(s), not {scheme!r}")
+        if scheme == "http" and token_file is not None:
+            raise ValueError("a bearer token is never sent over plain http: use an https:// rbac source URL")
+        self.url = url
+        self.name = f"url:{_redact(url)}"
+        self.token_file = Path(token_file) if token_file is not None else None
+        self.verify: bool | str = str(ca_file) if (verify and ca_file) else verify
+        if not verify:
+            log.warning("rbac: TLS verification of %s is turned OFF by configuration", self.name)
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.poll_interval = poll_interval
+        self.etag: str | None = None
+        self.fetches = 0
+        self.not_modified = 0
+        self._next_poll = 0.0
+        self._digest: str | None = None
+        self._session: requests.Session | None = None
+
+    def _token(self) -> str | None:
+        if self.token_file is None:
+            return None
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as exc:
+            raise SourceError(f"cannot read the rbac source token file {self.token_file}: {exc.strerror}") from None
+        if not token:
+            raise SourceError(f"the rbac source token file {self.token_file} is empty")
+        return token
+
+    def poll(self, *, force: bool = False) -> Permissions | None:
+        now = time.monotonic()
+        if not force and now < self._next_poll:
+            return None
+        self._next_poll = now + self.poll_interval
+        headers = {"Accept": "application/json, application/yaml;q=0.9"}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if self.etag:
+            headers["If-None-Match"] = self.etag
+        if self._session is None:
+            self._session = requests.Session()
+            self._session.trust_env = False  # no proxy or netrc credentials picked up behind our back
+        deadline = now + self.timeout
+        self.fetches += 1
+        try:
+            with self._session.get(self.url, headers=headers, verify=self.verify, stream=True,
+                                   allow_redirects=False,
+                                   timeout=(self.connect_timeout, self.timeout)) as response:
+                if response.status_code == 304:
+                    self.not_modified += 1
+                    return None
+                if response.status_code != 200:
+                    raise SourceError(f"{self.name} answered HTTP {response.status_code}")
+                declared = response.headers.get("Content-Length")
+                if declared and declared.isdigit() and int(declared) > self.max_bytes:
+                    raise SourceError(f"{self.name}: document larger than {self.max_bytes} bytes")
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in response.iter_content(65536):
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise SourceError(f"{self.name}: document larger than {self.max_bytes} bytes")
+                    if time.monotonic() > deadline:
+                        raise SourceError(f"{self.name}: answer took longer than {self.timeout:.0f}s")
+                    chunks.append(chunk)
+                etag = response.headers.get("ETag")
+        except requests.exceptions.SSLError:
+            raise SourceError(f"{self.name}: TLS certificate verification failed") from None
+        except requests.exceptions.Timeout:
+            raise SourceError(f"{self.name}: timed out") from None
+        except requests.exceptions.RequestException as exc:
+            raise SourceError(f"{self.name}: {type(exc).__name__}") from None
+        # Remembered before parsing: a bad document is not re-fetched and re-logged
+        # until the server has a new version of it.
+        self.etag = etag
+        permissions = load_permissions(b"".join(chunks))
+        if permissions.digest == self._digest:
+            return None
+        self._digest = permissions.digest
+        return permissions
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
