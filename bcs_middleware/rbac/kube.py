@@ -60,7 +60,8 @@ class BindingClient:
             server_name=self._server_name, verify=self._verify, bearer_token=creds.user_token,
             name=f"rbac:{self.cluster_id}",
         )
-        headers = [("Accept", "application/json")]
+        # The transport sends headers as given; presenting the credential is the caller's job.
+        headers = [("Accept", "application/json"), ("Authorization", f"Bearer {creds.user_token}")]
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()

@@ -9,8 +9,8 @@ has the name a grant wants, which is reported as a failure instead.
 :class:`Reconciler` schedules clusters: each runs on a bounded thread pool
 without anyone waiting for it, so a cluster that hangs until its timeouts only
 holds its own worker. A cluster is due when the grants changed since it last
-succeeded, when its credentials changed, after ``interval`` seconds, or — after
-a failure — when its backoff (``backoff_base`` doubling up to ``backoff_max``,
+succeeded (unless it was unreachable), when its credentials changed, after
+``interval`` seconds, or — after a failure — when its backoff (``backoff_base`` doubling up to ``backoff_max``,
 with jitter) has passed.
 """
 
@@ -166,6 +166,7 @@ class _ClusterState:
     credentials_at: datetime | None = None
     next_due: float = 0.0
     failures: int = 0
+    unreachable: bool = False
     in_flight: bool = False
 
 
@@ -218,7 +219,10 @@ class Reconciler:
                     continue
                 if state.credentials_at != creds.updated_at:
                     state.credentials_at, state.failures, state.next_due = creds.updated_at, 0, now
-                changed = state.digest != permissions.digest and state.failures == 0
+                    state.unreachable = False
+                # New grants go out at once — except to a cluster that could not be
+                # reached, which waits for its backoff like any other retry.
+                changed = state.digest != permissions.digest and not state.unreachable
                 if not changed and now < state.next_due:
                     continue
                 state.in_flight = True
@@ -243,6 +247,7 @@ class Reconciler:
         with self._lock:
             state = self._states.setdefault(creds.cluster_id, _ClusterState())
             state.in_flight = False
+            state.unreachable = outcome.error is not None
             if outcome.ok:
                 state.digest, state.failures = permissions.digest, 0
                 delay = self.interval

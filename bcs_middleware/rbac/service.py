@@ -89,12 +89,15 @@ class RBACService:
     :param max_workers: clusters reconciled at the same time.
     :param tls_server_name: verify apiserver certificates for this name (as the tunnel does).
     :param verify: ``False`` only when an operator turned TLS checking off.
+    :param connect_timeout: seconds to connect to an apiserver (TCP and TLS), own transport only.
+    :param read_timeout: seconds of apiserver silence tolerated, own transport only.
     """
 
     def __init__(self, store: SQLStore, source: PermissionSource, *, interval: float = 300.0, tick: float = 2.0,
                  lease_ttl: float = 30.0, holder: str | None = None, transport: Transport | None = None,
                  backoff_base: float = 2.0, backoff_max: float = 300.0, max_workers: int = 8,
-                 tls_server_name: str | None = None, verify: bool = True) -> None:
+                 tls_server_name: str | None = None, verify: bool = True, connect_timeout: float = 5.0,
+                 read_timeout: float = 30.0) -> None:
         if lease_ttl <= 2 * tick:
             raise ValueError("lease_ttl must be more than twice the tick, or the lease expires between renewals")
         self.store = store
@@ -102,8 +105,9 @@ class RBACService:
         self.tick_seconds = tick
         self.lease = LeaderLease(store, name="rbac", holder=holder, ttl=lease_ttl)
         self._own_transport = transport is None
-        self.transport: Transport = transport or PooledTransport(connect_timeout=5.0, read_timeout=30.0,
-                                                                 stream_idle_timeout=30.0, pool_maxsize=4)
+        self.transport: Transport = transport or PooledTransport(
+            connect_timeout=connect_timeout, read_timeout=read_timeout, stream_idle_timeout=read_timeout,
+            pool_maxsize=4)
         self.reconciler = Reconciler(self.transport, interval=interval, backoff_base=backoff_base,
                                      backoff_max=backoff_max, max_workers=max_workers,
                                      on_outcome=self._record_outcome, tls_server_name=tls_server_name,
