@@ -264,6 +264,15 @@ class Reconciler:
             except Exception:
                 log.exception("rbac: recording the outcome for cluster %s failed", creds.cluster_id)
 
+    def forget(self) -> None:
+        """Drop what is known about idle clusters, so each is reconciled at the next schedule.
+
+        Called when this process (re)gains the lease: another leader may have
+        changed the clusters meanwhile.
+        """
+        with self._lock:
+            self._states = {cid: st for cid, st in self._states.items() if st.in_flight}
+
     def in_flight(self) -> int:
         return len(self._futures)
 

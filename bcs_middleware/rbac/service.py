@@ -173,6 +173,8 @@ class RBACService:
             RBAC_LEADER.set(0)
             return []
         RBAC_LEADER.set(1)
+        if not was_leader:
+            self.reconciler.forget()
         self._poll_source(force=not was_leader)
         if self.permissions is None:
             return []

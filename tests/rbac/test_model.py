@@ -1,0 +1,49 @@
+"""The data format and the bindings it implies."""
+
+from __future__ import annotations
+
+import pytest
+
+from bcs_middleware.rbac.model import Grant, binding_name, desired_bindings, load_permissions
+
+
+@pytest.mark.parametrize("grant, name", [
+    pytest.param(Grant("User", "alice", "*", "view"), "bcs:alice:view", id="user"),
+    pytest.param(Grant("Group", "ops", "*", "edit"), "bcs:group:ops:edit", id="group"),
+    pytest.param(Grant("User", "group", "*", "ops"), "bcs:group:ops", id="user-named-group"),
+    pytest.param(Grant("User", "Alice", "*", "view"), None, id="upper-case-hashed"),
+    pytest.param(Grant("User", "a:b", "*", "view"), None, id="colon-hashed"),
+])
+def test_binding_names_are_deterministic_and_never_collide(grant: Grant, name: str | None) -> None:
+    got = binding_name(grant)
+    assert got == binding_name(grant)
+    if name is not None:
+        assert got == name
+    else:
+        assert got.startswith("bcs:") and got.count(":") == 2 and len(got) < 253
+
+
+def test_distinct_subjects_get_distinct_names() -> None:
+    grants = [Grant("User", "Alice", "*", "view"), Grant("User", "alice", "*", "view"),
+              Grant("User", "a:b", "*", "view"), Grant("User", "a-b", "*", "view"),
+              Grant("Group", "ops", "*", "view"), Grant("User", "ops", "*", "view")]
+    assert len({binding_name(g) for g in grants}) == len(grants)
+
+
+def test_yaml_and_json_with_the_same_grants_have_the_same_digest() -> None:
+    as_json = load_permissions(b'{"version": 1, "grants": [{"user": "a", "cluster": "*", "role": "view"},'
+                               b' {"group": "g", "cluster": "C1", "namespace": "ns", "role": "edit"}]}')
+    as_yaml = load_permissions(b"version: 1\ngrants:\n- {group: g, cluster: C1, namespace: ns, role: edit}\n"
+                               b"- {user: a, cluster: '*', role: view}\n- {user: a, cluster: '*', role: view}\n")
+    assert as_json.digest == as_yaml.digest and len(as_yaml.grants) == 2
+
+
+def test_desired_bindings_per_cluster() -> None:
+    permissions = load_permissions(b'{"version": 1, "grants": ['
+                                   b'{"user": "a", "cluster": "C1", "namespace": "ns", "role": "view"},'
+                                   b'{"user": "a", "cluster": "C2", "role": "view"}]}')
+    c1 = desired_bindings(permissions, "C1")
+    assert list(c1) == [("RoleBinding", "ns", "bcs:a:view")]
+    assert c1[("RoleBinding", "ns", "bcs:a:view")].body["metadata"]["namespace"] == "ns"
+    assert list(desired_bindings(permissions, "C2")) == [("ClusterRoleBinding", "", "bcs:a:view")]
+    assert desired_bindings(permissions, "C3") == {}
