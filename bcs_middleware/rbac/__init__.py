@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from .model import Grant, Permissions, PermissionsError, load_permissions, parse_permissions
-from .service import RBACService
+from .service import RBACService, build_service
 from .sources import FileSource, HTTPSource, PermissionSource, SourceError
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "PermissionsError",
     "RBACService",
     "SourceError",
+    "build_service",
     "load_permissions",
     "parse_permissions",
 ]

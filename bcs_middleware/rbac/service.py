@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ..errors import BCSError
+from ..errors import BCSError, ConfigError
 from ..store import CredentialRecord, SQLStore
 from ..store import models as m
 from ..upstream.transport import PooledTransport, Transport
@@ -42,7 +42,7 @@ from .leader import LeaderLease
 from .metrics import RBAC_LEADER, RBAC_OPERATIONS, RBAC_RUNS, RBAC_SOURCE_REJECTED
 from .model import Permissions, PermissionsError
 from .reconciler import ClusterOutcome, Reconciler
-from .sources import PermissionSource, SourceError
+from .sources import FileSource, HTTPSource, PermissionSource, SourceError
 from .tables import rbac_status
 
 log = logging.getLogger(__name__)
@@ -267,3 +267,27 @@ class RBACService:
         deadline = time.monotonic() + timeout
         return self.reconciler.wait(max(0.0, deadline - time.monotonic()))
 
+
+
+def build_service(store: SQLStore, *, source_file: str | None = None, source_url: str | None = None,
+                  source_token_file: str | None = None, source_ca_file: str | None = None,
+                  interval: float = 300.0, tls_server_name: str | None = None, verify: bool = True,
+                  connect_timeout: float = 5.0, read_timeout: float = 30.0) -> RBACService:
+    """The service as gateway configuration describes it (``rbac_source_file`` *or* ``rbac_source_url``).
+
+    :raises ConfigError: no source, both sources, or an unsafe URL configuration.
+    """
+    if bool(source_file) == bool(source_url):
+        raise ConfigError("rbac_enabled needs exactly one of rbac_source_file or rbac_source_url")
+    source: PermissionSource
+    if source_file:
+        source = FileSource(source_file)
+    else:
+        assert source_url is not None
+        try:
+            source = HTTPSource(source_url, token_file=source_token_file, ca_file=source_ca_file,
+                                poll_interval=min(30.0, interval))
+        except ValueError as exc:
+            raise ConfigError(f"rbac_source_url: {exc}") from None
+    return RBACService(store, source, interval=interval, tls_server_name=tls_server_name, verify=verify,
+                       connect_timeout=connect_timeout, read_timeout=read_timeout)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from bcs_middleware.errors import ConfigError
+from bcs_middleware.rbac import FileSource, build_service
 from bcs_middleware.rbac.model import Grant, binding_name, desired_bindings, load_permissions
+from bcs_middleware.store import SQLStore
 
 
 @pytest.mark.parametrize("grant, name", [
@@ -47,3 +53,18 @@ def test_desired_bindings_per_cluster() -> None:
     assert c1[("RoleBinding", "ns", "bcs:a:view")].body["metadata"]["namespace"] == "ns"
     assert list(desired_bindings(permissions, "C2")) == [("ClusterRoleBinding", "", "bcs:a:view")]
     assert desired_bindings(permissions, "C3") == {}
+
+
+@pytest.mark.parametrize("kw, message", [
+    pytest.param({}, "exactly one of", id="no-source"),
+    pytest.param({"source_file": "/a", "source_url": "https://x/"}, "exactly one of", id="both"),
+    pytest.param({"source_url": "http://x/", "source_token_file": "/t"}, "plain http", id="token-over-http"),
+])
+def test_build_service_refuses_bad_configuration(store: SQLStore, kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_service(store, **kw)
+
+
+def test_build_service_from_file(store: SQLStore, tmp_path: Path) -> None:
+    service = build_service(store, source_file=str(tmp_path / "rbac.yaml"), interval=60)
+    assert isinstance(service.source, FileSource) and service.reconciler.interval == 60
