@@ -58,3 +58,14 @@ DISCOVERY_STALE = Gauge(
     "1 while service discovery cannot reach its source and serves the last snapshot.",
     multiprocess_mode="max",
 )
+OPEN_UPGRADES = Gauge(
+    "bcs_open_upgraded_streams",
+    "Upgraded connections (kubectl exec, attach, port-forward) being spliced right now.",
+    multiprocess_mode="livesum",
+)
+UPGRADES = Counter(
+    "bcs_upgrades",
+    "Connection upgrade requests by outcome (spliced, refused by the upstream, error before "
+    "an answer, unsupported by the server).",
+    ["outcome"],
+)

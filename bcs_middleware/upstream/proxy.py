@@ -25,6 +25,14 @@ What it does to the request:
   chunked one (the server sets ``wsgi.input_terminated``) is sent chunked, in
   64 KiB pieces, never read whole.
 
+Connection upgrades (``kubectl exec``/``attach``/``port-forward``: a
+request with ``Connection: upgrade`` and ``Upgrade: SPDY/3.1`` or
+``websocket``) keep their ``Connection``/``Upgrade`` pair and go out on a
+fresh, never pooled connection with the same credential rules; only a ``101``
+answer splices the client's socket with the upstream's (needs gunicorn), any
+other answer is relayed and both connections closed — see
+:mod:`bcs_middleware.upstream.upgrade`.
+
 What it does with the answer: status and headers pass through (minus
 hop-by-hop), redirects are **not** followed, and the body is relayed raw
 (no decompression) piece by piece as it arrives, so each event of a
@@ -57,7 +65,16 @@ from urllib.parse import quote, urlsplit
 from .. import environ as env
 from .. import metrics
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
-from ..errors import BadGateway, BadRequest, BCSError, ConfigError, GatewayTimeout, InternalError
+from ..errors import (
+    BadGateway,
+    BadRequest,
+    BCSError,
+    ConfigError,
+    GatewayTimeout,
+    InternalError,
+    NotImplementedByServer,
+)
+from . import upgrade as upg
 from .transport import PooledTransport, Response, Transport
 
 log = logging.getLogger(__name__)
@@ -112,6 +129,11 @@ class UpstreamProxy:
     :param stream_idle_timeout: seconds a streamed body (no ``Content-Length``)
         may stay silent; ``None`` means forever.
     :param pool_maxsize: idle keep-alive connections kept per upstream.
+    :param upgrade_idle_timeout: seconds an upgraded stream (``kubectl exec``)
+        may stay silent both ways before both connections are cut; ``None``
+        never. Default 1 h (kubelet's own streaming idle timeout is 4 h).
+    :param upgrade_max_duration: seconds after which an upgraded stream is cut
+        whatever happens; ``None`` never. Default 24 h.
     """
 
     def __init__(
@@ -128,7 +150,11 @@ class UpstreamProxy:
         read_timeout: float = 60.0,
         stream_idle_timeout: float | None = 3600.0,
         pool_maxsize: int = 32,
+        upgrade_idle_timeout: float | None = upg.DEFAULT_IDLE_TIMEOUT,
+        upgrade_max_duration: float | None = upg.DEFAULT_MAX_DURATION,
     ) -> None:
+        self.upgrade_idle_timeout = upgrade_idle_timeout
+        self.upgrade_max_duration = upgrade_max_duration
         self.transport: Transport = transport or PooledTransport(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
@@ -162,6 +188,9 @@ class UpstreamProxy:
         upstream: env.Upstream | None = None
         try:
             upstream = env.get_upstream(environ) or self._fixed_upstream(environ)
+            protocol = upg.upgrade_protocol(environ)
+            if protocol is not None:
+                return self._upgrade(environ, start_response, upstream, protocol)
             headers = self._request_headers(environ, upstream)
             body, length = _request_body(environ)
             resp = self.transport.send(
@@ -172,6 +201,54 @@ class UpstreamProxy:
                 _count_error(upstream, exc)
             return exc(environ, start_response)
 
+        return self._relay(environ, start_response, resp, upstream)
+
+    def _upgrade(
+        self, environ: dict[str, Any], start_response: Any, upstream: env.Upstream, protocol: str
+    ) -> Iterable[bytes]:
+        client = upg.client_socket(environ)
+        open_upgrade = getattr(self.transport, "open_upgrade", None)
+        if client is None or open_upgrade is None:
+            metrics.UPGRADES.labels("unsupported").inc()
+            return NotImplementedByServer(
+                "connection upgrades (kubectl exec, attach, port-forward) need the gateway to run "
+                "under gunicorn over HTTP/1.1"
+            )(environ, start_response)
+        try:
+            body, _length = _request_body(environ)
+            if body is not None:
+                raise BadRequest("an upgrade request may not carry a body")
+            headers = self._request_headers(environ, upstream)
+            headers += [("Connection", "Upgrade"), ("Upgrade", protocol)]
+            resp = open_upgrade(upstream, environ["REQUEST_METHOD"], headers)
+        except BCSError as exc:
+            metrics.UPGRADES.labels("error").inc()
+            if exc.status in (502, 503, 504):
+                _count_error(upstream, exc)
+            upg.audit(environ, upstream, protocol, exc.status)
+            return upg.CloseAfter(exc(environ, start_response), client)
+        upg.audit(environ, upstream, protocol, resp.status)
+        if resp.status != 101:
+            # Relayed like any answer, then both connections end: the client
+            # must not keep talking on a connection whose upgrade failed.
+            metrics.UPGRADES.labels("refused").inc()
+            return upg.CloseAfter(self._relay(environ, start_response, resp, upstream), client)
+        sock, leftover = resp.detach()
+        metrics.UPGRADES.labels("spliced").inc()
+        extra = upg.end_to_end_headers(resp.headers)
+        # Outer layers (request id) append to this very list; the head written
+        # to the client below carries what they added.
+        start_response(f"101 {resp.reason or 'Switching Protocols'}", extra)
+        head = upg.response_head(f"101 {resp.reason or 'Switching Protocols'}", resp.headers, extra)
+        return upg.UpgradedStream(
+            client, sock, head + leftover,
+            idle_timeout=self.upgrade_idle_timeout, max_duration=self.upgrade_max_duration,
+            label=upstream.name or "?",
+        )
+
+    def _relay(
+        self, environ: dict[str, Any], start_response: Any, resp: Response, upstream: env.Upstream
+    ) -> Iterable[bytes]:
         out_headers = _response_headers(resp)
         remaining = resp.length_remaining
         if remaining is not None and remaining <= _PRELOAD_LIMIT:
@@ -410,6 +487,8 @@ def app_factory(global_conf: dict[str, Any], **local_conf: str) -> UpstreamProxy
         stream_idle_timeout = 1h
         trusted_proxies = 10.0.0.0/8 127.0.0.1
         pool_maxsize = 32
+        upgrade_idle_timeout = 1h     ; kubectl exec/attach/port-forward silent both ways
+        upgrade_max_duration = 24h
     """
     options = convert_options(
         "upstream_proxy",
@@ -426,6 +505,8 @@ def app_factory(global_conf: dict[str, Any], **local_conf: str) -> UpstreamProxy
             "stream_idle_timeout": seconds,
             "trusted_proxies": aslist,
             "pool_maxsize": positive_int,
+            "upgrade_idle_timeout": seconds,
+            "upgrade_max_duration": seconds,
         },
     )
     ca_file = options.pop("ca_file", None)

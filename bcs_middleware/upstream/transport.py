@@ -36,6 +36,10 @@ Behaviour of :meth:`PooledTransport.send`:
   a log follow) switches its socket to ``stream_idle_timeout`` once the
   headers are in, because such streams may legitimately stay quiet for long.
 
+**Upgrades** (:meth:`PooledTransport.open_upgrade`): the same connect,
+failover, TLS and error rules, but always on a fresh connection that is never
+pooled; a ``101`` answer's socket is handed to the caller (``detach()``).
+
 **Fork safety**: nothing is opened at import or construction; pools fill on
 first use. A transport that has been *used* must not be shared across a fork:
 call :meth:`PooledTransport.reset` in gunicorn's ``post_fork``.
@@ -101,6 +105,20 @@ class Transport(Protocol):
     ) -> Response: ...
 
     def close(self) -> None: ...
+
+
+class UpgradeTransport(Transport, Protocol):
+    """A transport that can also open connection upgrades (``kubectl exec`` and the like)."""
+
+    def open_upgrade(
+        self, upstream: Upstream, method: str, headers: list[tuple[str, str]]
+    ) -> UpgradeResponse: ...
+
+
+class UpgradeResponse(Response, Protocol):
+    """The answer to an upgrade request: a ``101``'s socket can be taken over."""
+
+    def detach(self) -> tuple[socket.socket, bytes]: ...
 
 
 class UpstreamProtocolError(ConnectionError):
@@ -277,6 +295,16 @@ class UpstreamResponse:
         if conn is not None:
             conn.close()
 
+    def detach(self) -> tuple[socket.socket, bytes]:
+        """Take the socket of a ``101`` answer and the bytes already read past its head.
+
+        The caller owns (and must close) the socket; this response is done.
+        """
+        conn, self._conn = self._conn, None
+        if conn is None or self.status != 101:
+            raise UpstreamProtocolError("only a 101 answer's connection can be detached")
+        return conn.sock, conn.buf
+
 
 class PooledTransport:
     """Keep-alive connections to upstreams, with failover, TLS and timeouts.
@@ -340,6 +368,37 @@ class PooledTransport:
             body chunked.
         :raises BCSError: :class:`BadGateway` or :class:`GatewayTimeout`.
         """
+        return self._send(upstream, method, headers, body, content_length, upgrade=False)
+
+    def open_upgrade(
+        self, upstream: Upstream, method: str, headers: list[tuple[str, str]]
+    ) -> UpstreamResponse:
+        """Send a body-less connection-upgrade request on a **fresh** connection.
+
+        The connection never comes from the pool and never goes back to it,
+        whatever the answer: after an upgrade the bytes on it are another
+        protocol, and after a refused upgrade it is closed so nothing the
+        client sends later can ride on it (CVE-2018-1002105). Failover,
+        timeouts, TLS and error translation are those of :meth:`send`.
+
+        :param headers: as for :meth:`send`, including ``Connection`` and
+            ``Upgrade``.
+        :returns: the response head; on ``101`` take the socket with
+            :meth:`UpstreamResponse.detach`, otherwise read the body as usual
+            (the connection closes when it is released).
+        """
+        return self._send(upstream, method, headers, None, None, upgrade=True)
+
+    def _send(
+        self,
+        upstream: Upstream,
+        method: str,
+        headers: list[tuple[str, str]],
+        body: Body,
+        content_length: int | None,
+        *,
+        upgrade: bool,
+    ) -> UpstreamResponse:
         target = upstream.path or "/"
         if upstream.query:
             target = f"{target}?{upstream.query}"
@@ -358,7 +417,7 @@ class PooledTransport:
         if not candidates:
             raise BadGateway(f"upstream {upstream.name or '?'} has no address")
         last_error: BCSError | None = None
-        replayable = body is None and method in _REPLAYABLE
+        replayable = body is None and method in _REPLAYABLE and not upgrade
         for base in candidates:
             scheme, host, port, prefix, host_header = self._origin(base)
             label = upstream.name or host
@@ -369,7 +428,7 @@ class PooledTransport:
             )
             head = f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}\r\n{tail}"
             for _attempt in range(2):
-                conn = self._get(key)
+                conn = None if upgrade else self._get(key)
                 if conn is None:
                     try:
                         conn = self._connect(key, label)
@@ -380,7 +439,7 @@ class PooledTransport:
                         last_error = exc
                         break  # next address: nothing was sent
                 try:
-                    return self._exchange(conn, method, head, body, content_length)
+                    return self._exchange(conn, method, head, body, content_length, upgrade)
                 except OSError as exc:  # UpstreamProtocolError and timeouts included
                     conn.close()
                     if conn.reused and replayable and not isinstance(exc, TimeoutError):
@@ -398,7 +457,7 @@ class PooledTransport:
         raise last_error
 
     def _exchange(self, conn: _Conn, method: str, head: str, body: Body,
-                  content_length: int | None) -> UpstreamResponse:
+                  content_length: int | None, upgrade: bool = False) -> UpstreamResponse:
         sock = conn.sock
         sock.settimeout(self.read_timeout)
         sock.sendall(head.encode("latin-1"))
@@ -417,7 +476,11 @@ class PooledTransport:
             status, reason, headers, keep_alive = self._read_head(conn)
             if status >= 200 or status == 101:
                 break  # skip 100 Continue, 103 Early Hints
-        resp = UpstreamResponse(self, conn, method, status, reason, headers, keep_alive)
+        # An upgrade's connection is never pooled, refused or not.
+        resp = UpstreamResponse(self, conn, method, status, reason, headers,
+                                keep_alive and not upgrade)
+        if upgrade and status == 101:
+            return resp  # the caller detaches the socket; nothing to release
         if resp.length_remaining is None:
             sock.settimeout(self.stream_idle_timeout)
         elif resp.complete:
