@@ -8,6 +8,7 @@ workers) of ``conftest.py``; the fake apiserver's ``on_upgrade`` handlers answer
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import trustme
 from bcs_middleware import environ as env
 from bcs_middleware.upstream.proxy import UpstreamProxy
 from tests.support.fake_apiserver import FakeAPIServer, UpgradeRequest
+from tests.support.kube import kubectl
 from tests.support.servers import gunicorn
 
 from .conftest import CLUSTER, SA_TOKEN, Gateway
@@ -42,7 +45,8 @@ BANNER = b"ready\n"  # sent by the fake right behind its 101, before any client 
 class Handlers:
     """The fake apiserver's upgrade side: what it saw, and how it answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, apiserver: FakeAPIServer) -> None:
+        self.apiserver = apiserver
         self.mode = "echo"
         self.seen: list[UpgradeRequest] = []
         self.after_refusal: list[bytes | None] = []
@@ -68,7 +72,20 @@ class Handlers:
             if "v5.channel.k8s.io" in offered:
                 lines.append("Sec-WebSocket-Protocol: v5.channel.k8s.io")
             req.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode())
-            _websocket_echo(req)
+            recorded = self.apiserver.requests.last(req.info.path)
+            params = recorded.params if recorded is not None else {}
+            if params.get("stdin") in ("true", "1"):
+                _websocket_echo(req)
+            else:  # a command without input: its "output", then the exit status
+                command = recorded.query if recorded is not None else ""
+                words = [v for k, v in urllib.parse.parse_qsl(command) if k == "command"]
+                _ws_write(req.wfile, b"\x01" + " ".join(words).encode() + b"\n")
+                _ws_write(req.wfile, b"\x03" + json.dumps({"metadata": {}, "status": "Success"}).encode())
+                req.wfile.write(b"\x88\x02\x03\xe8")
+                req.sock.settimeout(5)
+                with contextlib.suppress(OSError):
+                    while _ws_read(req.rfile)[0] not in (None, 0x8):
+                        pass
             return
         lines.append("X-Stream-Protocol-Version: v4.channel.k8s.io")
         req.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode() + BANNER)
@@ -147,7 +164,7 @@ def _ws_write(wfile: Any, payload: bytes) -> None:
 def handlers(apiserver: FakeAPIServer) -> Iterator[Handlers]:
     apiserver.create("pods", {"metadata": {"name": "p", "namespace": "default"},
                               "spec": {"containers": [{"name": "app", "image": "busybox"}]}}, "default")
-    h = Handlers()
+    h = Handlers(apiserver)
     apiserver.on_upgrade(h)
     yield h
     apiserver.on_upgrade(None)
@@ -509,3 +526,37 @@ def test_sync_worker_splices_too(
         assert_closed(conn)
     finally:
         sock.close()
+
+
+def test_kubectl_exec_over_websocket(gateway: Gateway, echo: Handlers, alice: str, tmp_path: Path) -> None:
+    """kubectl 1.32 (the default binary) runs exec over websockets (v5.channel.k8s.io)."""
+    kubeconfig = gateway.kubeconfig(alice, tmp_path / "kubeconfig")
+    result = kubectl("exec", "p", "-c", "app", "--", "echo", "through", "the", "tunnel",
+                     kubeconfig=kubeconfig)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "echo through the tunnel\n"
+    seen = echo.seen[-1].info.headers
+    assert (seen.get("Upgrade") or "").lower() == "websocket"
+    assert "v5.channel.k8s.io" in (seen.get("Sec-WebSocket-Protocol") or "")
+    assert seen.get("Impersonate-User") == "alice-upgrade"
+
+
+def test_upgrades_are_audited_and_counted(gateway: Gateway, echo: Handlers, alice: str) -> None:
+    conn = upgrade(gateway, alice, query="command=id&container=app&stdout=true")
+    conn.sock.close()
+    assert conn.status == 101
+    deadline = time.monotonic() + 15
+    line = ""
+    while not line:
+        assert time.monotonic() < deadline, "no audit line"
+        line = next((entry for entry in gateway.server.output().splitlines()
+                     if "action=tunnel.exec" in entry and '"command": ["id"]' in entry), "")
+        time.sleep(0.05)
+    assert "actor=alice-upgrade" in line and "target=default/p" in line
+    assert '"container": "app"' in line and '"status": 101' in line
+    assert alice not in gateway.server.output() and SA_TOKEN not in gateway.server.output()
+    status, body = gateway.call("GET", "/metrics", token="")
+    assert status == 200
+    text = body.decode()
+    assert 'bcs_upgrades_total{outcome="spliced"}' in text
+    assert "bcs_open_upgraded_streams" in text
