@@ -560,3 +560,68 @@ def test_upgrades_are_audited_and_counted(gateway: Gateway, echo: Handlers, alic
     text = body.decode()
     assert 'bcs_upgrades_total{outcome="spliced"}' in text
     assert "bcs_open_upgraded_streams" in text
+
+
+# --------------------------------------------------------------------------- splice itself (plain TCP)
+
+
+def _spliced(**limits: Any) -> tuple[socket.socket, socket.socket, dict[str, Any]]:
+    """client_end <-> [gateway_client | splice | gateway_upstream] <-> upstream_end, in a thread."""
+    from bcs_middleware.upstream.upgrade import splice
+
+    client_end, gateway_client = socket.socketpair()
+    gateway_upstream, upstream_end = socket.socketpair()
+    for sock in (client_end, upstream_end):
+        sock.settimeout(10)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = splice(gateway_client, gateway_upstream, to_client=b"head", **limits)
+        finally:
+            gateway_upstream.close()
+            gateway_client.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    out["thread"] = thread
+    return client_end, upstream_end, out
+
+
+def test_plain_half_close_is_passed_on_and_the_rest_still_flows() -> None:
+    client, upstream, out = _spliced()
+    try:
+        assert client.recv(4) == b"head"
+        client.sendall(b"question")
+        client.shutdown(socket.SHUT_WR)
+        assert upstream.recv(8) == b"question"
+        assert upstream.recv(1) == b""  # the half-close arrived
+        upstream.sendall(b"answer after EOF")
+        upstream.shutdown(socket.SHUT_WR)
+        received = b""
+        while piece := client.recv(1024):
+            received += piece
+        assert received == b"answer after EOF"
+        out["thread"].join(10)
+        assert out["result"].ended_by == "closed"
+        assert (out["result"].to_upstream, out["result"].to_client) == (8, 4 + 16)
+    finally:
+        client.close()
+        upstream.close()
+
+
+@pytest.mark.parametrize("limits,reason", [
+    pytest.param({"idle_timeout": 0.2}, "idle", id="idle"),
+    pytest.param({"max_duration": 0.2}, "max_duration", id="max-duration"),
+])
+def test_limits_cut_both_connections(limits: dict[str, float], reason: str) -> None:
+    client, upstream, out = _spliced(**limits)
+    try:
+        assert client.recv(4) == b"head"
+        out["thread"].join(10)
+        assert not out["thread"].is_alive()
+        assert out["result"].ended_by == reason
+        assert client.recv(1) == b"" and upstream.recv(1) == b""
+    finally:
+        client.close()
+        upstream.close()
