@@ -176,6 +176,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         worker_class="gthread",
         threads=args.threads,
+        # A gthread worker accepts connections up to worker_connections and queues those it
+        # has no thread for: a queued watch would wait forever behind streams that never end.
+        # Accepting only what it can serve leaves the rest to the other workers.
+        worker_connections=args.threads,
         timeout=60,
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,

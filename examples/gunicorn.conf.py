@@ -20,6 +20,9 @@ bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
 workers = int(os.environ.get("BCS_WORKERS", "4"))
 worker_class = "gthread"
 threads = int(os.environ.get("BCS_THREADS", "128"))
+# Accept only as many connections as there are threads: gthread queues the excess, and a queued
+# request would wait behind streams that may never end while another worker sits idle.
+worker_connections = threads
 timeout = 60
 graceful_timeout = 30
 keepalive = 75
