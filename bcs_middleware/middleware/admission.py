@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -87,7 +88,11 @@ from ..errors import (
     UnsupportedMediaType,
 )
 
+log = logging.getLogger(__name__)
+
 Mode = Literal["bcs", "kubernetes", "auto"]
+# Subresources the apiserver admits as CONNECT (streaming: exec, attach, port-forward, proxy).
+_CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
 StartResponse = Callable[..., Any]
 
 _TUNNEL = re.compile(r"^/+tunnels/+clusters/+([^/]+)(/.*)?$")
@@ -142,11 +147,15 @@ class AdmissionMiddleware:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
-        if method not in ("POST", "PUT", "PATCH") or _DEFINITION_PATHS.search(
+        # kubectl exec/attach/port-forward: an upgrade (the apiserver's CONNECT operation).
+        connect = bool(environ.get("HTTP_UPGRADE"))
+        if (method not in ("POST", "PUT", "PATCH", "DELETE") and not connect) or _DEFINITION_PATHS.search(
             environ.get("PATH_INFO", "")
         ):
             return self.app(environ, start_response)
         kubernetes = self._kubernetes(environ)
+        if kubernetes is None and (connect or method == "DELETE"):
+            return self.app(environ, start_response)  # bcs definitions know Create and Update only
         style: env.ErrorStyle = "kubernetes" if kubernetes else env.get_error_style(environ)
         try:
             if kubernetes is not None:
@@ -219,6 +228,12 @@ class AdmissionMiddleware:
         attrs = parse_api_path(api_path)
         if attrs is None or attrs.group == _REGISTRATION_GROUP:
             return None
+        if environ.get("HTTP_UPGRADE") or attrs.subresource in _CONNECT_SUBRESOURCES:
+            self._not_admitted(cluster_id, "CONNECT", attrs)
+            return None
+        if method == "DELETE":
+            self._not_admitted(cluster_id, "DELETE", attrs)
+            return None
         operation: Literal["CREATE", "UPDATE"] = "CREATE" if method == "POST" else "UPDATE"
         webhooks = self.engine.k8s_matching(cluster_id, operation, attrs)
         if not webhooks:
@@ -288,6 +303,25 @@ class AdmissionMiddleware:
             body = json.dumps(outcome.object).encode()
         _set_body(environ, body)
         return outcome
+
+    def _not_admitted(self, cluster_id: str, operation: str, attrs: RequestAttributes) -> None:
+        """DELETE and CONNECT are not sent to webhooks by the gateway (yet).
+
+        A matching webhook must not be bypassed silently: with ``failurePolicy: Fail``
+        the request is refused, naming the webhook; with ``Ignore`` it passes, logged —
+        exactly what the policy says should happen when a webhook cannot be called.
+        """
+        webhooks = self.engine.k8s_matching(cluster_id, operation, attrs)
+        failing = [w.name for w in webhooks if w.failure_policy == "Fail"]
+        if failing:
+            raise BCSError(
+                f'the gateway does not send {operation} requests to admission webhooks, and webhook '
+                f'"{failing[0]}" (failurePolicy: Fail) matches this request',
+                status=501,
+                code_name="ADMISSION_OPERATION_UNSUPPORTED",
+            )
+        for webhook in webhooks:
+            log.warning("admission: %s not sent to webhook %r (failurePolicy: Ignore)", operation, webhook.name)
 
     def _current(self, cluster_id: str, attrs: RequestAttributes, *, required: bool) -> Any:
         reader = self.engine.cluster_reader

@@ -41,7 +41,10 @@ class TunnelClusterReader:
             server_name=self.tls_server_name, verify=self.verify, bearer_token=creds.user_token,
             name=f"cluster:{cluster_id}",
         )
-        response = self.transport.send(upstream, "GET", [("Accept", "application/json")], None, None)
+        # The transport frames requests; credentials are the caller's to set (the proxy does
+        # the same for tunnel traffic).
+        headers = [("Accept", "application/json"), ("Authorization", f"Bearer {creds.user_token}")]
+        response = self.transport.send(upstream, "GET", headers, None, None)
         try:
             chunks: list[bytes] = []
             size = 0

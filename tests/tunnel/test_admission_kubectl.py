@@ -123,3 +123,38 @@ def test_configuration_changes_are_refused_for_ordinary_users(gateway: Gateway, 
                                 body=_configuration("x", "https://localhost:1/", ca_bundle))
     assert status == 403, body
     assert json.loads(body)["code_name"]
+
+
+def test_namespace_selector_and_updates_read_the_cluster_with_its_credentials(
+    gateway: Gateway, apiserver: FakeAPIServer, injector: tuple[int, str], tmp_path: Path
+) -> None:
+    """Namespace labels and old objects are read from the cluster through the reported credentials."""
+    port, ca_bundle = injector
+    apiserver.store.create("namespaces", {"metadata": {"name": "inject-me", "labels": {"sidecar": "on"}}})
+    alice = gateway.user("alice-admission-4")
+    kubeconfig = gateway.kubeconfig(alice, tmp_path / "kc")
+    config = _configuration("selective", f"https://localhost:{port}/", ca_bundle)
+    config["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"sidecar": "on"}}
+    status, body = gateway.call("POST", CONFIGS, body=config)
+    assert status == 201, body
+    try:
+        time.sleep(2.5)
+        plain = _pod(tmp_path, "plain")
+        labelled = tmp_path / "labelled.yaml"
+        labelled.write_text(_pod(tmp_path, "labelled").read_text().replace("namespace: default",
+                                                                            "namespace: inject-me"))
+        assert "created" in _apply_until(kubeconfig, plain, "created")
+        assert "created" in _apply_until(kubeconfig, labelled, "created")
+        assert [c["name"] for c in apiserver.store.get("pods", "default", "plain")["spec"]["containers"]] == ["app"]
+        injected = apiserver.store.get("pods", "inject-me", "labelled")
+        assert [c["name"] for c in injected["spec"]["containers"]] == ["app", "sidecar"]
+        # An update (PUT) is admitted with the old object read from the cluster.
+        current = apiserver.store.get("pods", "default", "plain")
+        current["metadata"].setdefault("labels", {})["touched"] = "yes"
+        replaced = tmp_path / "replace.json"
+        replaced.write_text(json.dumps(current))
+        result = kubectl("replace", "-f", str(replaced), kubeconfig=kubeconfig)
+        assert result.returncode == 0, result.stderr
+        assert apiserver.store.get("pods", "default", "plain")["metadata"]["labels"]["touched"] == "yes"
+    finally:
+        gateway.call("DELETE", f"{CONFIGS}/MutatingWebhookConfiguration/selective")
