@@ -199,8 +199,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             return loadapp(f"config:{config_path}")
 
-        # Build once in the master so migrations run (and bad config fails) before forking.
-        loader()
+        # Not built in the master: an app may start background work (the RBAC sync), which
+        # must live in a worker. Migrations are safe from several workers at once (locked).
     else:
         from .gateway import build_gateway, config_from_options
         from .store import open_store
@@ -222,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             options["access_log"] = "false"
         config = config_from_options("serve", options)
         store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
-        build_gateway(config, store=store)  # migrate + bootstrap once, in the master
+        build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
         store.dispose()
 
         def loader() -> Any:

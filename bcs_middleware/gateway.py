@@ -16,6 +16,7 @@ factory and ``bcs-middleware serve`` only differ in where the strings come from.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -31,6 +32,8 @@ from .errors import ConfigError, NotFound
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from .middleware.context import RequestContextMiddleware
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .rbac.api import RBACStatusApp
+from .rbac.service import build_service
 from .store import SQLStore, open_store
 from .store.crypto import token_digest
 from .upstream.cluster_reader import TunnelClusterReader
@@ -101,6 +104,8 @@ class GatewayConfig:
     gateway_cert_file: Path | None = None
     public_url: str | None = None
     max_body: int = 1024 * 1024
+    # The source system's rbac switch: impersonate non-superusers (so each cluster's RBAC
+    # decides) and, with a source configured, sync grants into RBAC bindings. Off: neither.
     rbac: bool = True
     tls_server_name: str | None = None
     upstream_verify: bool = True
@@ -110,6 +115,14 @@ class GatewayConfig:
     trusted_proxies: tuple[str, ...] = ()
     admission: bool = True
     access_log: bool = True
+    upgrade_idle_timeout: float = 3600.0
+    upgrade_max_duration: float = 86400.0
+    # Permission subscription (issue 9): grants turned into RBAC bindings in every cluster.
+    rbac_source_file: str | None = None
+    rbac_source_url: str | None = None
+    rbac_source_token_file: str | None = None
+    rbac_source_ca_file: str | None = None
+    rbac_interval: float = 300.0
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
     admission_refresh: float = 2.0
@@ -125,10 +138,11 @@ def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> li
 class GatewayDispatcher:
     """Send each request to the part of the gateway that owns its path."""
 
-    def __init__(self, *, api: Any, tunnel: Any, store: SQLStore) -> None:
+    def __init__(self, *, api: Any, tunnel: Any, store: SQLStore, rbac_status: Any = None) -> None:
         self.api = api
         self.tunnel = tunnel
         self.store = store
+        self.rbac_status = rbac_status
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -144,6 +158,8 @@ class GatewayDispatcher:
             )
         if path == "/metrics":
             return metrics_app(environ, start_response)
+        if path == "/rest/rbac/status" and self.rbac_status is not None:
+            return self.rbac_status(environ, start_response)
         if path.startswith(("/rest/", "/clusters/")):
             return self.api(environ, start_response)
         return NotFound(f"no route for {path}")(environ, start_response)
@@ -166,13 +182,21 @@ def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
 
 
 def build_gateway(
-    config: GatewayConfig, *, store: SQLStore | None = None, transport: Transport | None = None
+    config: GatewayConfig,
+    *,
+    store: SQLStore | None = None,
+    transport: Transport | None = None,
+    background: bool = True,
 ) -> RequestContextMiddleware:
     """Assemble the gateway from a config (the one place the layers are stacked).
 
     :param store: an already open store (tests, the ``serve`` master); else opened from config.
     :param transport: the upstream connection layer shared by the proxy and the admission
         layer's cluster reads; a :class:`PooledTransport` from config by default.
+    :param background: start background work (the RBAC sync) in this process. The
+        ``serve`` master builds the app once with ``False`` (to migrate and check the
+        configuration) and every worker builds its own with ``True``; only the worker
+        holding the store's lease reconciles.
     """
     from .admission.api import AdmissionWebhookAPI
     from .middleware.admission import AdmissionMiddleware
@@ -192,7 +216,12 @@ def build_gateway(
     directory = CachedDirectory(store, ttl=config.cluster_cache_ttl)
     definitions = SQLDefinitionStore(store, refresh=config.admission_refresh)
 
-    proxy = UpstreamProxy(trusted_proxies=config.trusted_proxies, transport=transport)
+    proxy = UpstreamProxy(
+        trusted_proxies=config.trusted_proxies,
+        transport=transport,
+        upgrade_idle_timeout=config.upgrade_idle_timeout,
+        upgrade_max_duration=config.upgrade_max_duration,
+    )
     engine = None
     inner: Any = proxy
     if config.admission:
@@ -224,7 +253,23 @@ def build_gateway(
         ),
         fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True),
     )
-    dispatcher = GatewayDispatcher(api=api, tunnel=tunnel, store=store)
+    rbac_status = RBACStatusApp(store, enabled=config.rbac and bool(config.rbac_source_file or config.rbac_source_url))
+    if config.rbac and (config.rbac_source_file or config.rbac_source_url):
+        service = build_service(
+            store,
+            source_file=config.rbac_source_file,
+            source_url=config.rbac_source_url,
+            source_token_file=config.rbac_source_token_file,
+            source_ca_file=config.rbac_source_ca_file,
+            interval=config.rbac_interval,
+            tls_server_name=config.tls_server_name,
+            verify=config.upstream_verify,
+        )
+        if background:
+            service.start()
+            # gunicorn workers leave through sys.exit: hand the lease over at once.
+            atexit.register(service.stop)
+    dispatcher = GatewayDispatcher(api=api, tunnel=tunnel, store=store, rbac_status=rbac_status)
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     authed = TokenAuthMiddleware(dispatcher, authenticator=authenticator, public_paths=config.public_paths)
     return RequestContextMiddleware(authed, access_log=config.access_log)
@@ -251,6 +296,13 @@ _OPTIONS: dict[str, conv.Converter] = {
     "trusted_proxies": conv.aslist,
     "admission": conv.asbool,
     "access_log": conv.asbool,
+    "upgrade_idle_timeout": conv.seconds,
+    "upgrade_max_duration": conv.seconds,
+    "rbac_source_file": conv.text,
+    "rbac_source_url": conv.url,
+    "rbac_source_token_file": conv.text,
+    "rbac_source_ca_file": conv.text,
+    "rbac_interval": conv.seconds,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
     "admission_refresh": conv.seconds,

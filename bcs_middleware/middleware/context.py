@@ -106,7 +106,7 @@ class RequestContextMiddleware:
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         if not self.access_log:
-            return self.app(environ, _start_response)  # type: ignore[no-any-return]
+            return self.app(environ, _start_response)
 
         def _log(body: _Finished) -> None:
             user = env.get_user(environ)

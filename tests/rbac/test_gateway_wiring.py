@@ -1,0 +1,69 @@
+"""The gateway runs the RBAC sync itself when its configuration names a permission source."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.servers import BIN, ServerProcess, free_port
+
+ADMIN = "rbac-wiring-admin-token-" + "r" * 20
+
+
+def _call(base: str, method: str, path: str, cafile: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(base + path, method=method, data=json.dumps(body).encode() if body else None,
+                                 headers={"Authorization": f"Bearer {ADMIN}"})
+    with urllib.request.urlopen(req, timeout=20, context=ssl.create_default_context(cafile=cafile)) as resp:
+        return json.loads(resp.read())
+
+
+def test_serve_with_a_permission_file_reconciles_and_reports(tmp_path: Path) -> None:
+    grants = tmp_path / "grants.json"
+    grants.write_text(json.dumps({"version": 1, "grants": [
+        {"user": "alice", "cluster": "rbac-c1", "namespace": "default", "role": "view"}]}))
+    data = tmp_path / "data"
+    ini = tmp_path / "gateway.ini"
+    ini.write_text(textwrap.dedent(f"""
+        [app:main]
+        use = egg:bcs-middleware#gateway
+        data_dir = {data}
+        bootstrap_users =
+            admin = env:BCS_ADMIN_TOKEN
+        rbac = true
+        rbac_source_file = {grants}
+        rbac_interval = 2s
+    """))
+    with FakeAPIServer(token="sa-rbac") as api:
+        port = free_port()
+        argv = [str(BIN / "bcs-middleware"), "serve", "--config", str(ini), "--data-dir", str(data),
+                "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
+        with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60) as server:
+            base, cafile = f"https://localhost:{port}", str(data / "tls" / "ca.crt")
+            _call(base, "POST", "/rest/clusters/bcs", cafile, {"id": "rbac-c1", "project_id": "p", "cluster_type": "k8s"})
+            _call(base, "PUT", "/rest/clusters/rbac-c1/credentials", cafile,
+                  {"server_addresses": api.url, "cacert_data": api.ca_pem, "user_token": "sa-rbac"})
+            deadline = time.monotonic() + 30
+            while not any(b["metadata"]["name"] == "bcs:alice:view" for b in api.bindings):
+                assert time.monotonic() < deadline, "the gateway never created the binding"
+                time.sleep(0.2)
+            binding = next(b for b in api.bindings if b["metadata"]["name"] == "bcs:alice:view")
+            assert binding["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "bcs-middleware"
+            assert binding["subjects"][0]["name"] == "alice"
+
+            # Revoking the grant removes the binding at the next pass.
+            grants.write_text(json.dumps({"version": 1, "grants": []}))
+            deadline = time.monotonic() + 30
+            while any(b["metadata"]["name"] == "bcs:alice:view" for b in api.bindings):
+                assert time.monotonic() < deadline, "the revoked grant's binding stayed"
+                time.sleep(0.2)
+
+            status = _call(base, "GET", "/rest/rbac/status", cafile)
+            assert status["enabled"] is True and status["leader"]
+            assert [c for c in status["clusters"] if "rbac-c1" in json.dumps(c)]
+        output = server.output()
+    assert "sa-rbac" not in output and ADMIN not in output
