@@ -44,7 +44,8 @@ def test_serve_with_a_permission_file_reconciles_and_reports(tmp_path: Path) -> 
                 "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
         with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60) as server:
             base, cafile = f"https://localhost:{port}", str(data / "tls" / "ca.crt")
-            _call(base, "POST", "/rest/clusters/bcs", cafile, {"id": "rbac-c1", "project_id": "p", "cluster_type": "k8s"})
+            cluster = {"id": "rbac-c1", "project_id": "p", "cluster_type": "k8s"}
+            _call(base, "POST", "/rest/clusters/bcs", cafile, cluster)
             _call(base, "PUT", "/rest/clusters/rbac-c1/credentials", cafile,
                   {"server_addresses": api.url, "cacert_data": api.ca_pem, "user_token": "sa-rbac"})
             deadline = time.monotonic() + 30
