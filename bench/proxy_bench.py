@@ -71,6 +71,19 @@ def ceiling_app():  # type: ignore[no-untyped-def]
     return app
 
 
+def gateway_app():  # type: ignore[no-untyped-def]
+    """The real gateway, built per worker as ``bcs-middleware serve`` builds it.
+
+    Logging is configured by the same function ``serve`` uses, so the JSON access
+    line goes to stdout (the server's log file here) exactly as in production.
+    """
+    from bcs_middleware.cli import _configure_logging
+    from bcs_middleware.gateway import GatewayConfig, build_gateway
+
+    _configure_logging("info")
+    return build_gateway(GatewayConfig(data_dir=Path(os.environ["BENCH_DATA_DIR"])))
+
+
 def werkzeug_app():  # type: ignore[no-untyped-def]
     from werkzeug.exceptions import NotFound
     from werkzeug.middleware.http_proxy import ProxyMiddleware
@@ -119,6 +132,7 @@ class Context:
     file_url_path: str
     nginx: ServerProcess
     status_url: str
+    gateway: tuple[ServerProcess, dict[str, str]] | None = None
 
     def nginx_accepts(self) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", self.nginx.port, timeout=5)
@@ -198,7 +212,11 @@ def start_upstream_proxy(ctx: Context) -> Running:
     ini = ctx.tmp / "upstream_proxy.ini"
     ini.write_text("[app:main]\nuse = egg:bcs-middleware#upstream_proxy\n"
                    f"upstream = {ctx.nginx.url}\n")
-    server = gunicorn(str(ini), **GUNICORN)  # type: ignore[arg-type]
+    # As under ``bcs-middleware serve --config``: metrics in multiprocess mode.
+    metrics_dir = ctx.tmp / "upstream-proxy-metrics"
+    metrics_dir.mkdir()
+    server = gunicorn(str(ini), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+                      **GUNICORN)  # type: ignore[arg-type]
     return Running(server.url, _gunicorn_tree(server, ctx, True), stop=server.stop)
 
 
@@ -216,9 +234,67 @@ def start_ceiling(ctx: Context) -> Running:
                    stop=server.stop)
 
 
+CLUSTER_ID = "BCS-K8S-BENCH"
+
+
+def _gateway(ctx: Context) -> tuple[ServerProcess, dict[str, str]]:
+    """One gateway for both tunnel contenders; returns it and a token per kind of user.
+
+    The cluster's credentials are written straight into the store with an
+    ``http://`` address of the nginx upstream: the management API's schema would
+    demand ``https://``, but the routing layer proxies to whatever the store
+    holds, and TLS stays off for every contender so the comparison is about the
+    WSGI path, not about who encrypts.
+    """
+    if ctx.gateway is not None:
+        return ctx.gateway
+    from bcs_middleware.store import open_store
+
+    data_dir = ctx.tmp / "gateway"
+    store = open_store(data_dir=data_dir)
+    try:
+        store.create_cluster(CLUSTER_ID, project_id="bench", cluster_type="k8s")
+        store.put_credentials(CLUSTER_ID, server_addresses=[ctx.nginx.url], cacert_pem="",
+                              user_token="cluster-sa-token")
+        tokens = {}
+        for name, superuser in (("bench-admin", True), ("bench-user", False)):
+            user = store.create_user(name, is_superuser=superuser)
+            tokens[name] = store.create_token(user.id)[1]
+    finally:
+        store.dispose()
+    metrics_dir = ctx.tmp / "gateway-metrics"
+    metrics_dir.mkdir()
+    server = gunicorn("proxy_bench:gateway_app()", extra=["--chdir", str(BENCH)],
+                      env={"BENCH_DATA_DIR": str(data_dir),
+                           "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+                      **GUNICORN)  # type: ignore[arg-type]
+    ctx.gateway = (server, tokens)
+    return ctx.gateway
+
+
+def start_tunnel(ctx: Context) -> Running:
+    """Superuser token: auth, routing, admission pass-through, proxy; no impersonation."""
+    server, tokens = _gateway(ctx)
+    return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
+                   _gunicorn_tree(server, ctx, True),
+                   headers={"Authorization": f"Bearer {tokens['bench-admin']}"},
+                   stop=server.stop)
+
+
+def start_tunnel_impersonate(ctx: Context) -> Running:
+    """A plain user: the same, plus ``Impersonate-User``/``-Group`` headers upstream."""
+    server, tokens = _gateway(ctx)
+    return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
+                   _gunicorn_tree(server, ctx, True),
+                   headers={"Authorization": f"Bearer {tokens['bench-user']}"},
+                   stop=server.stop)
+
+
 CONTENDERS = [
     Contender("nginx", start_nginx_direct),
     Contender("upstream_proxy", start_upstream_proxy),
+    Contender("tunnel", start_tunnel),
+    Contender("tunnel_imp", start_tunnel_impersonate),
     Contender("werkzeug", start_werkzeug),
     Contender("ceiling", start_ceiling),
 ]
@@ -365,22 +441,29 @@ def main() -> int:
     parser.add_argument("--loader", choices=["wrk", "python"],
                         default="wrk" if shutil.which("wrk") else "python")
     parser.add_argument("--skip-transfers", action="store_true")
+    parser.add_argument("--only", help="comma-separated contenders to run (default: all)")
+    parser.add_argument("--workers", type=int, default=GUNICORN["workers"],
+                        help="gunicorn workers, the same for every contender")
+    parser.add_argument("--threads", type=int, default=GUNICORN["threads"],
+                        help="gunicorn threads per worker, the same for every contender")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args()
     loader = load_wrk if args.loader == "wrk" else load_python
+    GUNICORN.update(workers=args.workers, threads=args.threads)
+    contenders = [c for c in CONTENDERS if not args.only or c.name in args.only.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
     nginx = _start_nginx(tmp)
     ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status")
     running: dict[str, Running] = {}
-    samples: dict[str, list[Sample]] = {c.name: [] for c in CONTENDERS}
+    samples: dict[str, list[Sample]] = {c.name: [] for c in contenders}
     try:
-        for contender in CONTENDERS:
+        for contender in contenders:
             running[contender.name] = contender.start(ctx)
             measure(ctx, running[contender.name], loader, 1.0, args.connections)  # warm up
         for round_no in range(args.rounds):
-            for contender in CONTENDERS:
+            for contender in contenders:
                 sample = measure(ctx, running[contender.name], loader, args.duration,
                                  args.connections)
                 samples[contender.name].append(sample)
@@ -417,24 +500,30 @@ def main() -> int:
             getattr(x, key) / getattr(y, key) for x, y in zip(samples[a], samples[b], strict=True)
         )
 
-    ratios = {
-        "upstream_proxy/ceiling req/s": ratio("upstream_proxy", "ceiling"),
-        "upstream_proxy/werkzeug req/s": ratio("upstream_proxy", "werkzeug"),
-        "upstream_proxy/nginx req/s": ratio("upstream_proxy", "nginx"),
-        "werkzeug/ceiling req/s": ratio("werkzeug", "ceiling"),
-        "upstream_proxy/ceiling CPU/req": ratio("upstream_proxy", "ceiling", "cpu_us_per_req"),
-        "upstream_proxy/werkzeug CPU/req": ratio("upstream_proxy", "werkzeug", "cpu_us_per_req"),
-    }
+    names = set(samples)
+    pairs = [(a, b) for a, b in (
+        ("upstream_proxy", "ceiling"), ("upstream_proxy", "werkzeug"), ("upstream_proxy", "nginx"),
+        ("tunnel", "ceiling"), ("tunnel", "werkzeug"), ("tunnel_imp", "ceiling"),
+        ("tunnel_imp", "werkzeug"), ("tunnel", "upstream_proxy"), ("werkzeug", "ceiling"),
+    ) if a in names and b in names]
+    ratios = {f"{a}/{b} req/s": ratio(a, b) for a, b in pairs}
+    for a, b in pairs:
+        if b in ("ceiling", "werkzeug", "upstream_proxy") and a != "werkzeug":
+            ratios[f"{a}/{b} CPU/req"] = ratio(a, b, "cpu_us_per_req")
     print("\nmedian of per-round ratios")
     for name, value in ratios.items():
         print(f"  {name:34} {value:6.2f}")
 
-    result: dict[str, object] = {"medians": med, "ratios": ratios}
-    targets = {
-        "upstream_proxy >= 0.6x ceiling": ratios["upstream_proxy/ceiling req/s"] >= 0.6,
-        "upstream_proxy >= 1.25x werkzeug": ratios["upstream_proxy/werkzeug req/s"] >= 1.25,
-        "upstream conn/req <= 0.01": (med["upstream_proxy"]["upstream_conns_per_req"] or 0) <= 0.01,
-    }
+    result: dict[str, object] = {"medians": med, "ratios": ratios, "settings": GUNICORN}
+    targets: dict[str, bool] = {}
+    for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("upstream_proxy/werkzeug req/s", 1.25),
+                       ("tunnel/ceiling req/s", 0.5), ("tunnel/werkzeug req/s", 1.25)):
+        if name in ratios:
+            targets[f"{name} >= {goal}"] = ratios[name] >= goal
+    for name in ("upstream_proxy", "tunnel"):
+        if name in med:
+            targets[f"{name} upstream conn/req <= 0.01"] = (
+                (med[name]["upstream_conns_per_req"] or 0) <= 0.01)
     if not args.skip_transfers:
         moved = transfers(tmp)
         result["transfers"] = moved
