@@ -176,10 +176,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         worker_class="gthread",
         threads=args.threads,
-        # A gthread worker accepts connections up to worker_connections and queues those it
-        # has no thread for: a queued watch would wait forever behind streams that never end.
-        # Accepting only what it can serve leaves the rest to the other workers.
-        worker_connections=args.threads,
+        # A gthread worker accepts connections up to worker_connections and queues the active
+        # ones it has no thread for: a queued watch would wait behind streams that never end.
+        # So accept little more than the threads can serve; the slack is for idle keep-alive
+        # connections (gthread refuses keep-alive entirely when there is none).
+        worker_connections=args.threads + max(8, args.threads // 4),
         timeout=60,
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,
@@ -258,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
     serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
     serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
-    serve.add_argument("--threads", type=int, default=64,
-                       help="threads per worker; each open watch/log stream holds one (default 64)")
+    serve.add_argument("--threads", type=int, default=128,
+                       help="threads per worker; each open watch/log/exec stream holds one (default 128; "
+                            "threads start on demand)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
     serve.add_argument("--database-url", help="use this database instead of SQLite in the data directory")
     serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")

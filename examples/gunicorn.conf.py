@@ -3,10 +3,12 @@
 Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
 BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER).
 
-Worker class: long watch and ``logs -f`` streams hold a worker thread each for as long as the client
-keeps them open, so the gateway runs the **gthread** worker with many threads: capacity for open
-streams = workers x threads (here 4 x 128 = 512, enough for 500 concurrent watches with room for
-ordinary requests). The sync worker would hold a whole process per stream and be killed by
+Worker class: long watch, ``logs -f`` and exec streams hold a worker thread each for as long as
+the client keeps them open, so the gateway runs the **gthread** worker with many threads. Threads
+start on demand, so a high number costs nothing until used. A worker may take more than its share
+of a burst of new connections, so size ``threads`` for the streams one worker may have to hold, not
+the average (here 2 x 512: 500 concurrent watches fit even if most land on one worker, with room
+for ordinary requests). The sync worker would hold a whole process per stream and be killed by
 ``timeout`` during a quiet watch; gthread's heartbeat is independent of request threads.
 """
 
@@ -17,12 +19,13 @@ import shutil
 from pathlib import Path
 
 bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
-workers = int(os.environ.get("BCS_WORKERS", "4"))
+workers = int(os.environ.get("BCS_WORKERS", "2"))
 worker_class = "gthread"
-threads = int(os.environ.get("BCS_THREADS", "128"))
-# Accept only as many connections as there are threads: gthread queues the excess, and a queued
-# request would wait behind streams that may never end while another worker sits idle.
-worker_connections = threads
+threads = int(os.environ.get("BCS_THREADS", "512"))
+# Accept little more than the threads can serve: gthread queues active connections it has no
+# thread for, and a queued request would wait behind streams that may never end while another
+# worker sits idle. The slack holds idle keep-alive connections (none = no keep-alive at all).
+worker_connections = threads + max(8, threads // 4)
 timeout = 60
 graceful_timeout = 30
 keepalive = 75

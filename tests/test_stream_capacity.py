@@ -26,7 +26,7 @@ def test_500_watch_streams_and_ordinary_requests(tmp_path: Path) -> None:
     with FakeAPIServer(token="sa-capacity") as api:
         port = free_port()
         argv = [CLI, "serve", "--data-dir", str(tmp_path), "--bind", f"127.0.0.1:{port}",
-                "--workers", "2", "--threads", "300", "--graceful-timeout", "2", "--no-access-log"]
+                "--workers", "2", "--threads", "512", "--graceful-timeout", "2", "--no-access-log"]
         with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60) as server:
             cafile = str(tmp_path / "tls" / "ca.crt")
             base = f"https://localhost:{port}"
