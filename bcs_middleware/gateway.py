@@ -36,7 +36,7 @@ from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
 from .store import SQLStore, open_store
 from .store.crypto import token_digest
-from .upstream.cluster_reader import TunnelClusterReader
+from .upstream.cluster_api import TunnelClusterReader
 from .upstream.proxy import UpstreamProxy
 from .upstream.transport import PooledTransport, Transport
 

@@ -466,7 +466,7 @@ def filter_factory(
         from ..middleware.routing import CachedDirectory
         from ..store import open_store
         from ..store.definitions import SQLDefinitionStore
-        from ..upstream.cluster_reader import TunnelClusterReader
+        from ..upstream.cluster_api import TunnelClusterReader
         from ..upstream.transport import PooledTransport
 
         sql = open_store(database_url, secret_key=secret_key, migrate=False)

@@ -11,9 +11,9 @@ import json
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from .. import environ as env
 from ..errors import BCSError
 from ..store import CredentialRecord
+from ..upstream.cluster_api import cluster_request
 from ..upstream.transport import Transport
 from .model import RBAC_API, Binding
 
@@ -54,43 +54,20 @@ class BindingClient:
 
     def _call(self, method: str, path: str, query: dict[str, str] | None = None,
               body: dict[str, Any] | None = None) -> dict[str, Any]:
-        creds = self._credentials
-        upstream = env.Upstream(
-            base_urls=creds.server_addresses, path=path, query=urlencode(query or {}), ca_pem=creds.cacert_pem,
-            server_name=self._server_name, verify=self._verify, bearer_token=creds.user_token,
-            name=f"rbac:{self.cluster_id}",
-        )
-        # The transport sends headers as given; presenting the credential is the caller's job.
-        headers = [("Accept", "application/json"), ("Authorization", f"Bearer {creds.user_token}")]
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers.append(("Content-Type", "application/json"))
         try:
-            response = self._transport.send(upstream, method, headers, [payload] if payload else None,
-                                            len(payload) if payload else None)
-        except BCSError as exc:  # connect/TLS/timeout: the message names hosts only
+            status, reason, document = cluster_request(
+                self._transport, self._credentials, method, path, query=urlencode(query or {}), body=body,
+                tls_server_name=self._server_name, verify=self._verify, max_bytes=MAX_ANSWER,
+            )
+        except BCSError as exc:  # connect/TLS/timeout/size: the message names hosts only
             raise KubeError(exc.message) from None
-        try:
-            chunks: list[bytes] = []
-            size = 0
-            while piece := response.read1(65536):
-                size += len(piece)
-                if size > MAX_ANSWER:
-                    raise KubeError(f"{method} {path}: answer larger than {MAX_ANSWER} bytes")
-                chunks.append(piece)
-        except (KubeError, BCSError, OSError) as exc:
-            response.close()
-            raise KubeError(str(exc) if isinstance(exc, KubeError) else f"{method} {path}: read failed") from None
-        response.release_conn()
-        try:
-            document = json.loads(b"".join(chunks)) if chunks else {}
-        except ValueError:
-            document = {}
-        if response.status >= 400:
+        except OSError:
+            raise KubeError(f"{method} {path}: read failed") from None
+        if status >= 400:
             message = document.get("message") if isinstance(document, dict) else None
-            raise KubeError(f"{method} {path}: HTTP {response.status}: {message or response.reason}",
-                            response.status)
+            raise KubeError(f"{method} {path}: HTTP {status}: {message or reason}", status)
+        if document is None:
+            return {}
         if not isinstance(document, dict):
             raise KubeError(f"{method} {path}: answer is not a JSON object")
         return document
