@@ -89,7 +89,8 @@ def _endpoint_addresses(server: str, ca_pem: str, token: str, insecure: bool) ->
     return addresses
 
 
-def discover_in_cluster(sa_dir: Path = SA_DIR) -> tuple[str, str, str]:
+def discover_in_cluster(sa_dir: Path | None = None) -> tuple[str, str, str]:
+    sa_dir = sa_dir or SA_DIR
     host = os.environ.get("KUBERNETES_SERVICE_HOST")
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host or not (sa_dir / "token").exists():
