@@ -44,8 +44,10 @@ from .. import environ as env
 from ..errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
 from ..metrics import TOKEN_CACHE
 from ..store.crypto import digests_equal, token_digest
+from .context import LabelCache
 
 log = logging.getLogger(__name__)
+_token_cache = LabelCache(TOKEN_CACHE)
 
 Principal = env.User | env.ClusterAgent
 
@@ -161,9 +163,9 @@ class CachingAuthenticator:
             entry = self._entries.get(key)
             if entry is not None and entry[0] > now:
                 self._entries.move_to_end(key)
-                TOKEN_CACHE.labels("hit").inc()
+                _token_cache("hit").inc()
                 return entry[1]
-        TOKEN_CACHE.labels("miss").inc()
+        _token_cache("miss").inc()
         principal = self.inner.authenticate(token)
         with self._lock:
             self._entries[key] = (now + self.ttl, principal)

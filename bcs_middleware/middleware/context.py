@@ -25,7 +25,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 from .. import environ as env
@@ -33,6 +32,50 @@ from ..metrics import LATENCY, REQUESTS
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
+# One encoder for every line: json.dumps builds a new one per call when given separators.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+class LabelCache:
+    """``metric.labels(*values)``, memoised per label tuple.
+
+    ``labels()`` validates, converts and locks on every call — a measurable part
+    of a proxied request; the child it returns for a tuple never changes (this
+    project never removes label sets). Bounded: cleared past ``max_entries``.
+    """
+
+    __slots__ = ("_children", "_metric", "max_entries")
+
+    def __init__(self, metric: Any, *, max_entries: int = 10_000) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+        self.max_entries = max_entries
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            if len(self._children) >= self.max_entries:
+                self._children.clear()
+            # Two threads may both get here: labels() hands both the same child.
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
+_requests = LabelCache(REQUESTS)
+_latency = LabelCache(LATENCY)
+# (second, "YYYY-MM-DDTHH:MM:SS"): many lines share a second; formatting it is not free.
+_second: tuple[int, str] = (0, "")
+
+
+def _timestamp() -> str:
+    """UTC now as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated, as isoformat does)."""
+    global _second
+    now = time.time()
+    sec = int(now)
+    cached = _second
+    if cached[0] != sec:
+        cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{cached[1]}.{int((now - sec) * 1000):03d}Z"
 
 
 def route_kind(path: str) -> str:
@@ -101,20 +144,22 @@ class RequestContextMiddleware:
             headers.append(("X-Request-Id", request_id))
             status_code[0] = int(status[:3])
             cluster = env.get_cluster(environ)
-            REQUESTS.labels(kind, cluster.id if cluster else "", method, status[:3]).inc()
-            LATENCY.labels(kind, method).observe(time.monotonic() - started)
+            _requests(kind, cluster.id if cluster else "", method, status[:3]).inc()
+            _latency(kind, method).observe(time.monotonic() - started)
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         if not self.access_log:
             return self.app(environ, _start_response)
 
         def _log(body: _Finished) -> None:
+            if not access_log.isEnabledFor(logging.INFO):
+                return
             user = env.get_user(environ)
             agent = env.get_agent(environ)
             cluster = env.get_cluster(environ)
             admission = environ.get(env.ADMISSION)
             line = {
-                "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "time": _timestamp(),
                 "request_id": request_id,
                 "remote_addr": environ.get("REMOTE_ADDR", ""),
                 "user": user.name if user else (f"cluster-agent:{agent.cluster_id}" if agent else None),
@@ -127,6 +172,12 @@ class RequestContextMiddleware:
                 "kind": kind,
                 "webhooks": list(admission.webhooks) if isinstance(admission, env.AdmissionResult) else [],
             }
-            access_log.info(json.dumps(line, separators=(",", ":")))
+            # Logger.info would walk the stack to find the caller (findCaller) for
+            # every line; the record is built directly instead, then handled
+            # exactly as info() would (filters, handlers, propagation).
+            access_log.handle(
+                access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, _encode(line), (),
+                                      None, "_log")
+            )
 
         return _Finished(self.app(environ, _start_response), _log)

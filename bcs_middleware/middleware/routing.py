@@ -40,6 +40,9 @@ from ..store import ClusterRecord, CredentialRecord
 
 TUNNEL_PREFIX = "/tunnels/clusters/"
 _UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+# A path made only of characters quote() leaves alone needs no quoting (the usual case).
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_/:@!$&'()*+,;=.~-]*")
 
 
 class ClusterDirectory(Protocol):
@@ -101,7 +104,7 @@ def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
     segments = rest.split("/")
     if any(seg in (".", "..") for seg in segments) or "\\" in rest or "\x00" in rest:
         raise BadRequest("the tunnel path may not contain '.' or '..' segments", code_name="BAD_PATH")
-    return TunnelPath(cluster_id, quote(rest, safe="/:@!$&'()*+,;=-._~"))
+    return TunnelPath(cluster_id, rest if _PLAIN_PATH.fullmatch(rest) else quote(rest, safe=_PATH_SAFE))
 
 
 def impersonation_headers(environ: Mapping[str, Any]) -> list[str]:

@@ -94,10 +94,22 @@ _PIECE = 64 * 1024
 _PRELOAD_LIMIT = 64 * 1024
 
 
+# What the request side does with a client header, decided once per header name.
+_PASS, _DROP, _FORWARDED = 0, 1, 2
+
+
 @functools.lru_cache(maxsize=512)
-def _header_name(environ_key: str) -> tuple[str, str]:
+def _header_info(environ_key: str) -> tuple[str, str, int]:
+    """``HTTP_X_FOO`` → (``X-Foo``, ``x-foo``, what to do with it)."""
     name = environ_key[5:].replace("_", "-")
-    return name.title(), name.lower()
+    lower = name.lower()
+    if lower in _REQUEST_DROP or lower.startswith("impersonate-"):
+        kind = _DROP
+    elif lower.startswith("x-forwarded-") or lower == "forwarded":
+        kind = _FORWARDED
+    else:
+        kind = _PASS
+    return name.title(), lower, kind
 
 
 def _connection_tokens(value: str | None) -> frozenset[str]:
@@ -298,18 +310,18 @@ class UpstreamProxy:
         remote = environ.get("REMOTE_ADDR", "")
         trusted = bool(self._trusted) and self._is_trusted(remote)
         named = _connection_tokens(environ.get("HTTP_CONNECTION"))
-        overridden = {name.lower() for name, _ in upstream.set_headers}
+        overridden = (
+            {name.lower() for name, _ in upstream.set_headers} if upstream.set_headers else None
+        )
         headers: list[tuple[str, str]] = []
         forwarded_for = forwarded_proto = forwarded_host = None
         for key, value in environ.items():
             if not key.startswith("HTTP_"):
                 continue
-            name, lower = _header_name(key)
-            if lower in _REQUEST_DROP or lower in named or lower in overridden:
+            name, lower, kind = _header_info(key)
+            if kind == _DROP or (named and lower in named) or (overridden and lower in overridden):
                 continue
-            if lower.startswith("impersonate-"):
-                continue
-            if lower.startswith("x-forwarded-") or lower == "forwarded":
+            if kind == _FORWARDED:
                 if not trusted:
                     continue
                 if lower == "x-forwarded-for":
@@ -405,6 +417,8 @@ def _response_headers(resp: Response) -> list[tuple[str, str]]:
                 named = named | _connection_tokens(value)
             continue
         out.append((name, value))
+    # Tokens naming hop-by-hop headers ("Connection: keep-alive") are gone already.
+    named = named - HOP_BY_HOP if named else named
     if named:
         out = [(name, value) for name, value in out if name.lower() not in named]
     return out

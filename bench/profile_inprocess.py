@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""Per-request cost of the proxy paths in one process, without a server: where the time goes.
+
+Calls the WSGI apps directly with a gunicorn-like environ against a real nginx
+upstream on loopback, one thread, N requests each; prints µs per request and,
+with ``--profile``, the top of a cProfile of the tunnel path.
+
+Usage: ``python bench/profile_inprocess.py [-n 5000] [--profile tunnel|tunnel_imp|upstream_proxy]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+
+def _environ(path: str, headers: dict[str, str]) -> dict[str, Any]:
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "GET",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "RAW_URI": path,
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8000",
+        "REMOTE_ADDR": "127.0.0.1",
+        "REMOTE_PORT": "40000",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(b""),
+        "HTTP_HOST": "127.0.0.1:8000",
+        "HTTP_USER_AGENT": "wrk",
+        "HTTP_ACCEPT": "*/*",
+    }
+    for name, value in headers.items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    return environ
+
+
+def _one(app: Any, path: str, headers: dict[str, str]) -> int:
+    status = []
+
+    def start_response(s: str, h: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        status.append(s)
+        return lambda data: None
+
+    body = app(_environ(path, headers), start_response)
+    size = sum(len(piece) for piece in body)
+    close = getattr(body, "close", None)
+    if close is not None:
+        close()
+    assert status and status[0].startswith("200"), status
+    return size
+
+
+class _CannedResponse:
+    """nginx's answer to the benchmark request, without a socket."""
+
+    status = 200
+    reason = "OK"
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length_remaining: int | None = len(body)
+        self.headers = [
+            ("Server", "nginx/1.22.1"), ("Date", "Sun, 22 Nov 2026 10:00:00 GMT"),
+            ("Content-Type", "application/octet-stream"), ("Content-Length", str(len(body))),
+            ("Last-Modified", "Sun, 22 Nov 2026 09:00:00 GMT"), ("Connection", "keep-alive"),
+            ("ETag", '"6740-800"'), ("Accept-Ranges", "bytes"),
+        ]
+
+    def read(self) -> bytes:
+        return self._body
+
+    def read1(self, amt: int) -> bytes:
+        return self._body
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CannedTransport:
+    """A transport answering at once: isolates the layers' own cost from the network's."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def send(self, upstream: Any, method: str, headers: Any, body: Any, length: Any) -> Any:
+        # Build the request head as the real transport does, so that cost stays in.
+        "".join(f"{name}: {value}\r\n" for name, value in headers).encode("latin-1")
+        return _CannedResponse(self.body)
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-n", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--canned", action="store_true",
+                        help="answer from memory instead of nginx: the layers' own cost only")
+    parser.add_argument("--profile", choices=["tunnel", "tunnel_imp", "upstream_proxy"])
+    parser.add_argument("--access-log", default="/dev/null",
+                        help="where the gateway's JSON access log goes (default /dev/null)")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="proxy-profile-"))
+    tmp.chmod(0o755)
+    (tmp / "metrics").mkdir()
+    # Must precede the first import of bcs_middleware.metrics, as under ``serve``.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(tmp / "metrics")
+    import logging
+
+    import proxy_bench as pb
+
+    from bcs_middleware.gateway import GatewayConfig, build_gateway
+    from bcs_middleware.store import open_store
+    from bcs_middleware.upstream.proxy import UpstreamProxy
+
+    access = logging.getLogger("bcs_middleware.access")
+    access.addHandler(logging.FileHandler(args.access_log))
+    access.propagate = False
+    access.setLevel(logging.INFO)
+
+    nginx = pb._start_nginx(tmp)
+    try:
+        data_dir = tmp / "gateway"
+        store = open_store(data_dir=data_dir)
+        store.create_cluster(pb.CLUSTER_ID, project_id="bench", cluster_type="k8s")
+        store.put_credentials(pb.CLUSTER_ID, server_addresses=[nginx.url], cacert_pem="",
+                              user_token="cluster-sa-token")
+        tokens = {}
+        for name, superuser in (("tunnel", True), ("tunnel_imp", False)):
+            user = store.create_user(name, is_superuser=superuser)
+            tokens[name] = store.create_token(user.id)[1]
+        transport = CannedTransport((tmp / "www" / "payload.bin").read_bytes()) if args.canned else None
+        gateway = build_gateway(GatewayConfig(data_dir=data_dir), store=store, transport=transport)
+        proxy = UpstreamProxy(upstream=nginx.url, transport=transport)
+        tunnel_path = f"/tunnels/clusters/{pb.CLUSTER_ID}/payload.bin"
+        cases = {
+            "upstream_proxy": (proxy, "/payload.bin", {}),
+            "tunnel": (gateway, tunnel_path, {"Authorization": f"Bearer {tokens['tunnel']}"}),
+            "tunnel_imp": (gateway, tunnel_path, {"Authorization": f"Bearer {tokens['tunnel_imp']}"}),
+        }
+        for app, path, headers in cases.values():
+            for _ in range(200):
+                _one(app, path, headers)
+        # The machine is shared and drifts: alternate short rounds, keep each case's best.
+        best: dict[str, tuple[float, float]] = {}
+        for _round in range(args.rounds):
+            for name, (app, path, headers) in cases.items():
+                started = time.perf_counter()
+                cpu = time.process_time()
+                for _ in range(args.n // args.rounds):
+                    _one(app, path, headers)
+                wall = (time.perf_counter() - started) / (args.n // args.rounds) * 1e6
+                cpu_us = (time.process_time() - cpu) / (args.n // args.rounds) * 1e6
+                prev = best.get(name, (wall, cpu_us))
+                best[name] = (min(prev[0], wall), min(prev[1], cpu_us))
+        for name, (wall, cpu_us) in best.items():
+            print(f"{name:15} {wall:7.1f} us/req wall {cpu_us:7.1f} us/req CPU (best of {args.rounds})",
+                  flush=True)
+        if args.profile:
+            app, path, headers = cases[args.profile]
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.n):
+                _one(app, path, headers)
+            prof.disable()
+            stats = pstats.Stats(prof)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(40)
+    finally:
+        nginx.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
