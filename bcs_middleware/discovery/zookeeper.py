@@ -292,9 +292,11 @@ class ZookeeperDiscovery:
             session = self._session
             if session is None or session.pid != os.getpid():
                 session = _Session(self.hosts, self.root, self.timeout)
-                self._session = session
                 if self.initial_wait > 0:
                     session.ready.wait(self.initial_wait)
+                # Published only now: other threads queue on the lock meanwhile
+                # instead of reading an empty first snapshot.
+                self._session = session
         return session
 
     def start(self) -> None:
