@@ -48,9 +48,11 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fake_upstream import FakeUpstream  # noqa: E402
-from tests.support.servers import ServerProcess, free_port, gunicorn  # noqa: E402
+from tests.support.servers import ServerProcess, free_port, gunicorn, http_get  # noqa: E402
 
 GUNICORN = {"workers": 2, "worker_class": "gthread", "threads": 8}
+# Extra gunicorn arguments, the same for every contender (--switch-interval adds a config file).
+GUNICORN_EXTRA: list[str] = []
 BODY_SIZE = 2048
 GiB = 1024**3
 MiB = 1024**2
@@ -204,6 +206,19 @@ def _gunicorn_tree(server: ServerProcess, ctx: Context, with_nginx: bool) -> Cal
     return pids
 
 
+def _serve(app: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """gunicorn with the settings every contender shares."""
+    extra = [*GUNICORN_EXTRA] if app.endswith(".ini") else ["--chdir", str(BENCH), *GUNICORN_EXTRA]
+    return gunicorn(app, extra=extra, env=env, **GUNICORN)  # type: ignore[arg-type]
+
+
+def _switch_interval_config(tmp: Path, seconds: float) -> Path:
+    conf = tmp / "gunicorn_switch.py"
+    conf.write_text("import sys\n\n\ndef post_fork(server, worker):\n"
+                    f"    sys.setswitchinterval({seconds!r})\n")
+    return conf
+
+
 def start_nginx_direct(ctx: Context) -> Running:
     return Running(ctx.nginx.url, lambda: _tree(ctx.nginx.proc.pid), proxied=False)
 
@@ -215,21 +230,18 @@ def start_upstream_proxy(ctx: Context) -> Running:
     # As under ``bcs-middleware serve --config``: metrics in multiprocess mode.
     metrics_dir = ctx.tmp / "upstream-proxy-metrics"
     metrics_dir.mkdir()
-    server = gunicorn(str(ini), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
-                      **GUNICORN)  # type: ignore[arg-type]
+    server = _serve(str(ini), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
     return Running(server.url, _gunicorn_tree(server, ctx, True), stop=server.stop)
 
 
 def start_werkzeug(ctx: Context) -> Running:
-    server = gunicorn("proxy_bench:werkzeug_app()", extra=["--chdir", str(BENCH)],
-                      env={"BENCH_UPSTREAM": ctx.nginx.url}, **GUNICORN)  # type: ignore[arg-type]
+    server = _serve("proxy_bench:werkzeug_app()", env={"BENCH_UPSTREAM": ctx.nginx.url})
     return Running(server.url + "/p", _gunicorn_tree(server, ctx, True), stop=server.stop)
 
 
 def start_ceiling(ctx: Context) -> Running:
-    server = gunicorn("proxy_bench:ceiling_app()", extra=["--chdir", str(BENCH)],
-                      env={"BENCH_FILE": str(ctx.tmp / "www" / "payload.bin")},
-                      **GUNICORN)  # type: ignore[arg-type]
+    server = _serve("proxy_bench:ceiling_app()",
+                    env={"BENCH_FILE": str(ctx.tmp / "www" / "payload.bin")})
     return Running(server.url, _gunicorn_tree(server, ctx, False), proxied=False,
                    stop=server.stop)
 
@@ -237,38 +249,40 @@ def start_ceiling(ctx: Context) -> Running:
 CLUSTER_ID = "BCS-K8S-BENCH"
 
 
-def _gateway(ctx: Context) -> tuple[ServerProcess, dict[str, str]]:
-    """One gateway for both tunnel contenders; returns it and a token per kind of user.
+def _start_gateway(tmp: Path, name: str, upstream_url: str) -> tuple[ServerProcess, dict[str, str]]:
+    """A gateway whose one k8s cluster's apiserver is ``upstream_url``; a token per kind of user.
 
     The cluster's credentials are written straight into the store with an
-    ``http://`` address of the nginx upstream: the management API's schema would
-    demand ``https://``, but the routing layer proxies to whatever the store
-    holds, and TLS stays off for every contender so the comparison is about the
-    WSGI path, not about who encrypts.
+    ``http://`` address: the management API's schema would demand ``https://``,
+    but the routing layer proxies to whatever the store holds, and TLS stays off
+    for every contender so the comparison is about the WSGI path, not about who
+    encrypts (serving nginx over TLS for the tunnel alone would tilt it).
     """
-    if ctx.gateway is not None:
-        return ctx.gateway
     from bcs_middleware.store import open_store
 
-    data_dir = ctx.tmp / "gateway"
+    data_dir = tmp / name
     store = open_store(data_dir=data_dir)
     try:
         store.create_cluster(CLUSTER_ID, project_id="bench", cluster_type="k8s")
-        store.put_credentials(CLUSTER_ID, server_addresses=[ctx.nginx.url], cacert_pem="",
+        store.put_credentials(CLUSTER_ID, server_addresses=[upstream_url], cacert_pem="",
                               user_token="cluster-sa-token")
         tokens = {}
-        for name, superuser in (("bench-admin", True), ("bench-user", False)):
-            user = store.create_user(name, is_superuser=superuser)
-            tokens[name] = store.create_token(user.id)[1]
+        for user_name, superuser in (("bench-admin", True), ("bench-user", False)):
+            user = store.create_user(user_name, is_superuser=superuser)
+            tokens[user_name] = store.create_token(user.id)[1]
     finally:
         store.dispose()
-    metrics_dir = ctx.tmp / "gateway-metrics"
+    metrics_dir = tmp / f"{name}-metrics"
     metrics_dir.mkdir()
-    server = gunicorn("proxy_bench:gateway_app()", extra=["--chdir", str(BENCH)],
-                      env={"BENCH_DATA_DIR": str(data_dir),
-                           "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
-                      **GUNICORN)  # type: ignore[arg-type]
-    ctx.gateway = (server, tokens)
+    server = _serve("proxy_bench:gateway_app()",
+                    env={"BENCH_DATA_DIR": str(data_dir), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+    return server, tokens
+
+
+def _gateway(ctx: Context) -> tuple[ServerProcess, dict[str, str]]:
+    """One gateway for both tunnel contenders, in front of the nginx upstream."""
+    if ctx.gateway is None:
+        ctx.gateway = _start_gateway(ctx.tmp, "gateway", ctx.nginx.url)
     return ctx.gateway
 
 
@@ -359,6 +373,21 @@ print(json.dumps([n / (time.monotonic() - start), lat[n // 2] * 1e3, lat[int(n *
     return Sample(rps, p50, p99, n)
 
 
+def _wait_ready(url: str, headers: dict[str, str], timeout: float = 60.0) -> None:
+    """gunicorn's master listens before its workers have imported the app: wait for a 200."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status, _, _ = http_get(url, headers=headers, timeout=5)
+        except OSError:
+            status = 0
+        if status == 200:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} is not answering 200 (last status {status})")
+        time.sleep(0.2)
+
+
 def measure(ctx: Context, running: Running, loader: Callable[..., Sample], duration: float,
             connections: int) -> Sample:
     url = running.url + ctx.file_url_path
@@ -366,7 +395,7 @@ def measure(ctx: Context, running: Running, loader: Callable[..., Sample], durat
     accepts = ctx.nginx_accepts()
     cpu = _cpu_seconds(pids)
     sample = loader(url, running.headers, duration, connections)
-    sample.cpu_us_per_req = (_cpu_seconds(pids) - cpu) / sample.requests * 1e6
+    sample.cpu_us_per_req = (_cpu_seconds(pids) - cpu) / max(sample.requests, 1) * 1e6
     if running.proxied:
         # -1: the stub_status request itself is one accepted connection.
         sample.upstream_conns_per_req = (ctx.nginx_accepts() - accepts - 1) / sample.requests
@@ -377,34 +406,46 @@ def measure(ctx: Context, running: Running, loader: Callable[..., Sample], durat
 
 
 def transfers(tmp: Path) -> dict[str, float]:
+    """1 GiB up and down through ``upstream_proxy`` and through the gateway tunnel."""
+    results: dict[str, float] = {}
     with FakeUpstream() as fake:
         ini = tmp / "transfer.ini"
         ini.write_text("[app:main]\nuse = egg:bcs-middleware#upstream_proxy\n"
                        f"upstream = {fake.url}\n")
-        server = gunicorn(str(ini), **GUNICORN)  # type: ignore[arg-type]
+        server = _serve(str(ini))
         try:
-            workers = _children(server.proc.pid)
-            import requests
-
-            requests.get(server.url + "/echo", timeout=10)
-            results: dict[str, float] = {}
-            for label, run in (("upload", _upload), ("download", _download)):
-                base = {}
-                for pid in workers:
-                    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM
-                    base[pid] = _vm_kib(pid, "VmRSS")
-                started = time.monotonic()
-                run(server.url)
-                elapsed = time.monotonic() - started
-                growth = max(_vm_kib(pid, "VmHWM") - base[pid] for pid in workers)
-                results[f"{label}_peak_rss_growth_mib"] = growth / 1024
-                results[f"{label}_mib_per_s"] = GiB / MiB / elapsed
-            return results
+            _transfer(server, server.url, {}, "upstream_proxy", results)
         finally:
             server.stop()
+        server, tokens = _start_gateway(tmp, "transfer-gateway", fake.url)
+        try:
+            _transfer(server, f"{server.url}/tunnels/clusters/{CLUSTER_ID}",
+                      {"Authorization": f"Bearer {tokens['bench-admin']}"}, "tunnel", results)
+        finally:
+            server.stop()
+    return results
 
 
-def _upload(url: str) -> None:
+def _transfer(server: ServerProcess, url: str, headers: dict[str, str], label: str,
+              results: dict[str, float]) -> None:
+    import requests
+
+    workers = _children(server.proc.pid)
+    requests.get(url + "/echo", headers=headers, timeout=10).raise_for_status()
+    for kind, run in (("upload", _upload), ("download", _download)):
+        base = {}
+        for pid in workers:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM
+            base[pid] = _vm_kib(pid, "VmRSS")
+        started = time.monotonic()
+        run(url, headers)
+        elapsed = time.monotonic() - started
+        growth = max(_vm_kib(pid, "VmHWM") - base[pid] for pid in workers)
+        results[f"{label} {kind} peak RSS growth MiB"] = growth / 1024
+        results[f"{label} {kind} MiB/s"] = GiB / MiB / elapsed
+
+
+def _upload(url: str, headers: dict[str, str]) -> None:
     import requests
 
     block = os.urandom(MiB)
@@ -416,15 +457,17 @@ def _upload(url: str) -> None:
     digest = hashlib.sha256()
     for _ in range(GiB // MiB):
         digest.update(block)
-    resp = requests.post(url + "/digest", data=body(), timeout=600)
+    resp = requests.post(url + "/digest", data=body(), headers=headers, timeout=600)
     assert resp.json() == {"bytes": GiB, "sha256": digest.hexdigest()}, resp.text
 
 
-def _download(url: str) -> None:
+def _download(url: str, headers: dict[str, str]) -> None:
     import requests
 
     got = 0
-    with requests.get(f"{url}/download?bytes={GiB}", stream=True, timeout=600) as resp:
+    with requests.get(f"{url}/download?bytes={GiB}", headers=headers, stream=True,
+                      timeout=600) as resp:
+        resp.raise_for_status()
         for piece in resp.iter_content(MiB):
             got += len(piece)
     assert got == GiB
@@ -441,6 +484,8 @@ def main() -> int:
     parser.add_argument("--loader", choices=["wrk", "python"],
                         default="wrk" if shutil.which("wrk") else "python")
     parser.add_argument("--skip-transfers", action="store_true")
+    parser.add_argument("--switch-interval", type=float,
+                        help="sys.setswitchinterval() in every gunicorn worker (post_fork)")
     parser.add_argument("--only", help="comma-separated contenders to run (default: all)")
     parser.add_argument("--workers", type=int, default=GUNICORN["workers"],
                         help="gunicorn workers, the same for every contender")
@@ -454,6 +499,8 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
+    if args.switch_interval:
+        GUNICORN_EXTRA.extend(["-c", str(_switch_interval_config(tmp, args.switch_interval))])
     nginx = _start_nginx(tmp)
     ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status")
     running: dict[str, Running] = {}
@@ -461,6 +508,7 @@ def main() -> int:
     try:
         for contender in contenders:
             running[contender.name] = contender.start(ctx)
+            _wait_ready(running[contender.name].url + ctx.file_url_path, running[contender.name].headers)
             measure(ctx, running[contender.name], loader, 1.0, args.connections)  # warm up
         for round_no in range(args.rounds):
             for contender in contenders:
@@ -477,7 +525,9 @@ def main() -> int:
 
     print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
           f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
-          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']}, {os.cpu_count()} CPUs\n")
+          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']}"
+          f"{f', switch interval {args.switch_interval:g} s' if args.switch_interval else ''}, "
+          f"{os.cpu_count()} CPUs\n")
     print(f"{'contender':15} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} "
           f"{'upstream conn/req':>18}")
     med: dict[str, dict[str, float | None]] = {}
@@ -514,7 +564,8 @@ def main() -> int:
     for name, value in ratios.items():
         print(f"  {name:34} {value:6.2f}")
 
-    result: dict[str, object] = {"medians": med, "ratios": ratios, "settings": GUNICORN}
+    settings = {**GUNICORN, "switch_interval": args.switch_interval}
+    result: dict[str, object] = {"medians": med, "ratios": ratios, "settings": settings}
     targets: dict[str, bool] = {}
     for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("upstream_proxy/werkzeug req/s", 1.25),
                        ("tunnel/ceiling req/s", 0.5), ("tunnel/werkzeug req/s", 1.25)):
@@ -527,11 +578,11 @@ def main() -> int:
     if not args.skip_transfers:
         moved = transfers(tmp)
         result["transfers"] = moved
-        print("\n1 GiB through upstream_proxy")
+        print("\n1 GiB through the proxies")
         for name, value in moved.items():
-            print(f"  {name:34} {value:8.1f}")
-        targets["RSS growth < 32 MiB"] = max(
-            moved["upload_peak_rss_growth_mib"], moved["download_peak_rss_growth_mib"]) < 32
+            print(f"  {name:40} {value:8.1f}")
+        targets["peak RSS growth < 32 MiB"] = max(
+            value for name, value in moved.items() if "RSS" in name) < 32
     print("\ntargets")
     for name, ok in targets.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
