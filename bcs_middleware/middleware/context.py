@@ -32,8 +32,28 @@ from ..metrics import LATENCY, REQUESTS
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
-# One encoder for every line: json.dumps builds a new one per call when given separators.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+_quote = json.encoder.encode_basestring_ascii
+
+
+def _json_str(value: str | None) -> str:
+    return "null" if value is None else _quote(value)
+
+
+def _access_line(
+    stamp: str, request_id: str, remote_addr: str, user: str | None, cluster: str | None,
+    method: str, path: str, status: int, sent: int, duration_ms: float, kind: str,
+    webhooks: Iterable[str],
+) -> str:
+    """The access-log JSON object, byte for byte what ``json.dumps(line, separators=(",", ":"))``
+    gives for it, built directly: json.dumps sets up a new encoder per call, several
+    microseconds per request for a fixed shape of twelve fields."""
+    return (
+        f'{{"time":{_quote(stamp)},"request_id":{_quote(request_id)},'
+        f'"remote_addr":{_quote(remote_addr)},"user":{_json_str(user)},'
+        f'"cluster":{_json_str(cluster)},"method":{_quote(method)},"path":{_quote(path)},'
+        f'"status":{int(status)},"bytes":{int(sent)},"duration_ms":{float(duration_ms)!r},'
+        f'"kind":{_quote(kind)},"webhooks":[{",".join(map(_quote, webhooks))}]}}'
+    )
 
 
 class LabelCache:
@@ -158,25 +178,26 @@ class RequestContextMiddleware:
             agent = env.get_agent(environ)
             cluster = env.get_cluster(environ)
             admission = environ.get(env.ADMISSION)
-            line = {
-                "time": _timestamp(),
-                "request_id": request_id,
-                "remote_addr": environ.get("REMOTE_ADDR", ""),
-                "user": user.name if user else (f"cluster-agent:{agent.cluster_id}" if agent else None),
-                "cluster": cluster.id if cluster else None,
-                "method": method,
-                "path": path,
-                "status": status_code[0],
-                "bytes": body.sent,
-                "duration_ms": round((time.monotonic() - started) * 1000, 3),
-                "kind": kind,
-                "webhooks": list(admission.webhooks) if isinstance(admission, env.AdmissionResult) else [],
-            }
+            user_name = user.name if user else (f"cluster-agent:{agent.cluster_id}" if agent else None)
+            line = _access_line(
+                _timestamp(),
+                request_id,
+                environ.get("REMOTE_ADDR", ""),
+                user_name,
+                cluster.id if cluster else None,
+                method,
+                path,
+                status_code[0],
+                body.sent,
+                round((time.monotonic() - started) * 1000, 3),
+                kind,
+                admission.webhooks if isinstance(admission, env.AdmissionResult) else (),
+            )
             # Logger.info would walk the stack to find the caller (findCaller) for
             # every line; the record is built directly instead, then handled
             # exactly as info() would (filters, handlers, propagation).
             access_log.handle(
-                access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, _encode(line), (),
+                access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, line, (),
                                       None, "_log")
             )
 
