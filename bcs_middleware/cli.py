@@ -202,45 +202,117 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         # Not built in the master: an app may start background work (the RBAC sync), which
         # must live in a worker. Migrations are safe from several workers at once (locked).
+    elif args.role == "driver":
+        loader = _driver_loader(args, data_dir)
     else:
-        from .gateway import build_gateway, config_from_options
-        from .store import open_store
+        loader = _gateway_loader(args, data_dir, ca_file, cert_for_api)
 
-        token_source, new_admin_token = _admin_token_source(data_dir)
-        options: dict[str, Any] = {
-            "data_dir": str(data_dir),
-            "bootstrap_users": {"admin": token_source},
-        }
-        if args.database_url:
-            options["database_url"] = args.database_url
-        if ca_file:
-            options["gateway_ca_file"] = str(ca_file)
-        if cert_for_api:
-            options["gateway_cert_file"] = str(cert_for_api)
-        if args.public_url:
-            options["public_url"] = args.public_url
-        if args.no_access_log:
-            options["access_log"] = "false"
-        config = config_from_options("serve", options)
-        store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
-        build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
-        store.dispose()
-
-        def loader() -> Any:
-            return build_gateway(config)
-
-        if new_admin_token:
-            print(
-                "\n  Generated the bootstrap admin token (shown only this once; also in "
-                f"{data_dir / 'admin.token'}, mode 0600):\n\n    {new_admin_token}\n",
-                flush=True,
-            )
-        elif token_source.startswith("file:"):
-            print(f"Admin token: {data_dir / 'admin.token'}", flush=True)
-
-    print(f"bcs-middleware {__version__} gateway on {scheme}://{bind}/  (data: {data_dir})", flush=True)
+    if args.zookeeper:
+        settings.update(_registration_hooks(args, bind, scheme))
+    print(f"bcs-middleware {__version__} {args.role} on {scheme}://{bind}/  (data: {data_dir})", flush=True)
     _Gunicorn(loader, settings).run()
     return 0
+
+
+def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None,
+                    cert_for_api: Path | None) -> Callable[[], Any]:
+    from .gateway import build_gateway, config_from_options
+    from .store import open_store
+
+    token_source, new_admin_token = _admin_token_source(data_dir)
+    options: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "bootstrap_users": {"admin": token_source},
+    }
+    if args.database_url:
+        options["database_url"] = args.database_url
+    if ca_file:
+        options["gateway_ca_file"] = str(ca_file)
+    if cert_for_api:
+        options["gateway_cert_file"] = str(cert_for_api)
+    if args.public_url:
+        options["public_url"] = args.public_url
+    if args.no_access_log:
+        options["access_log"] = "false"
+    if args.zookeeper:
+        options["zookeeper_hosts"] = args.zookeeper
+        options["zookeeper_root"] = args.zookeeper_root
+    if args.static_driver:
+        drivers: dict[str, list[str]] = {}
+        for spec in args.static_driver:
+            cluster, _, url = spec.partition("=")
+            drivers.setdefault(cluster.strip(), []).append(url.strip())
+        options["static_drivers"] = {cluster: " ".join(urls) for cluster, urls in drivers.items()}
+    if args.driver_ca_file:
+        options["driver_ca_file"] = args.driver_ca_file
+    config = config_from_options("serve", options)
+    store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
+    build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
+    store.dispose()
+    if new_admin_token:
+        print(
+            "\n  Generated the bootstrap admin token (shown only this once; also in "
+            f"{data_dir / 'admin.token'}, mode 0600):\n\n    {new_admin_token}\n",
+            flush=True,
+        )
+    elif token_source.startswith("file:"):
+        print(f"Admin token: {data_dir / 'admin.token'}", flush=True)
+
+    def loader() -> Any:
+        return build_gateway(config)
+
+    return loader
+
+
+def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any]:
+    """The mesos-driver role: admission definitions in the data directory (or --database-url)."""
+    from .driver import app_factory
+    from .errors import ConfigError
+    from .store import open_store
+
+    if not args.cluster_id:
+        raise ConfigError("serve --role driver needs --cluster-id")
+    if bool(args.zookeeper) == bool(args.scheduler):
+        raise ConfigError("serve --role driver needs --zookeeper or --scheduler URL (not both)")
+    options: dict[str, Any] = {"cluster_id": args.cluster_id}
+    if args.database_url:
+        options["database_url"] = args.database_url
+    else:
+        options["data_dir"] = str(data_dir)
+    if args.zookeeper:
+        options["zookeeper_hosts"] = args.zookeeper
+        options["zookeeper_root"] = args.zookeeper_root
+    else:
+        options["static_schedulers"] = " ".join(args.scheduler)
+    if args.scheduler_ca_file:
+        options["scheduler_ca_file"] = args.scheduler_ca_file
+    open_store(args.database_url, data_dir=data_dir).dispose()  # migrate once, in the master
+    app_factory({}, **options)  # fail on bad options before forking
+
+    def loader() -> Any:
+        return app_factory({}, **options)
+
+    return loader
+
+
+def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dict[str, Any]:
+    """One ZooKeeper node per server, in the source system's layout, removed on clean exit."""
+    import socket
+
+    from .discovery import DEFAULT_ROOT, Endpoint
+    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks
+
+    address = args.advertise or bind
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - reading a bind address, not binding
+        host = socket.gethostbyname(socket.gethostname())
+    root = args.zookeeper_root or DEFAULT_ROOT
+    endpoint = Endpoint(ip=host, port=int(port), scheme=scheme, cluster=args.cluster_id or "",
+                        hostname=socket.gethostname(), version=__version__)
+    path = driver_path(args.cluster_id, root) if args.role == "driver" else apiserver_path(root)
+    when_ready, on_exit = gunicorn_hooks(args.zookeeper, path, endpoint)
+    return {"when_ready": when_ready, "on_exit": on_exit}
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -272,6 +344,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ca-file", help="the CA that signed --certfile (handed to clients)")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
+    serve.add_argument("--role", choices=("gateway", "driver"), default="gateway",
+                       help="gateway (bcs-api) or a Mesos cluster's driver (mesos-driver)")
+    serve.add_argument("--zookeeper", metavar="HOSTS",
+                       help="ZooKeeper hosts (h1:2181,h2:2181): discovery, and this server's registration")
+    serve.add_argument("--zookeeper-root", default="/bcs/services/endpoints")
+    serve.add_argument("--advertise", metavar="HOST:PORT", help="address registered in ZooKeeper (default --bind)")
+    serve.add_argument("--static-driver", action="append", default=[], metavar="CLUSTER=URL",
+                       help="gateway without ZooKeeper: a mesos-driver of a cluster (repeatable)")
+    serve.add_argument("--driver-ca-file", help="gateway: the CA https mesos-drivers' certificates chain to")
+    serve.add_argument("--cluster-id", help="driver: the Mesos cluster this driver serves")
+    serve.add_argument("--scheduler", action="append", default=[], metavar="URL",
+                       help="driver without ZooKeeper: the scheduler (first = master; repeatable)")
+    serve.add_argument("--scheduler-ca-file", help="driver: the CA an https scheduler's certificate chains to")
     serve.add_argument("--graceful-timeout", type=int, default=30)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")
@@ -295,8 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .errors import ConfigError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"bcs-middleware: configuration error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -218,6 +218,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "scheduler_verify": conv.asbool,
     "definitions_file": conv.text,
     "database_url": conv.text,
+    "data_dir": conv.text,
     "secret_key": conv.text,
     "definitions_require_superuser": conv.asbool,
     "total_budget": conv.seconds,
@@ -238,7 +239,7 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         zookeeper_hosts = zk1:2181,zk2:2181,zk3:2181
         # static_schedulers = http://10.0.0.9:8080   ; without ZooKeeper (first = master)
         scheduler_prefix = /v4/
-        # admission definitions: the shared SQL store, or a file (else in memory)
+        # admission definitions: the shared SQL store (or SQLite in data_dir), or a file (else in memory)
         database_url = postgresql://bcs@db/bcs
         # definitions_file = /etc/bcs/admission.yaml
         total_budget = 15s
@@ -264,14 +265,15 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         raise ConfigError(f"[{section}] zookeeper_hosts or static_schedulers is required")
     store: DefinitionStore
     definitions_file, database_url = opts.pop("definitions_file", None), opts.pop("database_url", None)
-    secret_key = opts.pop("secret_key", None)
-    if definitions_file and database_url:
-        raise ConfigError(f"[{section}] set definitions_file or database_url, not both")
-    if database_url:
+    secret_key, data_dir = opts.pop("secret_key", None), opts.pop("data_dir", None)
+    if definitions_file and (database_url or data_dir):
+        raise ConfigError(f"[{section}] set definitions_file or database_url/data_dir, not both")
+    if database_url or data_dir:
         from .store import open_store
         from .store.definitions import SQLDefinitionStore
 
-        store = SQLDefinitionStore(open_store(database_url, secret_key=secret_key, migrate=False))
+        # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
+        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key))
     elif definitions_file:
         store = load_definitions_file(definitions_file)
     else:

@@ -8,6 +8,8 @@ Request flow::
               ├ /healthz /readyz /metrics      health and metrics (public)
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
+              ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
+              │                                → UpstreamProxy (the driver admits)
               └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
 
 Everything a gateway needs is described by :class:`GatewayConfig`; the paste
@@ -28,9 +30,11 @@ from typing import Any
 from . import converters as conv
 from .api.app import ManagementAPI
 from .api.context import APISettings
+from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from .middleware.context import RequestContextMiddleware
+from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
@@ -123,6 +127,14 @@ class GatewayConfig:
     rbac_source_token_file: str | None = None
     rbac_source_ca_file: str | None = None
     rbac_interval: float = 300.0
+    # Mesos clusters: drivers found in ZooKeeper, or listed here (cluster -> driver URLs).
+    zookeeper_hosts: str | None = None
+    zookeeper_root: str = "/bcs/services/endpoints"
+    static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    driver_ca_file: Path | None = None
+    driver_verify: bool = True
+    prefer_external: bool = False
+    max_yaml: int = 1024 * 1024
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
     admission_refresh: float = 2.0
@@ -138,11 +150,29 @@ def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> li
 class GatewayDispatcher:
     """Send each request to the part of the gateway that owns its path."""
 
-    def __init__(self, *, api: Any, tunnel: Any, store: SQLStore, rbac_status: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        api: Any,
+        tunnel: Any,
+        store: SQLStore,
+        rbac_status: Any = None,
+        mesos: Any = None,
+        discovery: Discovery | None = None,
+    ) -> None:
         self.api = api
         self.tunnel = tunnel
         self.store = store
         self.rbac_status = rbac_status
+        self.mesos = mesos
+        self.discovery = discovery
+
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        """Ready = the store answers and discovery is fresh (a stale snapshot still routes)."""
+        report = {"store": "ok" if self.store.ping() else "unreachable"}
+        if self.discovery is not None:
+            report["discovery"] = "stale" if self.discovery.stale() else "ok"
+        return all(v == "ok" for v in report.values()), report
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -151,11 +181,12 @@ class GatewayDispatcher:
         if path == "/healthz":
             return _text_response(start_response, "200 OK", {"status": "ok"})
         if path == "/readyz":
-            if self.store.ping():
-                return _text_response(start_response, "200 OK", {"status": "ready", "store": "ok"})
-            return _text_response(
-                start_response, "503 Service Unavailable", {"status": "not ready", "store": "unreachable"}
-            )
+            ready, report = self.readiness()
+            if ready:
+                return _text_response(start_response, "200 OK", {"status": "ready", **report})
+            return _text_response(start_response, "503 Service Unavailable", {"status": "not ready", **report})
+        if path.startswith(MESOS_PREFIX) and self.mesos is not None:
+            return self.mesos(environ, start_response)
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/rest/rbac/status" and self.rbac_status is not None:
@@ -181,6 +212,18 @@ def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [payload]
 
 
+def _discovery(config: GatewayConfig) -> Discovery:
+    if config.zookeeper_hosts:
+        if config.static_drivers:
+            raise ConfigError("set zookeeper_hosts or static_drivers, not both")
+        from .discovery.zookeeper import ZookeeperDiscovery
+
+        return ZookeeperDiscovery(config.zookeeper_hosts, root=config.zookeeper_root)
+    return StaticDiscovery(
+        {cluster: [Endpoint.from_url(u, cluster=cluster) for u in urls] for cluster, urls in config.static_drivers}
+    )
+
+
 def build_gateway(
     config: GatewayConfig,
     *,
@@ -204,6 +247,8 @@ def build_gateway(
 
     if store is None:
         store = open_store(config.database_url, data_dir=config.data_dir, secret_key=config.secret_key)
+    if store.secrets.locked:
+        raise ConfigError("the gateway needs a secret key: set secret_key, env BCS_SECRET_KEY, or data_dir")
     apply_bootstrap(store, config.bootstrap_users)
     if transport is None:
         transport = PooledTransport(
@@ -253,6 +298,19 @@ def build_gateway(
         ),
         fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True),
     )
+    discovery = _discovery(config)
+    if background and hasattr(discovery, "start"):
+        discovery.start()  # watch ZooKeeper from the start, not from the first request
+    if not config.driver_verify:
+        log.warning("TLS verification towards mesos-drivers is OFF (driver_verify = false)")
+    mesos = MesosRoutingMiddleware(
+        proxy,
+        discovery=discovery,
+        prefer_external=config.prefer_external,
+        max_yaml=config.max_yaml,
+        ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
+        verify=config.driver_verify,
+    )
     rbac_status = RBACStatusApp(store, enabled=config.rbac and bool(config.rbac_source_file or config.rbac_source_url))
     if config.rbac and (config.rbac_source_file or config.rbac_source_url):
         service = build_service(
@@ -269,7 +327,9 @@ def build_gateway(
             service.start()
             # gunicorn workers leave through sys.exit: hand the lease over at once.
             atexit.register(service.stop)
-    dispatcher = GatewayDispatcher(api=api, tunnel=tunnel, store=store, rbac_status=rbac_status)
+    dispatcher = GatewayDispatcher(
+        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery
+    )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     authed = TokenAuthMiddleware(dispatcher, authenticator=authenticator, public_paths=config.public_paths)
     return RequestContextMiddleware(authed, access_log=config.access_log)
@@ -303,6 +363,13 @@ _OPTIONS: dict[str, conv.Converter] = {
     "rbac_source_token_file": conv.text,
     "rbac_source_ca_file": conv.text,
     "rbac_interval": conv.seconds,
+    "zookeeper_hosts": conv.text,
+    "zookeeper_root": conv.text,
+    "static_drivers": conv.mapping,
+    "driver_ca_file": conv.text,
+    "driver_verify": conv.asbool,
+    "prefer_external": conv.asbool,
+    "max_yaml": conv.size,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
     "admission_refresh": conv.seconds,
@@ -314,8 +381,10 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     opts = conv.convert_options(section, local_conf, _OPTIONS)
     if not opts.get("database_url") and not opts.get("data_dir"):
         raise ConfigError(f"[{section}] needs database_url or data_dir")
-    paths = {k: Path(opts[k]) for k in ("data_dir", "gateway_ca_file", "gateway_cert_file") if opts.get(k)}
-    for key in ("gateway_ca_file", "gateway_cert_file"):
+    paths = {
+        k: Path(opts[k]) for k in ("data_dir", "gateway_ca_file", "gateway_cert_file", "driver_ca_file") if opts.get(k)
+    }
+    for key in ("gateway_ca_file", "gateway_cert_file", "driver_ca_file"):
         if key in paths and not paths[key].is_file():
             raise ConfigError(f"[{section}] {key}: no such file {paths[key]}")
     values: dict[str, Any] = {**opts, **paths}
@@ -323,6 +392,10 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     for key in ("public_paths", "trusted_proxies"):
         if key in values:
             values[key] = tuple(values[key])
+    if "static_drivers" in values:
+        values["static_drivers"] = tuple(
+            (cluster, tuple(conv.aslist(urls))) for cluster, urls in values["static_drivers"].items()
+        )
     if "webhook_address_map" in values:
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
     return GatewayConfig(**values)

@@ -1,7 +1,7 @@
 """A gunicorn configuration for the gateway: gunicorn --paste examples/gateway.ini -c examples/gunicorn.conf.py
 
 Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
-BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER).
+BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP).
 
 Worker class: long watch, ``logs -f`` and exec streams hold a worker thread each for as long as
 the client keeps them open, so the gateway runs the **gthread** worker with many threads. Threads
@@ -85,17 +85,22 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
 
 
 def when_ready(server):  # type: ignore[no-untyped-def]
-    # One ZooKeeper registration per server (not per worker): the gateway announces itself under
-    # /bcs/services/endpoints/apiserver/ so drivers and tools can find it.
+    # One ZooKeeper registration per server (not per worker), in the master once the socket is
+    # bound: the gateway announces itself under /bcs/services/endpoints/apiserver/.
     hosts = os.environ.get("BCS_ZOOKEEPER")
     if not hosts:
         return
-    from bcs_middleware.discovery.registration import register_gateway  # optional: needs kazoo
+    from bcs_middleware.discovery import Endpoint
+    from bcs_middleware.discovery.registration import apiserver_path, gunicorn_hooks
 
-    server.bcs_registrar = register_gateway(hosts, server.cfg.bind[0])
+    host, _, port = bind[0].rpartition(":")
+    endpoint = Endpoint(ip=os.environ.get("BCS_ADVERTISE_IP", host.strip("[]")), port=int(port),
+                        scheme="https" if certfile else "http")
+    register, server.bcs_deregister = gunicorn_hooks(hosts, apiserver_path(), endpoint)
+    register(server)
 
 
 def on_exit(server):  # type: ignore[no-untyped-def]
-    registrar = getattr(server, "bcs_registrar", None)
-    if registrar is not None:
-        registrar.deregister()
+    deregister = getattr(server, "bcs_deregister", None)
+    if deregister is not None:
+        deregister(server)

@@ -38,6 +38,8 @@ def test_every_entry_point_loads() -> None:
     assert ("paste.app_factory", "gateway") in loaded
     assert ("paste.app_factory", "upstream_proxy") in loaded
     assert ("paste.app_factory", "management_api") in loaded
+    assert ("paste.app_factory", "driver") in loaded
+    assert ("paste.filter_factory", "mesos_routing") in loaded
     assert all(callable(obj) for obj in loaded.values())
 
 
@@ -55,6 +57,7 @@ def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
         "token_auth_app.ini": {"database_url": f"sqlite:///{data_dir}/bcs.sqlite3"},
         "admission_app.ini": {"definitions_file": str(definitions)},
         "reverse_proxy.ini": {},
+        "driver.ini": {"database_url": f"sqlite:///{data_dir}/driver.sqlite3"},
     }
     env = {"BCS_ADMIN_TOKEN": ADMIN, "BCS_SECRET_KEY": Fernet.generate_key().decode()}
     old = {k: os.environ.get(k) for k in env}
@@ -216,6 +219,27 @@ def test_serve_with_the_example_config(data_dir: Path) -> None:
                                    headers={"Authorization": f"Bearer {ADMIN}"}, cafile=cafile)
         assert status == 200, body
     assert (data_dir / "bcs-data" / "bcs.sqlite3").exists()
+
+
+def test_driver_ini_serves_with_a_static_scheduler(data_dir: Path) -> None:
+    from tests.support.fake_scheduler import FakeScheduler
+
+    scheduler = FakeScheduler("scheduler")
+    try:
+        with gunicorn(
+            str(EXAMPLES / "driver.ini"), workers=1,
+            extra=["--paste-global", f"scheduler={scheduler.url}", "--paste-global", "cluster_id=BCS-MESOS-EX",
+                   "--paste-global", f"database_url=sqlite:///{data_dir}/driver.sqlite3"],
+        ) as server:
+            status, _, body = http_get(f"{server.url}/mesosdriver/v4/namespaces/ns/apps?x=1",
+                                       headers={"BCS-ClusterID": "BCS-MESOS-EX"})
+            answer = json.loads(body)
+            assert status == 200 and answer["served_by"] == "scheduler"
+            assert answer["path"] == "/v4/namespaces/ns/apps" and answer["query"] == "x=1"
+            assert http_get(f"{server.url}/mesosdriver/v4/apps", headers={"BCS-ClusterID": "other"})[0] == 400
+            assert http_get(f"{server.url}/healthz")[0] == 200
+    finally:
+        scheduler.stop()
 
 
 def test_kube_agent_manifest_is_valid_yaml() -> None:

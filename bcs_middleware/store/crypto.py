@@ -45,8 +45,12 @@ class SecretBox:
     """Encrypts and decrypts short secrets; the first key is the current one."""
 
     def __init__(self, keys: Sequence[str | bytes]) -> None:
+        #: no key configured: fine for components that never read secrets back
+        #: (token checks, admission definitions); any use of one is a clear error.
+        self.locked = not keys
         if not keys:
-            raise ConfigError("at least one secret key is required")
+            self._fernet = None
+            return
         try:
             fernets = [Fernet(k) for k in keys]
         except (ValueError, TypeError):
@@ -57,12 +61,17 @@ class SecretBox:
             ) from None
         self._fernet = MultiFernet(fernets)
 
+    def _box(self) -> MultiFernet:
+        if self._fernet is None:
+            raise ConfigError("no secret key is configured: set secret_key or env BCS_SECRET_KEY")
+        return self._fernet
+
     def encrypt(self, plaintext: str) -> str:
-        return self._fernet.encrypt(plaintext.encode("utf-8")).decode("ascii")
+        return self._box().encrypt(plaintext.encode("utf-8")).decode("ascii")
 
     def decrypt(self, ciphertext: str) -> str:
         try:
-            return self._fernet.decrypt(ciphertext.encode("ascii")).decode("utf-8")
+            return self._box().decrypt(ciphertext.encode("ascii")).decode("utf-8")
         except InvalidToken:
             raise ConfigError(
                 "a stored secret cannot be decrypted with the configured keys "
@@ -70,20 +79,21 @@ class SecretBox:
             ) from None
 
     def rotate(self, ciphertext: str) -> str:
-        return self._fernet.rotate(ciphertext.encode("ascii")).decode("ascii")
+        return self._box().rotate(ciphertext.encode("ascii")).decode("ascii")
 
 
 def load_keys(configured: str | None, data_dir: Path | None) -> list[str]:
     """Keys from configuration, else env ``BCS_SECRET_KEY``, else ``DATA_DIR/secret.key``.
 
-    The key file is generated (mode 0600) on first use; without a data directory
-    and without a configured key there is nothing safe to do, so it is an error.
+    The key file is generated (mode 0600) on first use. Without a data directory
+    and without a configured key there are no keys: the store still works for
+    everything that never reads a secret back, and refuses clearly what does.
     """
     raw = configured or os.environ.get("BCS_SECRET_KEY")
     if raw:
         return [k.strip() for k in raw.split(",") if k.strip()]
     if data_dir is None:
-        raise ConfigError("no secret key: set secret_key, env BCS_SECRET_KEY, or a data directory")
+        return []  # a locked box: see SecretBox.locked
     path = Path(data_dir) / KEY_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

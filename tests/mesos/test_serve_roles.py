@@ -1,0 +1,107 @@
+"""Both roles as operators run them: `serve` (gateway) and `serve --role driver`, found through ZooKeeper."""
+
+from __future__ import annotations
+
+import json
+import signal
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from bcs_middleware.discovery import DEFAULT_ROOT
+from bcs_middleware.discovery.registration import apiserver_path, driver_path
+from tests.support.servers import BIN, ServerProcess, free_port
+
+from .conftest import SCHEDULERS
+
+CLI = str(BIN / "bcs-middleware")
+ADMIN = "mesos-roles-admin-token-" + "m" * 20
+CLUSTER = "BCS-MESOS-ROLES"
+
+
+def _request(url: str, cafile: str, *, method: str = "GET", body: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=20, context=ssl.create_default_context(cafile=cafile)) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _until(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fakes, registrars,  # type: ignore[no-untyped-def]
+                                                                  tmp_path: Path) -> None:
+    scheduler = fakes("scheduler")
+    registrars(zookeeper.hosts, SCHEDULERS, scheduler)
+    raw = KazooClient(hosts=zookeeper.hosts)
+    raw.start(10)
+    driver_data, gateway_data = tmp_path / "driver", tmp_path / "gateway"
+    driver_port, gateway_port = free_port(), free_port()
+    driver = ServerProcess(
+        [CLI, "serve", "--role", "driver", "--cluster-id", CLUSTER, "--zookeeper", zookeeper.hosts,
+         "--data-dir", str(driver_data), "--bind", f"127.0.0.1:{driver_port}", "--workers", "2", "--threads", "4",
+         "--graceful-timeout", "3"],
+        port=driver_port, scheme="https", timeout=60)
+    try:
+        assert _until(lambda: raw.exists(driver_path(CLUSTER)) and raw.get_children(driver_path(CLUSTER)), 15)
+        children = raw.get_children(driver_path(CLUSTER))
+        assert len(children) == 1  # one registration per server, not per worker
+        node = json.loads(raw.get(f"{driver_path(CLUSTER)}/{children[0]}")[0])
+        assert node["ip"] == "127.0.0.1" and node["port"] == driver_port and node["scheme"] == "https"
+        assert node["cluster"] == CLUSTER
+
+        with ServerProcess(
+            [CLI, "serve", "--zookeeper", zookeeper.hosts, "--data-dir", str(gateway_data),
+             "--bind", f"127.0.0.1:{gateway_port}", "--workers", "2", "--threads", "4",
+             "--driver-ca-file", str(driver_data / "tls" / "ca.crt"), "--graceful-timeout", "3"],
+            port=gateway_port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60,
+        ) as gateway:
+            assert gateway.proc.poll() is None
+            cafile = str(gateway_data / "tls" / "ca.crt")
+            base = f"https://localhost:{gateway_port}"
+            assert _until(lambda: raw.exists(apiserver_path(DEFAULT_ROOT))
+                          and raw.get_children(apiserver_path(DEFAULT_ROOT)), 15)
+            status, ready = _request(f"{base}/readyz", cafile)
+            assert status == 200 and json.loads(ready)["discovery"] == "ok"
+
+            url = f"{base}/bcsapi/v4/scheduler/mesos/namespaces/prod/applications?x=1"
+            auth = {"Authorization": f"Bearer {ADMIN}", "BCS-ClusterID": CLUSTER,
+                    "Content-Type": "application/x-yaml"}
+            body = b"apiVersion: v4\nkind: Application\nmetadata:\n  name: web\n  namespace: prod\n"
+            assert _until(lambda: _request(url, cafile, method="POST", body=body, headers=auth)[0] == 200, 20)
+            received = scheduler.requests[-1]
+            assert received.path == "/v4/namespaces/prod/applications" and received.query == "x=1"
+            assert received.json()["metadata"]["name"] == "web"
+            assert "authorization" not in {k.lower() for k in received.headers}
+
+            missing = _request(url, cafile, method="POST", body=body,
+                               headers={"Authorization": f"Bearer {ADMIN}"})
+            assert missing[0] == 400
+            unknown = _request(url, cafile, headers={"Authorization": f"Bearer {ADMIN}",
+                                                      "BCS-ClusterID": "BCS-MESOS-NONE"})
+            assert unknown[0] == 503 and b"BCS-MESOS-NONE" in unknown[1]
+            assert _request(url, cafile, headers={"BCS-ClusterID": CLUSTER})[0] == 401
+            gateway_output = gateway.output()
+        assert ADMIN not in gateway_output
+
+        # A clean shutdown removes the node (SIGTERM, as an init system sends it).
+        driver.signal(signal.SIGTERM)
+        assert _until(lambda: not raw.get_children(driver_path(CLUSTER)), 15)
+        assert driver.proc.wait(20) == 0
+    finally:
+        driver.stop()
+        raw.stop()
+        raw.close()
