@@ -171,6 +171,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.info("TLS: %s", pki.reason)
         print(f"HTTPS certificate authority: {pki.ca_file}  (clients use: curl --cacert {pki.ca_file})", flush=True)
 
+    if args.client_ca_file:
+        if scheme != "https":
+            print("error: --client-ca-file needs HTTPS", file=sys.stderr)
+            return 2
+        import ssl
+
+        # OPTIONAL: token clients keep working; a certificate that is presented must verify.
+        settings.update(ca_certs=str(Path(args.client_ca_file).absolute()), cert_reqs=ssl.CERT_OPTIONAL)
+
     settings.update(
         bind=[bind],
         workers=args.workers,
@@ -245,6 +254,8 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["static_drivers"] = {cluster: " ".join(urls) for cluster, urls in drivers.items()}
     if args.driver_ca_file:
         options["driver_ca_file"] = args.driver_ca_file
+    if args.client_cert_map:
+        options["client_cert_subjects"] = "\n".join(args.client_cert_map)
     config = config_from_options("serve", options)
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
@@ -342,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--certfile", help="serve this certificate instead of a generated one")
     serve.add_argument("--keyfile", help="the key of --certfile")
     serve.add_argument("--ca-file", help="the CA that signed --certfile (handed to clients)")
+    serve.add_argument("--client-ca-file",
+                       help="ask clients for a certificate signed by this CA (optional for token clients)")
+    serve.add_argument("--client-cert-map", action="append", default=[], metavar="'SUBJECT -> user:NAME|cluster:ID'",
+                       help="map a client certificate subject (e.g. 'CN=kube-agent,O=BCS-K8S-001') to a principal")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
     serve.add_argument("--role", choices=("gateway", "driver"), default="gateway",

@@ -33,6 +33,7 @@ from .api.context import APISettings
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
+from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
 from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
@@ -135,6 +136,8 @@ class GatewayConfig:
     driver_verify: bool = True
     prefer_external: bool = False
     max_yaml: int = 1024 * 1024
+    # Client-certificate authentication (the server must ask for certificates: serve --client-ca-file).
+    client_cert_subjects: tuple[tuple[str, str], ...] = ()
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
     admission_refresh: float = 2.0
@@ -331,7 +334,14 @@ def build_gateway(
         api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery
     )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
-    authed = TokenAuthMiddleware(dispatcher, authenticator=authenticator, public_paths=config.public_paths)
+    peer = (
+        ClientCertificateAuthenticator(dict(config.client_cert_subjects), store.find_user)
+        if config.client_cert_subjects
+        else None
+    )
+    authed = TokenAuthMiddleware(
+        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer
+    )
     return RequestContextMiddleware(authed, access_log=config.access_log)
 
 
@@ -370,6 +380,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "driver_verify": conv.asbool,
     "prefer_external": conv.asbool,
     "max_yaml": conv.size,
+    "client_cert_subjects": parse_subject_map,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
     "admission_refresh": conv.seconds,
@@ -396,6 +407,8 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
         values["static_drivers"] = tuple(
             (cluster, tuple(conv.aslist(urls))) for cluster, urls in values["static_drivers"].items()
         )
+    if "client_cert_subjects" in values:
+        values["client_cert_subjects"] = tuple(values["client_cert_subjects"].items())
     if "webhook_address_map" in values:
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
     return GatewayConfig(**values)

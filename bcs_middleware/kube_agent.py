@@ -139,12 +139,14 @@ def gather(args: argparse.Namespace) -> ClusterAccess:
 
 class Reporter:
     def __init__(self, gateway: str, cluster_id: str, register_token: str, *, server_cert: str | None,
-                 insecure: bool) -> None:
+                 insecure: bool, client_cert: tuple[str, str] | None = None) -> None:
         self.url = f"{gateway.rstrip('/')}/rest/clusters/{cluster_id}/credentials"
         self.register_token = register_token
         self.insecure = insecure
         self.session = requests.Session()
         self.session.trust_env = False
+        if client_cert is not None:
+            self.session.cert = client_cert
         self.verify: Any = True
         if insecure:
             self.verify = False
@@ -158,8 +160,8 @@ class Reporter:
         body = {"server_addresses": ";".join(access.addresses), "cacert_data": access.ca_pem,
                 "user_token": access.token}
         try:
-            resp = self.session.put(self.url, json=body, timeout=TIMEOUT, verify=self.verify,
-                                    headers={"Authorization": f"Bearer {self.register_token}"},
+            headers = {"Authorization": f"Bearer {self.register_token}"} if self.register_token else {}
+            resp = self.session.put(self.url, json=body, timeout=TIMEOUT, verify=self.verify, headers=headers,
                                     allow_redirects=False)
         except requests.exceptions.SSLError:
             raise AgentError("the gateway's certificate did not verify against SERVER_CERT") from None
@@ -178,8 +180,9 @@ class Reporter:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     register_token = os.environ.get("REGISTER_TOKEN", "").strip()
-    if not register_token:
-        log.error("env REGISTER_TOKEN is not set")
+    client_cert = (args.client_cert, args.client_key or args.client_cert) if args.client_cert else None
+    if not register_token and client_cert is None:
+        log.error("env REGISTER_TOKEN is not set (nor --client-cert)")
         return 2
     if not args.bke_address.startswith("https://") and not args.insecure_skip_verify:
         log.error("--bke-address must be https:// (the register token must not cross the network in clear)")
@@ -188,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if not server_cert and not args.insecure_skip_verify:
         log.info("env SERVER_CERT not set: verifying the gateway against the system trust store")
     reporter = Reporter(args.bke_address, args.cluster_id, register_token, server_cert=server_cert,
-                        insecure=args.insecure_skip_verify)
+                        insecure=args.insecure_skip_verify, client_cert=client_cert)
     failures = 0
     reports = 0
     while True:
@@ -216,6 +219,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="outside a cluster: where the apiserver, CA and token come from")
     parser.add_argument("--insecure-skip-verify", action="store_true",
                         help="do not verify the gateway's certificate (logged at every report)")
+    parser.add_argument("--client-cert", help="present this client certificate (instead of REGISTER_TOKEN, when the "
+                                              "gateway maps its subject to this cluster)")
+    parser.add_argument("--client-key", help="the key of --client-cert (default: in the same file)")
     parser.add_argument("--once", action="store_true", help="report once and exit (0 on success)")
 
 

@@ -58,6 +58,12 @@ class Authenticator(Protocol):
     def authenticate(self, token: str) -> Principal | None: ...
 
 
+class PeerAuthenticator(Protocol):
+    """Maps the verified client certificate of a request to a principal (or ``None``)."""
+
+    def authenticate_peer(self, environ: Mapping[str, Any]) -> Principal | None: ...
+
+
 class TokenStore(Protocol):
     """What :class:`StoreAuthenticator` needs from the store (``SQLStore`` has it)."""
 
@@ -202,6 +208,8 @@ class TokenAuthMiddleware:
         or be followed by ``/``.
     :param required: ``False`` lets every unauthenticated request through as
         anonymous (the app decides); invalid tokens are still refused.
+    :param peer_authenticator: for requests without a token, who the verified
+        client certificate belongs to (see :mod:`.client_cert`); ``None``: tokens only.
     """
 
     def __init__(
@@ -211,11 +219,13 @@ class TokenAuthMiddleware:
         authenticator: Authenticator,
         public_paths: Iterable[str] = ("/healthz", "/readyz"),
         required: bool = True,
+        peer_authenticator: PeerAuthenticator | None = None,
     ) -> None:
         self.app = app
         self.authenticator = authenticator
         self.public_paths = tuple(public_paths)
         self.required = required
+        self.peer_authenticator = peer_authenticator
 
     def is_public(self, path: str) -> bool:
         for prefix in self.public_paths:
@@ -233,6 +243,10 @@ class TokenAuthMiddleware:
         public = self.is_public(environ.get("PATH_INFO", ""))
         token = bearer_token(environ)
         if token is None:
+            peer = self.peer_authenticator.authenticate_peer(environ) if self.peer_authenticator else None
+            if peer is not None:
+                environ[env.USER if isinstance(peer, env.User) else env.AGENT] = peer
+                return self.app(environ, start_response)
             if public or not self.required:
                 return self.app(environ, start_response)
             return Unauthorized("missing bearer token")(environ, start_response)
