@@ -51,7 +51,8 @@ def gateway(tmp_path: Path):  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
     port = free_port()
     argv = [CLI, "serve", "--data-dir", str(data), "--bind", f"127.0.0.1:{port}", "--workers", "1",
-            "--certfile", str(pki / "server.crt"), "--keyfile", str(pki / "server.key"), "--ca-file", str(pki / "ca.crt"),
+            "--certfile", str(pki / "server.crt"), "--keyfile", str(pki / "server.key"),
+            "--ca-file", str(pki / "ca.crt"),
             "--client-ca-file", str(pki / "ca.crt"),
             "--client-cert-map", "CN=kube-agent-cc1 -> cluster:cc1",
             "--client-cert-map", "CN=deploy-bot -> user:deploy-bot"]
@@ -60,7 +61,7 @@ def gateway(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_mapped_certificates_authenticate_and_others_do_not(gateway) -> None:  # type: ignore[no-untyped-def]
-    server, tmp, cafile, data = gateway
+    server, tmp, cafile, _ = gateway
     base = f"https://localhost:{server.port}"
     req = urllib.request.Request(f"{base}/rest/users/", data=json.dumps({"user_name": "deploy-bot"}).encode(),
                                  method="POST", headers={"Authorization": f"Bearer {ADMIN}"})
@@ -80,7 +81,8 @@ def test_mapped_certificates_authenticate_and_others_do_not(gateway) -> None:  #
 def test_kube_agent_reports_with_its_certificate(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server, tmp, cafile, data = gateway
     base = f"https://localhost:{server.port}"
-    req = urllib.request.Request(f"{base}/rest/clusters/bcs", method="POST", headers={"Authorization": f"Bearer {ADMIN}"},
+    req = urllib.request.Request(f"{base}/rest/clusters/bcs", method="POST",
+                                 headers={"Authorization": f"Bearer {ADMIN}"},
                                  data=json.dumps({"id": "cc1", "project_id": "p", "cluster_type": "k8s"}).encode())
     urllib.request.urlopen(req, timeout=20, context=ssl.create_default_context(cafile=cafile)).close()
     with FakeAPIServer(token="sa-cc1") as api:
