@@ -83,7 +83,8 @@ def gateway_app():  # type: ignore[no-untyped-def]
     from bcs_middleware.gateway import GatewayConfig, build_gateway
 
     _configure_logging("info")
-    return build_gateway(GatewayConfig(data_dir=Path(os.environ["BENCH_DATA_DIR"])))
+    return build_gateway(GatewayConfig(data_dir=Path(os.environ["BENCH_DATA_DIR"]),
+                                       access_log=os.environ.get("BENCH_ACCESS_LOG") != "0"))
 
 
 def werkzeug_app():  # type: ignore[no-untyped-def]
@@ -249,7 +250,8 @@ def start_ceiling(ctx: Context) -> Running:
 CLUSTER_ID = "BCS-K8S-BENCH"
 
 
-def _start_gateway(tmp: Path, name: str, upstream_url: str) -> tuple[ServerProcess, dict[str, str]]:
+def _start_gateway(tmp: Path, name: str, upstream_url: str,
+                   access_log: bool = True) -> tuple[ServerProcess, dict[str, str]]:
     """A gateway whose one k8s cluster's apiserver is ``upstream_url``; a token per kind of user.
 
     The cluster's credentials are written straight into the store with an
@@ -275,7 +277,8 @@ def _start_gateway(tmp: Path, name: str, upstream_url: str) -> tuple[ServerProce
     metrics_dir = tmp / f"{name}-metrics"
     metrics_dir.mkdir()
     server = _serve("proxy_bench:gateway_app()",
-                    env={"BENCH_DATA_DIR": str(data_dir), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+                    env={"BENCH_DATA_DIR": str(data_dir), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+                         "BENCH_ACCESS_LOG": "1" if access_log else "0"})
     return server, tokens
 
 
@@ -304,6 +307,15 @@ def start_tunnel_impersonate(ctx: Context) -> Running:
                    stop=server.stop)
 
 
+def start_tunnel_no_access_log(ctx: Context) -> Running:
+    """The superuser tunnel with the access log off: what the log line costs (--only)."""
+    server, tokens = _start_gateway(ctx.tmp, "gateway-nolog", ctx.nginx.url, access_log=False)
+    return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
+                   _gunicorn_tree(server, ctx, True),
+                   headers={"Authorization": f"Bearer {tokens['bench-admin']}"},
+                   stop=server.stop)
+
+
 CONTENDERS = [
     Contender("nginx", start_nginx_direct),
     Contender("upstream_proxy", start_upstream_proxy),
@@ -312,6 +324,8 @@ CONTENDERS = [
     Contender("werkzeug", start_werkzeug),
     Contender("ceiling", start_ceiling),
 ]
+# Diagnostic contenders, run only when named in --only.
+EXTRA_CONTENDERS = [Contender("tunnel_nolog", start_tunnel_no_access_log)]
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -495,7 +509,8 @@ def main() -> int:
     args = parser.parse_args()
     loader = load_wrk if args.loader == "wrk" else load_python
     GUNICORN.update(workers=args.workers, threads=args.threads)
-    contenders = [c for c in CONTENDERS if not args.only or c.name in args.only.split(",")]
+    contenders = CONTENDERS if not args.only else [
+        c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
@@ -555,10 +570,11 @@ def main() -> int:
         ("upstream_proxy", "ceiling"), ("upstream_proxy", "werkzeug"), ("upstream_proxy", "nginx"),
         ("tunnel", "ceiling"), ("tunnel", "werkzeug"), ("tunnel_imp", "ceiling"),
         ("tunnel_imp", "werkzeug"), ("tunnel", "upstream_proxy"), ("werkzeug", "ceiling"),
+        ("tunnel", "tunnel_nolog"),
     ) if a in names and b in names]
     ratios = {f"{a}/{b} req/s": ratio(a, b) for a, b in pairs}
     for a, b in pairs:
-        if b in ("ceiling", "werkzeug", "upstream_proxy") and a != "werkzeug":
+        if b in ("ceiling", "werkzeug", "upstream_proxy", "tunnel_nolog") and a != "werkzeug":
             ratios[f"{a}/{b} CPU/req"] = ratio(a, b, "cpu_us_per_req")
     print("\nmedian of per-round ratios")
     for name, value in ratios.items():
