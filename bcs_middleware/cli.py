@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .lifecycle import post_worker_init
 
 log = logging.getLogger("bcs_middleware.cli")
 
@@ -197,6 +198,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         control_socket_disable=True,
         child_exit=_child_exit,
         post_fork=_post_fork,
+        post_worker_init=post_worker_init,
         proc_name="bcs-middleware",
     )
 

@@ -78,6 +78,13 @@ def post_fork(server, worker):  # type: ignore[no-untyped-def]
     server.log.debug("worker %s forked", worker.pid)
 
 
+def post_worker_init(worker):  # type: ignore[no-untyped-def]
+    # SIGTERM ends open watch/log streams cleanly instead of cutting them at graceful_timeout.
+    from bcs_middleware.lifecycle import post_worker_init as end_streams_on_sigterm
+
+    end_streams_on_sigterm(worker)
+
+
 def child_exit(server, worker):  # type: ignore[no-untyped-def]
     from prometheus_client import multiprocess
 

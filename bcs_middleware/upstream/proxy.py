@@ -57,6 +57,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -440,6 +441,25 @@ class _UpstreamBrokeOff(Exception):
     """Raised into the server so it aborts the client connection instead of ending it cleanly."""
 
 
+_open_streams: set[_StreamedBody] = set()
+_open_lock = threading.Lock()
+
+
+def end_streams() -> int:
+    """End every open streamed response of this process cleanly; returns how many.
+
+    For a graceful shutdown (SIGTERM): a watch or ``logs -f`` would otherwise run
+    until the server's graceful timeout and then be cut. Ending it sends the final
+    chunk, so the client sees a finished response (kubectl simply re-watches,
+    against another instance). Sized responses are left to finish on their own.
+    """
+    with _open_lock:
+        streams = [s for s in _open_streams if s.endable]
+    for stream in streams:
+        stream.end()
+    return len(streams)
+
+
 class _StreamedBody:
     """The response body, relayed piece by piece; ``close()`` frees the upstream connection."""
 
@@ -448,7 +468,18 @@ class _StreamedBody:
         self._label = label
         self._complete = False
         self._closed = False
+        self._ending = False
+        # Only a body without a length can end early and still look complete to the client.
+        self.endable = resp.length_remaining is None
+        with _open_lock:
+            _open_streams.add(self)
         metrics.OPEN_STREAMS.inc()
+
+    def end(self) -> None:
+        self._ending = True
+        interrupt = getattr(self._resp, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
 
     def __iter__(self) -> Iterator[bytes]:
         # An empty first piece makes the server send the status line and headers
@@ -464,6 +495,8 @@ class _StreamedBody:
                     break
                 yield piece
         except OSError as exc:
+            if self._ending:
+                return  # shutting down: end the response cleanly (the connection is not reused)
             cause = "timeout" if isinstance(exc, TimeoutError) else "protocol"
             metrics.UPSTREAM_ERRORS.labels(self._label or "?", cause).inc()
             log.info("upstream %s: response body broke off (%s)", self._label, cause)
@@ -476,8 +509,10 @@ class _StreamedBody:
         if self._closed:
             return
         self._closed = True
+        with _open_lock:
+            _open_streams.discard(self)
         metrics.OPEN_STREAMS.dec()
-        if not self._complete:
+        if not self._complete or self._ending:
             # Half-read: the connection is mid-message and must never be reused.
             self._resp.close()
         self._resp.release_conn()

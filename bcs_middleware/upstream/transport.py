@@ -298,6 +298,19 @@ class UpstreamResponse:
         if conn is not None:
             conn.close()
 
+    def interrupt(self) -> None:
+        """Wake a reader blocked on this response (from another thread): its read ends.
+
+        ``shutdown`` rather than ``close``: closing a descriptor another thread is
+        blocked on does not wake it on Linux, and the number could be reused.
+        """
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def detach(self) -> tuple[socket.socket, bytes]:
         """Take the socket of a ``101`` answer and the bytes already read past its head.
 

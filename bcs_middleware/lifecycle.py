@@ -1,0 +1,31 @@
+"""gunicorn worker hooks shared by ``bcs-middleware serve`` and ``examples/gunicorn.conf.py``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def post_worker_init(worker: Any) -> None:
+    """On SIGTERM, end open watch/log streams cleanly before gunicorn's graceful stop.
+
+    gunicorn stops accepting and waits ``graceful_timeout`` for running requests;
+    a watch never finishes by itself, so without this it would be cut at the end of
+    that wait. Ending it at once sends the final chunk: the client sees a complete
+    response and re-watches (on another instance). Ordinary requests finish as usual.
+    """
+    from .upstream.proxy import end_streams
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        ended = end_streams()
+        if ended:
+            log.info("SIGTERM: ended %d open stream(s) cleanly", ended)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)

@@ -1,0 +1,80 @@
+"""SIGTERM: the gateway stops accepting, finishes ordinary requests and ends watch streams cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.servers import BIN, ServerProcess, free_port, http_get
+
+CLI = str(BIN / "bcs-middleware")
+ADMIN = "graceful-admin-token-" + "g" * 22
+
+
+def test_sigterm_during_a_watch_ends_it_cleanly_and_finishes_ordinary_requests(tmp_path: Path) -> None:
+    with FakeAPIServer(token="sa-graceful") as api:
+        port = free_port()
+        argv = [CLI, "serve", "--data-dir", str(tmp_path), "--bind", f"127.0.0.1:{port}", "--workers", "1",
+                "--threads", "8", "--graceful-timeout", "20"]
+        server = ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
+        try:
+            cafile = str(tmp_path / "tls" / "ca.crt")
+            import json
+            import urllib.request
+
+            def call(method: str, path: str, body: dict) -> None:
+                req = urllib.request.Request(f"https://localhost:{port}{path}", data=json.dumps(body).encode(),
+                                             method=method, headers={"Authorization": f"Bearer {ADMIN}"})
+                urllib.request.urlopen(req, timeout=20, context=ssl.create_default_context(cafile=cafile)).close()
+
+            call("POST", "/rest/clusters/bcs", {"id": "g1", "project_id": "p", "cluster_type": "k8s"})
+            call("PUT", "/rest/clusters/g1/credentials",
+                 {"server_addresses": api.url, "cacert_data": api.ca_pem, "user_token": "sa-graceful"})
+
+            raw = socket.create_connection(("127.0.0.1", port), timeout=20)
+            watch = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname="localhost")
+            watch.sendall(f"GET /tunnels/clusters/g1/api/v1/namespaces/default/pods?watch=true HTTP/1.1\r\n"
+                          f"Host: localhost\r\nAuthorization: Bearer {ADMIN}\r\n\r\n".encode())
+            received = watch.recv(65536)
+            assert received.startswith(b"HTTP/1.1 200")
+
+            # An ordinary request in flight when the signal arrives still gets its answer.
+            slow: dict[str, int] = {}
+
+            def slow_request() -> None:
+                status, _, _ = http_get(f"https://localhost:{port}/tunnels/clusters/g1/__slow?seconds=2",
+                                        headers={"Authorization": f"Bearer {ADMIN}"}, cafile=cafile, timeout=30)
+                slow["status"] = status
+
+            thread = threading.Thread(target=slow_request)
+            thread.start()
+            time.sleep(0.5)
+            started = time.monotonic()
+            server.signal(signal.SIGTERM)
+
+            # The watch ends with the final chunk, well before the 20 s graceful timeout.
+            while not received.endswith(b"0\r\n\r\n"):
+                chunk = watch.recv(65536)
+                assert chunk, "the watch was cut instead of ended"
+                received += chunk
+                assert time.monotonic() - started < 10
+            watch.close()
+            thread.join(30)
+            assert slow.get("status") == 200
+            assert server.proc.wait(30) == 0
+            assert time.monotonic() - started < 15
+            # No new connections once it is gone.
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                refused = False
+            except OSError:
+                refused = True
+            assert refused
+            assert "ended 1 open stream(s) cleanly" in server.output()
+        finally:
+            server.stop()
