@@ -7,6 +7,7 @@ install step in ``.ci/run`` can never pass silently.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ import pytest
 EXAMPLE_WEBHOOKS = str(Path(__file__).resolve().parent.parent / "examples" / "webhooks")
 if EXAMPLE_WEBHOOKS not in sys.path:
     sys.path.insert(0, EXAMPLE_WEBHOOKS)
+
+# kazoo logs every reconnection attempt while a test has ZooKeeper stopped; the tests assert
+# on behaviour, and the noise would bury real failures in CI's output.
+logging.getLogger("kazoo").setLevel(logging.ERROR)
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
