@@ -155,7 +155,7 @@ class Running:
     headers: dict[str, str] = field(default_factory=dict)
     # True when requests reach nginx through a proxy: count its accepted connections.
     proxied: bool = True
-    stop: Callable[[], None] = lambda: None
+    stop: Callable[[], object] = lambda: None
 
 
 @dataclass
