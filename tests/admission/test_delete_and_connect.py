@@ -17,7 +17,7 @@ from .test_kubernetes_protocol import FakeCluster, store_of
 POD = "/tunnels/clusters/c1/api/v1/namespaces/prod/pods/web"
 
 
-def _layer(hooks, ca, operations: tuple[str, ...], resources: tuple[str, ...], policy: str) -> Client:  # type: ignore[no-untyped-def]
+def _layer(hooks, ca, operations: tuple[str, ...], resources: tuple[str, ...], policy: str):  # type: ignore[no-untyped-def]
     hook = hooks(k8s_allow)
     config = k8s_configuration("guard", [k8s_webhook("guard.example.com", "guard.sys", ca, policy=policy,
                                                       operations=operations, resources=resources)])
@@ -67,3 +67,4 @@ def test_exec_is_not_mistaken_for_a_create(hooks, ca) -> None:  # type: ignore[n
 def test_delete_without_a_matching_rule_passes(hooks, ca) -> None:  # type: ignore[no-untyped-def]
     client, hook = _layer(hooks, ca, ("CREATE",), ("pods",), "Fail")
     assert _send(client, "DELETE", POD).status_code == 200
+    assert hook.calls == 0
