@@ -27,6 +27,7 @@ from typing import Any
 
 from . import __version__
 from .lifecycle import post_worker_init
+from .logsetup import configure_logging
 
 log = logging.getLogger("bcs_middleware.cli")
 
@@ -102,31 +103,14 @@ def _child_exit(server: Any, worker: Any) -> None:
 def _post_fork(server: Any, worker: Any) -> None:
     # Each worker builds its own pools and engines lazily; nothing to reset here
     # beyond making sure app logging reaches gunicorn's error log.
-    _configure_logging(server.cfg.loglevel)
-
-
-def _configure_logging(level: str) -> None:
-    root = logging.getLogger("bcs_middleware")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(level.upper())
-    # The access log is JSON lines on stdout, one per request, nothing around them.
-    access = logging.getLogger("bcs_middleware.access")
-    if not access.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
-        access.propagate = False
-        access.setLevel(logging.INFO)
+    configure_logging(server.cfg.loglevel)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir.chmod(0o700)
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level)
 
     # Must be set before any metric is created (prometheus_client reads it then).
     metrics_dir = data_dir / "prometheus"

@@ -79,10 +79,10 @@ def gateway_app():  # type: ignore[no-untyped-def]
     Logging is configured by the same function ``serve`` uses, so the JSON access
     line goes to stdout (the server's log file here) exactly as in production.
     """
-    from bcs_middleware.cli import _configure_logging
     from bcs_middleware.gateway import GatewayConfig, build_gateway
+    from bcs_middleware.logsetup import configure_logging
 
-    _configure_logging("info")
+    configure_logging("info")
     return build_gateway(GatewayConfig(data_dir=Path(os.environ["BENCH_DATA_DIR"]),
                                        access_log=os.environ.get("BENCH_ACCESS_LOG") != "0"))
 

@@ -75,6 +75,12 @@ def test_sigterm_during_a_watch_ends_it_cleanly_and_finishes_ordinary_requests(t
             except OSError:
                 refused = True
             assert refused
-            assert "ended 1 open stream(s) cleanly" in server.output()
+            output = server.output()
+            assert "ended 1 open stream(s) cleanly" in output
+            # The access log (written by a background thread) was flushed before the worker left.
+            lines = [json.loads(line) for line in output.splitlines() if line.startswith('{"time"')]
+            paths = {line["path"]: line["status"] for line in lines}
+            assert paths["/tunnels/clusters/g1/__slow"] == 200 and paths["/rest/clusters/bcs"] == 201
+            assert ADMIN not in output
         finally:
             server.stop()
