@@ -34,7 +34,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 
 from .base import APISERVER_DIR, DEFAULT_ROOT, DRIVER_DIR, Endpoint
-from .zookeeper import make_client
+from .zookeeper import make_client, start_client
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Registrar:
             if self._client is None:
                 self._client = make_client(self.hosts, self.timeout)
                 self._client.add_listener(self._on_state)
-                self._client.start_async()
+                start_client(self._client)
         return self._registered.wait(wait)
 
     def _on_state(self, state: str) -> None:

@@ -20,6 +20,7 @@ seconds for the first snapshot; no later call waits.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -61,6 +62,27 @@ def make_client(hosts: str, timeout: float) -> Any:
     )
 
 
+def start_client(client: Any) -> None:
+    """Start ``client`` in the background, and make sure a process can always exit.
+
+    kazoo registers an exit hook that joins its callback thread; when ZooKeeper is
+    unreachable that thread can be blocked in a watch's read that only a *stopped*
+    client ever releases, and the process would hang at exit (a gunicorn worker
+    until it is killed). Our hook is registered after kazoo's, so it runs first
+    and stops the client, which fails the pending reads and lets kazoo's hook finish.
+    """
+    client.start_async()
+    atexit.register(_stop_at_exit, client)
+
+
+def _stop_at_exit(client: Any) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # exiting: nothing else to do with an error
+        log.debug("error stopping a ZooKeeper client at exit", exc_info=True)
+
+
 class _Session:
     """One process's client, watches and snapshot."""
 
@@ -81,7 +103,7 @@ class _Session:
         self._seen = {DRIVER_DIR: False, SCHEDULER_DIR: False}
         self.client = make_client(hosts, timeout)
         self.client.add_listener(self._on_state)
-        self.client.start_async()
+        start_client(self.client)
 
     # -- connection state (runs on kazoo's connection thread: never block here) ------
 
