@@ -35,11 +35,9 @@ import io
 import itertools
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import yaml
 
@@ -47,24 +45,19 @@ from .. import converters as conv
 from .. import environ as env
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import BadRequest, BCSError, ConfigError, Forbidden, PayloadTooLarge, ServiceUnavailable, Unauthorized
+from ..paths import refuse_encoded_separators, safe_rest
 
 log = logging.getLogger(__name__)
 
 MESOS_PREFIX = "/bcsapi/v4/scheduler/mesos/"
 DRIVER_PATH = "/mesosdriver/v4/"
-_UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
 _YAML_TYPES = frozenset({"application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"})
-_SAFE = "/:@!$&'()*+,;=-._~"
 
 
 def safe_subpath(path_info: str, prefix: str, raw_uri: str | None) -> str:
     """The percent-encoded rest of ``path_info`` after ``prefix``; 400 when it could escape."""
-    if raw_uri is not None and _UNSAFE_RAW.search(raw_uri.split("?", 1)[0]):
-        raise BadRequest("encoded '/' or '\\' is not allowed in the path", code_name="BAD_PATH")
-    rest = path_info[len(prefix):].lstrip("/")
-    if any(seg in (".", "..") for seg in rest.split("/")) or "\\" in rest or "\x00" in rest:
-        raise BadRequest("the path may not contain '.' or '..' segments", code_name="BAD_PATH")
-    return quote(rest, safe=_SAFE)
+    refuse_encoded_separators(raw_uri)
+    return safe_rest(path_info[len(prefix):].lstrip("/"))
 
 
 def cluster_header(environ: Mapping[str, Any]) -> str:

@@ -25,24 +25,19 @@ sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream) and
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import quote
 
 from .. import converters as conv
 from .. import environ as env
 from ..errors import BadRequest, BCSError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
+from ..paths import refuse_encoded_separators, safe_rest
 from ..store import ClusterRecord, CredentialRecord
 
 TUNNEL_PREFIX = "/tunnels/clusters/"
-_UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
-_PATH_SAFE = "/:@!$&'()*+,;=-._~"
-# A path made only of characters quote() leaves alone needs no quoting (the usual case).
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9_/:@!$&'()*+,;=.~-]*")
 
 
 class ClusterDirectory(Protocol):
@@ -91,20 +86,13 @@ def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
     """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
     if not path_info.startswith(TUNNEL_PREFIX):
         return None
-    if raw_uri is not None:
-        raw_path = raw_uri.split("?", 1)[0]
-        if _UNSAFE_RAW.search(raw_path):
-            raise BadRequest("encoded '/' or '\\' is not allowed in a tunnel path", code_name="BAD_PATH")
+    refuse_encoded_separators(raw_uri)
     cluster_id, sep, rest = path_info[len(TUNNEL_PREFIX):].partition("/")
     if not cluster_id or cluster_id in (".", ".."):
         raise BadRequest("missing cluster id in the tunnel path", code_name="BAD_PATH")
     # "{server_address}/version" yields "//version": a doubled slash right after the
     # cluster prefix is one slash (the source's own docs write it that way).
-    rest = "/" + rest.lstrip("/") if sep else "/"
-    segments = rest.split("/")
-    if any(seg in (".", "..") for seg in segments) or "\\" in rest or "\x00" in rest:
-        raise BadRequest("the tunnel path may not contain '.' or '..' segments", code_name="BAD_PATH")
-    return TunnelPath(cluster_id, rest if _PLAIN_PATH.fullmatch(rest) else quote(rest, safe=_PATH_SAFE))
+    return TunnelPath(cluster_id, "/" + safe_rest(rest.lstrip("/")) if sep else "/")
 
 
 def impersonation_headers(environ: Mapping[str, Any]) -> list[str]:
