@@ -9,7 +9,8 @@ from typing import Any
 from werkzeug.wrappers import Request, Response
 
 from .. import environ as env
-from ..errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
+from ..bodies import read_bounded
+from ..errors import BadRequest, Forbidden, Unauthorized
 from ..store import SQLStore
 
 
@@ -64,7 +65,7 @@ class Ctx:
 
     def body(self, *, allow_empty: bool = False) -> Any:
         """The JSON body, read with a hard bound whether sized or chunked."""
-        raw = read_body(self.environ, self.settings.max_body)
+        raw = read_bounded(self.environ, self.settings.max_body)
         if not raw.strip():
             if allow_empty:
                 return {}
@@ -73,31 +74,6 @@ class Ctx:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise BadRequest("request body is not valid JSON", code_name="INVALID_JSON") from None
-
-
-def read_body(environ: dict[str, Any], limit: int) -> bytes:
-    """Read at most ``limit`` bytes of the request body, or raise 413.
-
-    A declared ``Content-Length`` over the limit is refused before reading; a
-    chunked body (gunicorn sets ``wsgi.input_terminated``) is read up to one
-    byte past the limit to tell "exactly at" from "over".
-    """
-    stream = environ["wsgi.input"]
-    length_header = environ.get("CONTENT_LENGTH") or ""
-    if length_header:
-        try:
-            length = int(length_header)
-        except ValueError:
-            raise BadRequest("invalid Content-Length") from None
-        if length > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return bytes(stream.read(length)) if length > 0 else b""
-    if environ.get("wsgi.input_terminated") or environ.get("HTTP_TRANSFER_ENCODING", "").lower() == "chunked":
-        data = stream.read(limit + 1)
-        if len(data) > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return bytes(data)
-    return b""
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

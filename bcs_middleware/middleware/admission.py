@@ -52,7 +52,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import re
@@ -77,6 +76,7 @@ from ..admission.store import (
     MemoryDefinitionStore,
     load_definitions_file,
 )
+from ..bodies import read_bounded, replace_body
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
@@ -84,7 +84,6 @@ from ..errors import (
     BCSError,
     ConfigError,
     NotFound,
-    PayloadTooLarge,
     UnsupportedMediaType,
 )
 
@@ -197,12 +196,12 @@ class AdmissionMiddleware:
             obj = None
         outcome = self.engine.admit_bcs(operation, obj, env.get_user(environ))
         if not outcome.webhooks and not outcome.steps:
-            _set_body(environ, body)
+            replace_body(environ, body)
             return None
         if outcome.patched or is_yaml:
             body = json.dumps(outcome.object).encode()
             environ["CONTENT_TYPE"] = "application/json"
-        _set_body(environ, body)
+        replace_body(environ, body)
         return outcome
 
     # -- Kubernetes -------------------------------------------------------------------
@@ -301,7 +300,7 @@ class AdmissionMiddleware:
             body = json.dumps(outcome.object).encode()
         elif outcome.patched:
             body = json.dumps(outcome.object).encode()
-        _set_body(environ, body)
+        replace_body(environ, body)
         return outcome
 
     def _not_admitted(self, cluster_id: str, operation: str, attrs: RequestAttributes) -> None:
@@ -355,44 +354,8 @@ class AdmissionMiddleware:
     # -- bodies ---------------------------------------------------------------------
 
     def _read_body(self, environ: dict[str, Any]) -> bytes:
-        length_header = environ.get("CONTENT_LENGTH") or ""
-        stream = environ["wsgi.input"]
-        if length_header.strip():
-            try:
-                length = int(length_header)
-            except ValueError:
-                raise BadRequest("invalid Content-Length") from None
-            if length < 0:
-                raise BadRequest("invalid Content-Length")
-            if length > self.max_body:
-                raise PayloadTooLarge(
-                    f"request body larger than {self.max_body} bytes cannot be admitted"
-                )
-            return _read_exactly(stream, length)
-        # Chunked upload (the server de-chunks): read up to one byte past the limit.
-        data = _read_exactly(stream, self.max_body + 1)
-        if len(data) > self.max_body:
-            raise PayloadTooLarge(
-                f"request body larger than {self.max_body} bytes cannot be admitted"
-            )
-        return data
+        return read_bounded(environ, self.max_body, what="a request body to admit")
 
-
-def _read_exactly(stream: Any, limit: int) -> bytes:
-    chunks, total = [], 0
-    while total < limit:
-        chunk = stream.read(min(65536, limit - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
-
-
-def _set_body(environ: dict[str, Any], body: bytes) -> None:
-    environ["wsgi.input"] = io.BytesIO(body)
-    environ["CONTENT_LENGTH"] = str(len(body))
-    environ.pop("HTTP_TRANSFER_ENCODING", None)
 
 
 def _mime(environ: Mapping[str, Any]) -> str:

@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import logging
@@ -43,8 +42,9 @@ import yaml
 
 from .. import converters as conv
 from .. import environ as env
+from ..bodies import read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from ..errors import BadRequest, BCSError, ConfigError, Forbidden, PayloadTooLarge, ServiceUnavailable, Unauthorized
+from ..errors import BadRequest, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
 
 log = logging.getLogger(__name__)
@@ -75,22 +75,7 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     content_type = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
     if content_type not in _YAML_TYPES:
         return
-    raw_length = environ.get("CONTENT_LENGTH") or ""
-    stream = environ["wsgi.input"]
-    if raw_length:
-        try:
-            length = int(raw_length)
-        except ValueError:
-            raise BadRequest("Content-Length is not a number") from None
-        if length > max_yaml:
-            raise PayloadTooLarge(f"YAML bodies are limited to {max_yaml} bytes")
-        data = _read_exactly(stream, length)
-    elif environ.get("wsgi.input_terminated"):
-        data = _read_exactly(stream, max_yaml + 1)
-        if len(data) > max_yaml:
-            raise PayloadTooLarge(f"YAML bodies are limited to {max_yaml} bytes")
-    else:
-        data = b""
+    data = read_bounded(environ, max_yaml, what="a YAML body")
     try:
         document = yaml.safe_load(data) if data else None
     except yaml.YAMLError as exc:
@@ -104,21 +89,7 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     except (TypeError, ValueError):
         # Timestamps, sets... safe_load can build values JSON has no form for.
         raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML") from None
-    environ["wsgi.input"] = io.BytesIO(payload)
-    environ["CONTENT_LENGTH"] = str(len(payload))
-    environ["CONTENT_TYPE"] = "application/json"
-    environ.pop("HTTP_TRANSFER_ENCODING", None)
-
-
-def _read_exactly(stream: Any, limit: int) -> bytes:
-    chunks, remaining = [], limit
-    while remaining > 0:
-        piece = stream.read(min(remaining, 64 * 1024))
-        if not piece:
-            break
-        chunks.append(piece)
-        remaining -= len(piece)
-    return b"".join(chunks)
+    replace_body(environ, payload, content_type="application/json")
 
 
 class MesosRoutingMiddleware:
