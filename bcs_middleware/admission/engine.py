@@ -162,7 +162,7 @@ class AdmissionEngine:
         self._clock = clock
         self._lock = threading.Lock()
         self._bcs: tuple[int, dict[tuple[str, str], BcsDefinition]] = (-1, {})
-        self._bcs_operations: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._bcs_operations: tuple[int, dict[str, frozenset[str]]] = (-1, {})
         self._k8s: dict[str, tuple[int, tuple[K8sWebhook, ...]]] = {}
         self._ns_labels: OrderedDict[tuple[str, str], tuple[float, dict[str, str]]] = OrderedDict()
 
@@ -177,12 +177,19 @@ class AdmissionEngine:
         return cached[1]
 
     def has_bcs_operation(self, operation: str) -> bool:
+        return bool(self.bcs_kinds(operation))
+
+    def bcs_kinds(self, operation: str) -> frozenset[str]:
+        """The (lower-case) kinds some bcs definition covers for ``operation``."""
         version = self.store.version()
         cached = self._bcs_operations
         if cached[0] != version:
-            cached = (version, frozenset(op for op, _ in self.bcs_definitions()))
+            kinds: dict[str, set[str]] = {}
+            for op, kind in self.bcs_definitions():
+                kinds.setdefault(op, set()).add(kind)
+            cached = (version, {op: frozenset(k) for op, k in kinds.items()})
             self._bcs_operations = cached
-        return operation in cached[1]
+        return cached[1].get(operation, frozenset())
 
     def admit_bcs(
         self,

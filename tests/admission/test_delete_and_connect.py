@@ -68,3 +68,23 @@ def test_delete_without_a_matching_rule_passes(hooks, ca) -> None:  # type: igno
     client, hook = _layer(hooks, ca, ("CREATE",), ("pods",), "Fail")
     assert _send(client, "DELETE", POD).status_code == 200
     assert hook.calls == 0
+
+
+def test_a_kind_hidden_in_a_json_escape_is_still_admitted(hooks, ca) -> None:  # type: ignore[no-untyped-def]
+    """The fast no-match check must not let "\\u0044eployment" slip past a Deployment definition."""
+    from bcs_middleware.admission import MemoryDefinitionStore, parse_bcs_definition
+
+    from .conftest import bcs_add_label, bcs_definition, bcs_webhook
+
+    hook = hooks(bcs_add_label("seen", "yes"))
+    store = MemoryDefinitionStore([parse_bcs_definition(
+        bcs_definition("d", [bcs_webhook("hook-a.webhooks", ca)], kind="Deployment"))])
+    client = Client(AdmissionMiddleware(echo_app, store=store, client=client_for(("hook-a.webhooks", hook))))
+    raw = b'{"apiVersion": "v4", "kind": "\\u0044eployment", "metadata": {"name": "x", "namespace": "n"}}'
+    response = client.post("/v4/deployments", data=raw, content_type="application/json")
+    assert response.status_code == 200
+    assert response.get_json()["body"]["metadata"]["labels"] == {"seen": "yes"}
+    assert hook.calls == 1
+    other = client.post("/v4/applications", data=b'{"kind": "Application", "metadata": {"name": "y"}}',
+                        content_type="application/json")
+    assert other.status_code == 200 and hook.calls == 1
