@@ -346,12 +346,21 @@ def _wrk_ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
+# --pin: servers (every contender's processes) on CPU 0, the load generator on CPU 1.
+LOADER_CPUS: set[int] | None = None
+
+
+def _loader_affinity() -> None:
+    if LOADER_CPUS is not None:
+        os.sched_setaffinity(0, LOADER_CPUS)
+
+
 def load_wrk(url: str, headers: dict[str, str], duration: float, connections: int) -> Sample:
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "10s"]
     for name, value in headers.items():
         argv += ["-H", f"{name}: {value}"]
     out = subprocess.run([*argv, url], capture_output=True, text=True, timeout=duration + 30,
-                         check=True).stdout
+                         check=True, preexec_fn=_loader_affinity).stdout
     pct = dict(re.findall(r"^\s+(\d+)%\s+(\S+)", out, re.M))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
@@ -506,7 +515,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=GUNICORN["threads"],
                         help="gunicorn threads per worker, the same for every contender")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--pin", action="store_true",
+                        help="servers of every contender on CPU 0, the load generator on CPU 1: "
+                             "steadier ratios on a 2-CPU machine")
     args = parser.parse_args()
+    if args.pin:
+        global LOADER_CPUS
+        LOADER_CPUS = {1}
+        os.sched_setaffinity(0, {0})  # every server started from here inherits CPU 0
     loader = load_wrk if args.loader == "wrk" else load_python
     GUNICORN.update(workers=args.workers, threads=args.threads)
     contenders = CONTENDERS if not args.only else [
