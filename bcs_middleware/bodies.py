@@ -29,17 +29,25 @@ def _read(stream: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def declared_length(environ: dict[str, Any]) -> int | None:
+    """The request's ``Content-Length``, ``None`` when absent; 400 when not a non-negative number."""
+    length_header = str(environ.get("CONTENT_LENGTH") or "").strip()
+    if not length_header:
+        return None
+    try:
+        length = int(length_header)
+    except ValueError:
+        raise BadRequest("invalid Content-Length") from None
+    if length < 0:
+        raise BadRequest("invalid Content-Length")
+    return length
+
+
 def read_bounded(environ: dict[str, Any], limit: int, *, what: str = "request body") -> bytes:
     """The whole body, at most ``limit`` bytes: 413 beyond it, 400 for a bad ``Content-Length``."""
     stream = environ["wsgi.input"]
-    length_header = str(environ.get("CONTENT_LENGTH") or "").strip()
-    if length_header:
-        try:
-            length = int(length_header)
-        except ValueError:
-            raise BadRequest("invalid Content-Length") from None
-        if length < 0:
-            raise BadRequest("invalid Content-Length")
+    length = declared_length(environ)
+    if length is not None:
         if length > limit:
             raise PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes")
         return _read(stream, length)

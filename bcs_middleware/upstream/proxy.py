@@ -65,6 +65,7 @@ from urllib.parse import quote, urlsplit
 
 from .. import environ as env
 from .. import metrics
+from ..bodies import declared_length
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..errors import (
     BadGateway,
@@ -362,14 +363,8 @@ class UpstreamProxy:
 
 def _request_body(environ: dict[str, Any]) -> tuple[Iterable[bytes] | None, int | None]:
     stream = environ["wsgi.input"]
-    raw_length = environ.get("CONTENT_LENGTH")
-    if raw_length:
-        try:
-            length = int(raw_length)
-        except ValueError:
-            raise BadRequest("Content-Length is not a number") from None
-        if length < 0:
-            raise BadRequest("Content-Length is negative")
+    length = declared_length(environ)
+    if length is not None:
         return (_sized_body(stream, length) if length else None), length
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
         if not environ.get("wsgi.input_terminated"):
