@@ -35,6 +35,13 @@ Behaviour of :meth:`PooledTransport.send`:
   that have a ``Content-Length``; a body *without* ``Content-Length`` (a watch,
   a log follow) switches its socket to ``stream_idle_timeout`` once the
   headers are in, because such streams may legitimately stay quiet for long.
+  On a plain ``http://`` connection the timeouts are the kernel's
+  (``SO_RCVTIMEO``/``SO_SNDTIMEO`` on a blocking socket): a Python socket
+  timeout ``poll()``s before every ``send``/``recv``, and under gunicorn's
+  threads each of those syscalls is one more GIL hand-off per request. TLS
+  sockets keep Python's timeout: CPython's ``SSLSocket`` retries a read that
+  the kernel timed out on a blocking socket, so the kernel's timeout would
+  never end it (and ``ssl`` already tries ``SSL_read`` before it polls).
 
 **Upgrades** (:meth:`PooledTransport.open_upgrade`): the same connect,
 failover, TLS and error rules, but always on a fresh connection that is never
@@ -51,6 +58,8 @@ import logging
 import select
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -75,6 +84,17 @@ _MAX_LINE = 8 * 1024
 # 2 KiB answer (bench/README.md). Bodies are relayed in 64 KiB pieces anyway.
 _RECV = 64 * 1024
 _CHECK_AFTER_IDLE = 1.0
+# Kernel timeouts for plain connections (see the module docs); elsewhere Python's.
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
+
+
+def _timeval(seconds: float | None) -> bytes:
+    """A ``struct timeval``; ``None`` (no timeout) is zero, as the kernel reads it."""
+    if not seconds:
+        return struct.pack("@ll", 0, 0)
+    whole = int(seconds)
+    # Never round a tiny positive timeout down to 0, which would mean "forever".
+    return struct.pack("@ll", whole, max(int((seconds - whole) * 1e6), 0 if whole else 1))
 
 
 class Response(Protocol):
@@ -140,7 +160,7 @@ class _PoolKey:
 
 
 class _Conn:
-    __slots__ = ("buf", "idle_since", "key", "reused", "sock")
+    __slots__ = ("buf", "idle_since", "kernel_timeouts", "key", "reused", "sock", "timeout")
 
     def __init__(self, sock: socket.socket, key: _PoolKey) -> None:
         self.sock = sock
@@ -148,9 +168,38 @@ class _Conn:
         self.buf = b""
         self.reused = False
         self.idle_since = 0.0
+        self.kernel_timeouts = _KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
+        self.timeout: float | None = sock.gettimeout()
+        if self.kernel_timeouts:
+            sock.settimeout(None)  # blocking: the kernel's timeouts below apply
+            self.timeout = -1.0  # forces set_timeout to program them
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """Bound every later send and receive, re-programming the socket only on a change.
+
+        ``settimeout`` is an ``ioctl`` (a GIL release) even when nothing changes.
+        """
+        if seconds == self.timeout:
+            return
+        self.timeout = seconds
+        if self.kernel_timeouts:
+            value = _timeval(seconds)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        else:
+            self.sock.settimeout(seconds)
+
+    def sendall(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError:  # the kernel's SO_SNDTIMEO on a blocking socket
+            raise TimeoutError("send timed out") from None
 
     def fill(self, limit: int = _RECV) -> bool:
-        data = self.sock.recv(limit)
+        try:
+            data = self.sock.recv(limit)
+        except BlockingIOError:  # the kernel's SO_RCVTIMEO on a blocking socket
+            raise TimeoutError("receive timed out") from None
         if not data:
             return False
         self.buf = self.buf + data if self.buf else data
@@ -319,6 +368,11 @@ class UpstreamResponse:
         conn, self._conn = self._conn, None
         if conn is None or self.status != 101:
             raise UpstreamProtocolError("only a 101 answer's connection can be detached")
+        if conn.kernel_timeouts:
+            # Hand over an ordinary Python socket: the kernel's timeouts off, Python's on.
+            timeout = conn.timeout
+            conn.set_timeout(None)
+            conn.sock.settimeout(timeout)
         return conn.sock, conn.buf
 
 
@@ -474,20 +528,19 @@ class PooledTransport:
 
     def _exchange(self, conn: _Conn, method: str, head: str, body: Body,
                   content_length: int | None, upgrade: bool = False) -> UpstreamResponse:
-        sock = conn.sock
-        sock.settimeout(self.read_timeout)
-        sock.sendall(head.encode("latin-1"))
+        conn.set_timeout(self.read_timeout)
+        conn.sendall(head.encode("latin-1"))
         if body is not None:
             chunked = content_length is None
             for piece in body:
                 if not piece:
                     continue
                 if chunked:
-                    sock.sendall(b"%x\r\n%b\r\n" % (len(piece), piece))
+                    conn.sendall(b"%x\r\n%b\r\n" % (len(piece), piece))
                 else:
-                    sock.sendall(piece)
+                    conn.sendall(piece)
             if chunked:
-                sock.sendall(b"0\r\n\r\n")
+                conn.sendall(b"0\r\n\r\n")
         while True:
             status, reason, headers, keep_alive = self._read_head(conn)
             if status >= 200 or status == 101:
@@ -498,7 +551,7 @@ class PooledTransport:
         if upgrade and status == 101:
             return resp  # the caller detaches the socket; nothing to release
         if resp.length_remaining is None:
-            sock.settimeout(self.stream_idle_timeout)
+            conn.set_timeout(self.stream_idle_timeout)
         elif resp.complete:
             resp.release_conn()
         return resp
