@@ -1,22 +1,32 @@
 """Logging for ``bcs-middleware serve``: plain lines on stderr, the access log as JSON lines on stdout.
 
-The access log is written by :class:`LineWriterHandler`: request threads only put
-the finished line on a queue, and one writer thread per process writes whatever has
-queued up every 50 ms in a single ``write``. Writing (and flushing) a line per request on the
-request thread cost about a fifth of the tunnel's throughput under gunicorn: every
-``write`` hands the interpreter lock to one of the worker's other threads.
+The access log is written by :class:`LineWriterHandler`: request threads only append
+the record's message to a deque, and one writer thread per process turns whatever has
+queued up into text and writes it every 50 ms in a single ``write``. Under gunicorn's
+threads every syscall and every contended lock on a request thread hands the
+interpreter lock to another thread, so (measured, bench/README.md):
+
+* writing (and flushing) a line per request on the request thread cost about a fifth
+  of the tunnel's throughput;
+* a ``queue.Queue`` (a mutex and a condition per put) and a writer holding the
+  handler's lock across its ``write`` still cost about a tenth: request threads
+  blocked on that lock while the write released the interpreter lock.
+
+So the deque needs no lock (``append``/``popleft`` are atomic), the writer takes only
+its own lock, and a message that formats itself lazily (the access line) is
+formatted on the writer thread.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
-import queue
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 _BATCH = 512
 _PERIOD = 0.05  # seconds a line may wait before it is written
@@ -25,10 +35,12 @@ _PERIOD = 0.05  # seconds a line may wait before it is written
 class LineWriterHandler(logging.Handler):
     """Write each record's message as one line to ``stream``, from a background thread.
 
-    Fork-safe: a process that finds itself forked starts its own queue and thread
-    on first use. Lines are never dropped: when the queue is full (the stream is
-    stuck) the request thread writes its line itself. Whatever is queued is
-    written at exit.
+    A record without ``args`` has its ``msg`` queued as it is and turned into text
+    (``str()``) on the writer thread, so a message object may defer its formatting
+    (``record.getMessage()`` gives the same text anywhere). Fork-safe: a process that
+    finds itself forked starts its own writer on first use. Lines are never dropped:
+    when ``max_queued`` are waiting (the stream is stuck) the request thread writes
+    its line itself. Whatever is queued is written at exit.
     """
 
     def __init__(self, stream: TextIO, *, max_queued: int = 65536) -> None:
@@ -36,8 +48,11 @@ class LineWriterHandler(logging.Handler):
         self.stream = stream
         self.max_queued = max_queued
         self._pid = 0
-        self._queue: queue.Queue[str] = queue.Queue(max_queued)
+        self._pending: collections.deque[Any] = collections.deque()
         self._start_lock = threading.Lock()
+        # Not the handler's own lock (``Handler.handle`` takes that around every
+        # emit): request threads must never wait for a write in progress.
+        self._write_lock = threading.Lock()
 
     def _ensure_writer(self) -> None:
         if self._pid == os.getpid():
@@ -45,58 +60,57 @@ class LineWriterHandler(logging.Handler):
         with self._start_lock:
             if self._pid == os.getpid():
                 return
-            self._queue = queue.Queue(self.max_queued)
+            self._pending = collections.deque()
             threading.Thread(target=self._run, name="bcs-access-log", daemon=True).start()
             atexit.register(self.drain)
             self._pid = os.getpid()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = record.getMessage()
+            message = record.getMessage() if record.args else record.msg
             self._ensure_writer()
-            try:
-                self._queue.put_nowait(line)
-            except queue.Full:
-                self._write([line])
+            if len(self._pending) < self.max_queued:
+                self._pending.append(message)
+            else:
+                self._write([message])
         except Exception:
             self.handleError(record)
 
     def _run(self) -> None:
-        # Polling on a short period rather than waking on every put: a wake-up per
+        # Polling on a short period rather than waking on every append: a wake-up per
         # request would hand the interpreter lock to this thread once per request.
-        q = self._queue
         while True:
             time.sleep(_PERIOD)
-            lines: list[str] = []
-            while True:
-                try:
-                    lines.append(q.get_nowait())
-                except queue.Empty:
-                    break
-                if len(lines) >= _BATCH:
-                    self._write(lines)
-                    lines = []
-            if lines:
-                self._write(lines)
+            self.drain()
 
-    def _write(self, lines: list[str]) -> None:
-        assert self.lock is not None  # created by logging.Handler.__init__
-        with self.lock:
+    def drain(self) -> None:
+        """Write everything queued so far (the writer thread, and once at exit)."""
+        pending = self._pending
+        batch: list[Any] = []
+        while pending:
+            try:
+                batch.append(pending.popleft())
+            except IndexError:
+                break
+            if len(batch) >= _BATCH:
+                self._write(batch)
+                batch = []
+        if batch:
+            self._write(batch)
+
+    def _write(self, messages: list[Any]) -> None:
+        lines = []
+        for message in messages:
+            try:
+                lines.append(str(message))
+            except Exception:  # a message that cannot format itself loses only its own line
+                lines.append("<unformattable log message>")
+        with self._write_lock:
             try:
                 self.stream.write("\n".join(lines) + "\n")
                 self.stream.flush()
             except (OSError, ValueError):
                 pass  # stdout gone (closed pipe): nothing sensible left to do with a log line
-
-    def drain(self) -> None:
-        lines = []
-        while True:
-            try:
-                lines.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        if lines:
-            self._write(lines)
 
 
 def configure_logging(level: str) -> None:

@@ -56,6 +56,24 @@ def _access_line(
     )
 
 
+class AccessLine:
+    """An access-log message that becomes its JSON text only when ``str()`` is taken.
+
+    The request thread captures the fields (no formatting); the log writer thread
+    of ``bcs-middleware serve`` formats them, off the request's path. Any other
+    handler gets the same text from ``record.getMessage()``.
+    """
+
+    __slots__ = ("fields", "when")
+
+    def __init__(self, when: float, *fields: Any) -> None:
+        self.when = when
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return _access_line(_timestamp(self.when), *self.fields)
+
+
 class LabelCache:
     """``metric.labels(*values)``, memoised per label tuple.
 
@@ -111,10 +129,12 @@ def _new_request_id() -> str:
 os.register_at_fork(after_in_child=lambda: globals().__setitem__("_ids", iter(())))
 
 
-def _timestamp() -> str:
-    """UTC now as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated, as isoformat does)."""
+def _timestamp(now: float | None = None) -> str:
+    """UTC ``now`` (default: now) as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated,
+    as isoformat does)."""
     global _second
-    now = time.time()
+    if now is None:
+        now = time.time()
     sec = int(now)
     cached = _second
     if cached[0] != sec:
@@ -203,8 +223,8 @@ class RequestContextMiddleware:
             cluster = env.get_cluster(environ)
             admission = environ.get(env.ADMISSION)
             user_name = user.name if user else (f"cluster-agent:{agent.cluster_id}" if agent else None)
-            line = _access_line(
-                _timestamp(),
+            line = AccessLine(
+                time.time(),
                 request_id,
                 environ.get("REMOTE_ADDR", ""),
                 user_name,

@@ -1,0 +1,114 @@
+"""The access log: the JSON line's exact shape, and the background writer ``serve`` uses."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import threading
+import time
+
+from werkzeug.test import Client
+
+from bcs_middleware.logsetup import LineWriterHandler
+from bcs_middleware.middleware.context import AccessLine, RequestContextMiddleware
+
+
+def _record(msg: object) -> logging.LogRecord:
+    return logging.LogRecord("bcs_middleware.access", logging.INFO, __file__, 0, msg, (), None)
+
+
+def test_access_line_is_byte_for_byte_json_dumps() -> None:
+    rng = random.Random(7)  # noqa: S311 - reproducible test data
+    alphabet = 'aZ09 "\\/\x00\x1f\x7f\u00e9\u2028\U0001f600<>&\t\n'
+    for _ in range(2000):
+        text = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(7)]
+        when = rng.uniform(0, 2e9)
+        fields = (text[0], text[1], rng.choice([None, text[2]]), rng.choice([None, text[3]]), text[4],
+                  text[5], rng.randint(100, 599), rng.randint(0, 10**12), round(rng.uniform(0, 1e5), 3),
+                  text[6], tuple(text[: rng.randint(0, 3)]))
+        line = str(AccessLine(when, *fields))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(when))) + f".{int((when % 1) * 1000):03d}Z"
+        keys = ("request_id", "remote_addr", "user", "cluster", "method", "path", "status", "bytes",
+                "duration_ms", "kind", "webhooks")
+        expected = {"time": stamp, **dict(zip(keys, fields, strict=True))}
+        expected["webhooks"] = list(expected["webhooks"])
+        assert line == json.dumps(expected, separators=(",", ":"))
+
+
+def test_the_line_is_formatted_by_the_writer_not_the_request_thread() -> None:
+    formatted_on: list[str] = []
+
+    class Message:
+        def __str__(self) -> str:
+            formatted_on.append(threading.current_thread().name)
+            return "lazy"
+
+    stream = io.StringIO()
+    handler = LineWriterHandler(stream)
+    handler.handle(_record(Message()))
+    handler.handle(_record("plain %s"))
+    deadline = time.monotonic() + 5
+    while stream.getvalue() != "lazy\nplain %s\n" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.getvalue() == "lazy\nplain %s\n"
+    assert formatted_on == ["bcs-access-log"]
+
+
+def test_request_threads_never_wait_for_a_write_in_progress() -> None:
+    """A stuck stream blocks the writer thread only: emitting stays instant."""
+    entered, release = threading.Event(), threading.Event()
+
+    class StuckStream(io.StringIO):
+        def write(self, text: str) -> int:
+            entered.set()
+            release.wait(10)
+            return super().write(text)
+
+    stream = StuckStream()
+    handler = LineWriterHandler(stream)
+    try:
+        handler.handle(_record("first"))
+        assert entered.wait(5), "the writer never started writing"
+        started = time.monotonic()
+        for n in range(1000):
+            handler.handle(_record(f"line {n}"))
+        assert time.monotonic() - started < 1.0
+    finally:
+        release.set()
+    deadline = time.monotonic() + 5
+    while stream.getvalue().count("\n") < 1001 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.getvalue().splitlines() == ["first", *(f"line {n}" for n in range(1000))]
+
+
+def test_a_full_queue_writes_on_the_request_thread_rather_than_dropping() -> None:
+    stream = io.StringIO()
+    handler = LineWriterHandler(stream, max_queued=0)
+    handler.handle(_record("now"))
+    assert stream.getvalue() == "now\n"
+
+
+def test_other_handlers_get_the_same_text_from_get_message() -> None:
+    logger = logging.getLogger("bcs_middleware.access")
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Collect()
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        app = RequestContextMiddleware(lambda environ, start: (start("204 No Content", []), [])[1])
+        Client(app).get("/rest/x", headers={"X-Request-Id": "rid-1"}).close()  # close() logs
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+    [line] = [json.loads(text) for text in seen]
+    assert line["request_id"] == "rid-1" and line["status"] == 204 and line["kind"] == "rest"
