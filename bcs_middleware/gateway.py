@@ -32,6 +32,7 @@ from .api.app import ManagementAPI
 from .api.context import APISettings
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
+from .metrics import BATCH
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
@@ -203,6 +204,7 @@ def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 
+    BATCH.flush()  # what this worker counted is current; other workers' within BATCH.period
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

@@ -67,14 +67,33 @@ class LineWriterHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            message = record.getMessage() if record.args else record.msg
-            self._ensure_writer()
-            if len(self._pending) < self.max_queued:
-                self._pending.append(message)
-            else:
-                self._write([message])
+            self.submit(record.getMessage() if record.args else record.msg)
         except Exception:
             self.handleError(record)
+
+    def submit(self, message: Any) -> None:
+        """Queue one message (``str()`` is taken on the writer thread)."""
+        self._ensure_writer()
+        if len(self._pending) < self.max_queued:
+            self._pending.append(message)
+        else:
+            self._write([message])
+
+    @classmethod
+    def sole_handler(cls, logger: logging.Logger, level: int) -> LineWriterHandler | None:
+        """The handler when it alone would see ``logger``'s records at ``level``, unfiltered.
+
+        Then a caller may :meth:`submit` its message directly: building a
+        ``LogRecord`` only for this handler to take its ``msg`` back costs more than
+        the rest of the line's handling (bench/README.md).
+        """
+        handlers = logger.handlers
+        if len(handlers) != 1 or logger.propagate or logger.filters or logger.disabled:
+            return None
+        handler = handlers[0]
+        if type(handler) is not cls or handler.filters or handler.level > level:
+            return None
+        return handler
 
     def _run(self) -> None:
         # Polling on a short period rather than waking on every append: a wake-up per

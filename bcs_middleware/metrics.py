@@ -8,6 +8,15 @@ source system's names are kept where they exist (``bcs_api_request_*``).
 
 from __future__ import annotations
 
+import atexit
+import bisect
+import collections
+import logging
+import os
+import threading
+import time
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 REQUESTS = Counter(
@@ -69,3 +78,107 @@ UPGRADES = Counter(
     "an answer, unsupported by the server).",
     ["outcome"],
 )
+
+
+class MetricBatch:
+    """Per-request metric updates, applied to ``prometheus_client`` a few times a second.
+
+    Under ``PROMETHEUS_MULTIPROC_DIR`` every ``inc``/``observe`` takes a process-wide
+    lock, calls ``getpid()`` and writes to an mmap: about 5 µs for the three updates of
+    a proxied request, measured in one thread, and several times that under gunicorn's
+    threads. Request threads only append a tuple to a deque (atomic, ~0.1 µs); a daemon
+    thread applies what has queued up every ``period`` seconds, as one ``inc(n)`` per
+    counter child and one update per histogram bucket touched.
+
+    ``flush()`` applies everything now: ``/metrics`` calls it for its own process, so
+    what that worker counted is current; another worker's updates show within
+    ``period``. Whatever is queued is applied at exit. Fork-safe: a child starts empty
+    and starts its own thread on first use.
+    """
+
+    def __init__(self, *, period: float = 0.25) -> None:
+        self.period = period
+        self._pending: collections.deque[tuple[Any, tuple[str, ...], float | None]] = collections.deque()
+        self._started = False
+        self._flush_lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def inc(self, metric: Any, *labels: str) -> None:
+        """``metric.labels(*labels).inc()``, deferred."""
+        self._pending.append((metric, labels, None))
+        if not self._started:
+            self._start()
+
+    def observe(self, metric: Any, value: float, *labels: str) -> None:
+        """``metric.labels(*labels).observe(value)``, deferred (a Histogram)."""
+        self._pending.append((metric, labels, value))
+        if not self._started:
+            self._start()
+
+    def _forget(self) -> None:
+        self._pending = collections.deque()
+        self._started = False
+        self._flush_lock = threading.Lock()
+
+    def _start(self) -> None:
+        with self._flush_lock:
+            if self._started:
+                return
+            threading.Thread(target=self._run, name="bcs-metrics", daemon=True).start()
+            atexit.register(self.flush)
+            self._started = True
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.period)
+            try:
+                self.flush()
+            except Exception:  # a broken metric must not stop the others being applied
+                logging.getLogger(__name__).exception("applying metric updates failed")
+
+    def flush(self) -> None:
+        """Apply every update queued so far."""
+        with self._flush_lock:
+            counts: dict[tuple[Any, tuple[str, ...]], int] = {}
+            observed: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
+            pending = self._pending
+            while pending:
+                try:
+                    metric, labels, value = pending.popleft()
+                except IndexError:
+                    break
+                if value is None:
+                    counts[metric, labels] = counts.get((metric, labels), 0) + 1
+                else:
+                    observed.setdefault((metric, labels), []).append(value)
+            for (metric, labels), count in counts.items():
+                (metric.labels(*labels) if labels else metric).inc(count)
+            for (metric, labels), values in observed.items():
+                _observe_all(metric.labels(*labels) if labels else metric, values)
+
+
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """``observe`` each value, with one write per bucket touched rather than two per value.
+
+    Uses the Histogram's ``_upper_bounds``/``_buckets``/``_sum`` (stable across
+    prometheus_client releases for years); anything else gets plain ``observe`` calls.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:
+            histogram.observe(value)
+        return
+    hits = [0] * len(bounds)
+    for value in values:
+        # The first bucket whose upper bound holds the value, as observe() picks it.
+        hits[bisect.bisect_left(bounds, value)] += 1
+    total.inc(sum(values))
+    for index, count in enumerate(hits):
+        if count:
+            buckets[index].inc(count)
+
+
+#: The batch the request path records into.
+BATCH = MetricBatch()

@@ -41,8 +41,17 @@ def _environ(path: str, headers: dict[str, str]) -> dict[str, Any]:
         "wsgi.url_scheme": "http",
         "wsgi.input": io.BytesIO(b""),
         "HTTP_HOST": "127.0.0.1:8000",
-        "HTTP_USER_AGENT": "wrk",
-        "HTTP_ACCEPT": "*/*",
+        # The rest of what gunicorn 27 puts in every environ.
+        "SERVER_SOFTWARE": "gunicorn/27.0.1",
+        "wsgi.version": (1, 0),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        "wsgi.file_wrapper": object,
+        "wsgi.input_terminated": True,
+        "wsgi.early_hints": None,
+        "gunicorn.socket": None,
     }
     for name, value in headers.items():
         environ["HTTP_" + name.upper().replace("-", "_")] = value
@@ -130,11 +139,13 @@ def main() -> int:
     import proxy_bench as pb
 
     from bcs_middleware.gateway import GatewayConfig, build_gateway
+    from bcs_middleware.logsetup import LineWriterHandler
     from bcs_middleware.store import open_store
     from bcs_middleware.upstream.proxy import UpstreamProxy
 
+    # As ``serve`` sets it up (configure_logging), to --access-log instead of stdout.
     access = logging.getLogger("bcs_middleware.access")
-    access.addHandler(logging.FileHandler(args.access_log))
+    access.addHandler(LineWriterHandler(open(args.access_log, "w")))  # noqa: SIM115 - lives as long as the run
     access.propagate = False
     access.setLevel(logging.INFO)
 

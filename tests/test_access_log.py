@@ -112,3 +112,43 @@ def test_other_handlers_get_the_same_text_from_get_message() -> None:
         logger.propagate = old_propagate
     [line] = [json.loads(text) for text in seen]
     assert line["request_id"] == "rid-1" and line["status"] == 204 and line["kind"] == "rest"
+
+
+def _served_lines(app: RequestContextMiddleware, stream: io.StringIO, count: int,
+                  expect: int) -> list[dict[str, object]]:
+    for n in range(count):
+        Client(app).get(f"/rest/x{n}", headers={"X-Request-Id": f"rid-{n}"}).close()
+    deadline = time.monotonic() + 5
+    while stream.getvalue().count("\n") < expect and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_the_sole_writer_gets_lines_directly_and_filters_still_apply() -> None:
+    logger = logging.getLogger("bcs_middleware.access")
+    stream = io.StringIO()
+    writer = LineWriterHandler(stream)
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers[:] = [writer]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    app = RequestContextMiddleware(lambda environ, start: (start("200 OK", []), [b"ok"])[1])
+    try:
+        assert LineWriterHandler.sole_handler(logger, logging.INFO) is writer
+        assert [line["request_id"] for line in _served_lines(app, stream, 2, 2)] == ["rid-0", "rid-1"]
+        # A filter must see records: the direct path steps aside.
+        seen: list[str] = []
+
+        def keep_odd(record: logging.LogRecord) -> bool:
+            seen.append(record.getMessage())
+            return json.loads(record.getMessage())["path"].endswith(("1", "3"))
+
+        writer.addFilter(keep_odd)
+        assert LineWriterHandler.sole_handler(logger, logging.INFO) is None
+        stream.seek(0)
+        stream.truncate()
+        assert [line["path"] for line in _served_lines(app, stream, 4, 2)] == ["/rest/x1", "/rest/x3"]
+        assert len(seen) == 4
+    finally:
+        logger.handlers[:], level, logger.propagate = saved
+        logger.setLevel(level)

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,15 +112,22 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
             assert status == 200 and json.loads(body)["is_super_user"] is True
             assert headers["X-Request-Id"] == "req-examples-1"
         assert http_get(f"https://localhost:{port}/rest/users/nobody", headers=auth, cafile=cafile)[0] == 404
-        status, _, metrics = http_get(f"https://localhost:{port}/metrics", cafile=cafile)
-        assert status == 200
-        families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
-        counted = {
-            (s.labels["kind"], s.labels["method"], s.labels["code"]): s.value
-            for s in families["bcs_api_request_count"].samples
-            if s.name == "bcs_api_request_count_total"
-        }
-        # Several workers, one answer: the multiprocess collector sums them.
+        # Several workers, one answer: the multiprocess collector sums them. Each worker
+        # applies its request metrics in batches (metrics.BATCH), within 0.25 s.
+        deadline = time.monotonic() + 5
+        while True:
+            status, _, metrics = http_get(f"https://localhost:{port}/metrics", cafile=cafile)
+            assert status == 200
+            families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
+            counted = {
+                (s.labels["kind"], s.labels["method"], s.labels["code"]): s.value
+                for s in families["bcs_api_request_count"].samples
+                if s.name == "bcs_api_request_count_total"
+            }
+            if (counted.get(("rest", "GET", "200")), counted.get(("rest", "GET", "404"))) == (3, 1) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert counted[("rest", "GET", "200")] == 3
         assert counted[("rest", "GET", "404")] == 1
         assert "bcs_api_request_latency_seconds" in families

@@ -42,12 +42,10 @@ from typing import Any, Protocol
 from .. import converters as conv
 from .. import environ as env
 from ..errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
-from ..metrics import TOKEN_CACHE
+from ..metrics import BATCH, TOKEN_CACHE
 from ..store.crypto import digests_equal, token_digest
-from .context import LabelCache
 
 log = logging.getLogger(__name__)
-_token_cache = LabelCache(TOKEN_CACHE)
 
 Principal = env.User | env.ClusterAgent
 
@@ -169,9 +167,9 @@ class CachingAuthenticator:
             entry = self._entries.get(key)
             if entry is not None and entry[0] > now:
                 self._entries.move_to_end(key)
-                _token_cache("hit").inc()
+                BATCH.inc(TOKEN_CACHE, "hit")
                 return entry[1]
-        _token_cache("miss").inc()
+        BATCH.inc(TOKEN_CACHE, "miss")
         principal = self.inner.authenticate(token)
         with self._lock:
             self._entries[key] = (now + self.ttl, principal)

@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .. import environ as env
-from ..metrics import LATENCY, REQUESTS
+from ..logsetup import LineWriterHandler
+from ..metrics import BATCH, LATENCY, REQUESTS
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
@@ -74,33 +75,6 @@ class AccessLine:
         return _access_line(_timestamp(self.when), *self.fields)
 
 
-class LabelCache:
-    """``metric.labels(*values)``, memoised per label tuple.
-
-    ``labels()`` validates, converts and locks on every call — a measurable part
-    of a proxied request; the child it returns for a tuple never changes (this
-    project never removes label sets). Bounded: cleared past ``max_entries``.
-    """
-
-    __slots__ = ("_children", "_metric", "max_entries")
-
-    def __init__(self, metric: Any, *, max_entries: int = 10_000) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-        self.max_entries = max_entries
-
-    def __call__(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            if len(self._children) >= self.max_entries:
-                self._children.clear()
-            # Two threads may both get here: labels() hands both the same child.
-            child = self._children[values] = self._metric.labels(*values)
-        return child
-
-
-_requests = LabelCache(REQUESTS)
-_latency = LabelCache(LATENCY)
 # (second, "YYYY-MM-DDTHH:MM:SS"): many lines share a second; formatting it is not free.
 _second: tuple[int, str] = (0, "")
 
@@ -208,8 +182,8 @@ class RequestContextMiddleware:
             headers.append(("X-Request-Id", request_id))
             status_code[0] = int(status[:3])
             cluster = env.get_cluster(environ)
-            _requests(kind, cluster.id if cluster else "", method, status[:3]).inc()
-            _latency(kind, method).observe(time.monotonic() - started)
+            BATCH.inc(REQUESTS, kind, cluster.id if cluster else "", method, status[:3])
+            BATCH.observe(LATENCY, time.monotonic() - started, kind, method)
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         if not self.access_log:
@@ -237,6 +211,10 @@ class RequestContextMiddleware:
                 kind,
                 admission.webhooks if isinstance(admission, env.AdmissionResult) else (),
             )
+            writer = LineWriterHandler.sole_handler(access_log, logging.INFO)
+            if writer is not None:
+                writer.submit(line)
+                return
             # Logger.info would walk the stack to find the caller (findCaller) for
             # every line; the record is built directly instead, then handled
             # exactly as info() would (filters, handlers, propagation).
