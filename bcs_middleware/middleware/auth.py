@@ -163,12 +163,16 @@ class CachingAuthenticator:
             return self.inner.authenticate(token)
         key = token_digest(token)
         now = time.monotonic()
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry[0] > now:
+        # The hit path takes no lock: each OrderedDict call is atomic under the GIL,
+        # and an entry evicted in between only costs its recency update.
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > now:
+            try:
                 self._entries.move_to_end(key)
-                BATCH.inc(TOKEN_CACHE, "hit")
-                return entry[1]
+            except KeyError:
+                pass
+            BATCH.inc(TOKEN_CACHE, "hit")
+            return entry[1]
         BATCH.inc(TOKEN_CACHE, "miss")
         principal = self.inner.authenticate(token)
         with self._lock:

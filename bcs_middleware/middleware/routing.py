@@ -25,6 +25,7 @@ sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream) and
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -63,8 +64,7 @@ class CachedDirectory:
 
     def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
         now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(cluster_id)
+        hit = self._cache.get(cluster_id)  # one dict read is atomic: no lock on the hot path
         if hit is not None and hit[0] > now:
             return hit[1], hit[2]
         cluster = self.inner.find_cluster(cluster_id)
@@ -95,8 +95,22 @@ def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
     return TunnelPath(cluster_id, "/" + safe_rest(rest.lstrip("/")) if sep else "/")
 
 
-def impersonation_headers(environ: Mapping[str, Any]) -> list[str]:
-    return [k for k in environ if k.startswith("HTTP_IMPERSONATE_")]
+def impersonation_headers(environ: Mapping[str, Any]) -> tuple[str, ...]:
+    """The environ keys of every ``Impersonate-*`` header the client sent."""
+    return _impersonation_keys(tuple(environ))
+
+
+@functools.lru_cache(maxsize=256)
+def _impersonation_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    # A client's requests carry the same environ keys each time: scanned once per shape.
+    return tuple(k for k in keys if k.startswith("HTTP_IMPERSONATE_"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _impersonating(user: env.User) -> tuple[tuple[str, str], ...]:
+    """``Impersonate-User``/``-Group`` for a user (users are immutable: cached)."""
+    return (("Impersonate-User", user.name),
+            *(("Impersonate-Group", group) for group in ("system:authenticated", *user.groups)))
 
 
 class ClusterRoutingMiddleware:
@@ -162,11 +176,7 @@ class ClusterRoutingMiddleware:
                 f"cluster {cluster.id!r} has no credentials yet: is its kube-agent running?",
                 code_name="CLUSTER_CREDENTIALS_MISSING",
             )
-        headers: list[tuple[str, str]] = []
-        if self.rbac and not user.is_superuser:
-            headers.append(("Impersonate-User", user.name))
-            for group in ("system:authenticated", *user.groups):
-                headers.append(("Impersonate-Group", group))
+        headers = _impersonating(user) if self.rbac and not user.is_superuser else ()
         environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
         environ[env.UPSTREAM] = env.Upstream(
             base_urls=creds.server_addresses,
@@ -176,7 +186,7 @@ class ClusterRoutingMiddleware:
             server_name=self.tls_server_name,
             verify=self.verify,
             bearer_token=creds.user_token,
-            set_headers=tuple(headers),
+            set_headers=headers,
             name=f"cluster:{cluster.id}",
         )
 

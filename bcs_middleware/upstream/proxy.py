@@ -114,6 +114,17 @@ def _header_info(environ_key: str) -> tuple[str, str, int]:
     return name.title(), lower, kind
 
 
+@functools.lru_cache(maxsize=256)
+def _header_plan(keys: tuple[str, ...]) -> tuple[tuple[str, str, str, int], ...]:
+    """For an environ's keys (in order): ``(key, Name, lower, what to do)`` of each header.
+
+    Requests of one client carry the same environ keys every time, so the scan of
+    the whole environ (thirty-odd keys under gunicorn) is done once per shape.
+    """
+    return tuple((key, *_header_info(key)) for key in keys if key.startswith("HTTP_"))
+
+
+@functools.lru_cache(maxsize=256)  # the same few values ("keep-alive", "close") every time
 def _connection_tokens(value: str | None) -> frozenset[str]:
     if not value:
         return frozenset()
@@ -317,10 +328,8 @@ class UpstreamProxy:
         )
         headers: list[tuple[str, str]] = []
         forwarded_for = forwarded_proto = forwarded_host = None
-        for key, value in environ.items():
-            if not key.startswith("HTTP_"):
-                continue
-            name, lower, kind = _header_info(key)
+        for key, name, lower, kind in _header_plan(tuple(environ)):
+            value = environ[key]
             if kind == _DROP or (named and lower in named) or (overridden and lower in overridden):
                 continue
             if kind == _FORWARDED:
