@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, TextIO
 
 _BATCH = 512
@@ -47,23 +48,31 @@ class LineWriterHandler(logging.Handler):
         super().__init__()
         self.stream = stream
         self.max_queued = max_queued
-        self._pid = 0
+        self._started = False
         self._pending: collections.deque[Any] = collections.deque()
         self._start_lock = threading.Lock()
         # Not the handler's own lock (``Handler.handle`` takes that around every
         # emit): request threads must never wait for a write in progress.
         self._write_lock = threading.Lock()
+        # A fork hook rather than a getpid() per line (a syscall per request).
+        _handlers.add(self)
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's writer thread and lines are not ours."""
+        self._started = False
+        self._pending = collections.deque()
+        self._start_lock = threading.Lock()
+        self._write_lock = threading.Lock()
 
     def _ensure_writer(self) -> None:
-        if self._pid == os.getpid():
+        if self._started:
             return
         with self._start_lock:
-            if self._pid == os.getpid():
+            if self._started:
                 return
-            self._pending = collections.deque()
             threading.Thread(target=self._run, name="bcs-access-log", daemon=True).start()
             atexit.register(self.drain)
-            self._pid = os.getpid()
+            self._started = True
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -130,6 +139,17 @@ class LineWriterHandler(logging.Handler):
                 self.stream.flush()
             except (OSError, ValueError):
                 pass  # stdout gone (closed pipe): nothing sensible left to do with a log line
+
+
+_handlers: weakref.WeakSet[LineWriterHandler] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for handler in list(_handlers):
+        handler._forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def configure_logging(level: str) -> None:

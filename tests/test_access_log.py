@@ -152,3 +152,24 @@ def test_the_sole_writer_gets_lines_directly_and_filters_still_apply() -> None:
     finally:
         logger.handlers[:], level, logger.propagate = saved
         logger.setLevel(level)
+
+
+def test_a_forked_child_writes_only_its_own_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    path = tmp_path / "access.log"
+    with open(path, "a") as stream:
+        handler = LineWriterHandler(stream)
+        handler.submit("started")  # the parent's writer thread is running
+        handler.drain()
+        handler.submit("parent")  # queued, not yet written, when the child is forked
+        pid = os.fork()
+        if pid == 0:
+            try:
+                handler.submit("child")
+                handler.drain()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        handler.drain()
+    assert sorted(path.read_text().splitlines()) == ["child", "parent", "started"]
