@@ -52,7 +52,11 @@ from tests.support.servers import ServerProcess, free_port, gunicorn, http_get  
 
 GUNICORN = {"workers": 2, "worker_class": "gthread", "threads": 8}
 # Extra gunicorn arguments, the same for every contender (--switch-interval adds a config file).
-GUNICORN_EXTRA: list[str] = []
+# --reuse-port: every worker listens on its own SO_REUSEPORT socket and the kernel spreads
+# connections over them. With the one shared socket, the worker that happens to be awake
+# accepts wrk's whole burst of connections: in about a third of the rounds one worker served
+# all 16 and the other idled, halving that round's figure (--shared-socket shows it).
+GUNICORN_EXTRA: list[str] = ["--reuse-port"]
 BODY_SIZE = 2048
 GiB = 1024**3
 MiB = 1024**2
@@ -156,6 +160,8 @@ class Running:
     # True when requests reach nginx through a proxy: count its accepted connections.
     proxied: bool = True
     stop: Callable[[], object] = lambda: None
+    # The gunicorn worker processes (for the balance figure); none for nginx.
+    workers: Callable[[], list[int]] = lambda: []
 
 
 @dataclass
@@ -207,6 +213,10 @@ def _gunicorn_tree(server: ServerProcess, ctx: Context, with_nginx: bool) -> Cal
     return pids
 
 
+def _workers(server: ServerProcess) -> Callable[[], list[int]]:
+    return lambda: _children(server.proc.pid)
+
+
 def _serve(app: str, env: dict[str, str] | None = None) -> ServerProcess:
     """gunicorn with the settings every contender shares."""
     extra = [*GUNICORN_EXTRA] if app.endswith(".ini") else ["--chdir", str(BENCH), *GUNICORN_EXTRA]
@@ -232,19 +242,21 @@ def start_upstream_proxy(ctx: Context) -> Running:
     metrics_dir = ctx.tmp / "upstream-proxy-metrics"
     metrics_dir.mkdir()
     server = _serve(str(ini), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
-    return Running(server.url, _gunicorn_tree(server, ctx, True), stop=server.stop)
+    return Running(server.url, _gunicorn_tree(server, ctx, True), stop=server.stop,
+                   workers=_workers(server))
 
 
 def start_werkzeug(ctx: Context) -> Running:
     server = _serve("proxy_bench:werkzeug_app()", env={"BENCH_UPSTREAM": ctx.nginx.url})
-    return Running(server.url + "/p", _gunicorn_tree(server, ctx, True), stop=server.stop)
+    return Running(server.url + "/p", _gunicorn_tree(server, ctx, True), stop=server.stop,
+                   workers=_workers(server))
 
 
 def start_ceiling(ctx: Context) -> Running:
     server = _serve("proxy_bench:ceiling_app()",
                     env={"BENCH_FILE": str(ctx.tmp / "www" / "payload.bin")})
     return Running(server.url, _gunicorn_tree(server, ctx, False), proxied=False,
-                   stop=server.stop)
+                   stop=server.stop, workers=_workers(server))
 
 
 CLUSTER_ID = "BCS-K8S-BENCH"
@@ -295,7 +307,7 @@ def start_tunnel(ctx: Context) -> Running:
     return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
                    _gunicorn_tree(server, ctx, True),
                    headers={"Authorization": f"Bearer {tokens['bench-admin']}"},
-                   stop=server.stop)
+                   stop=server.stop, workers=_workers(server))
 
 
 def start_tunnel_impersonate(ctx: Context) -> Running:
@@ -304,7 +316,7 @@ def start_tunnel_impersonate(ctx: Context) -> Running:
     return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
                    _gunicorn_tree(server, ctx, True),
                    headers={"Authorization": f"Bearer {tokens['bench-user']}"},
-                   stop=server.stop)
+                   stop=server.stop, workers=_workers(server))
 
 
 def start_tunnel_no_access_log(ctx: Context) -> Running:
@@ -313,7 +325,7 @@ def start_tunnel_no_access_log(ctx: Context) -> Running:
     return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
                    _gunicorn_tree(server, ctx, True),
                    headers={"Authorization": f"Bearer {tokens['bench-admin']}"},
-                   stop=server.stop)
+                   stop=server.stop, workers=_workers(server))
 
 
 CONTENDERS = [
@@ -339,6 +351,8 @@ class Sample:
     requests: int
     cpu_us_per_req: float = 0.0
     upstream_conns_per_req: float | None = None
+    # The busiest gunicorn worker's share of the workers' CPU time (0.5 = even with 2 workers).
+    busiest_worker_share: float | None = None
 
 
 def _wrk_ms(text: str) -> float:
@@ -415,10 +429,15 @@ def measure(ctx: Context, running: Running, loader: Callable[..., Sample], durat
             connections: int) -> Sample:
     url = running.url + ctx.file_url_path
     pids = running.pids()
+    workers = running.workers()
     accepts = ctx.nginx_accepts()
     cpu = _cpu_seconds(pids)
+    worker_cpu = [_cpu_seconds([pid]) for pid in workers]
     sample = loader(url, running.headers, duration, connections)
     sample.cpu_us_per_req = (_cpu_seconds(pids) - cpu) / max(sample.requests, 1) * 1e6
+    if workers:
+        used = [_cpu_seconds([pid]) - before for pid, before in zip(workers, worker_cpu, strict=True)]
+        sample.busiest_worker_share = max(used) / sum(used) if sum(used) > 0 else None
     if running.proxied:
         # -1: the stub_status request itself is one accepted connection.
         sample.upstream_conns_per_req = (ctx.nginx_accepts() - accepts - 1) / sample.requests
@@ -515,6 +534,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=GUNICORN["threads"],
                         help="gunicorn threads per worker, the same for every contender")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--shared-socket", action="store_true",
+                        help="all gunicorn workers accept from one shared socket (gunicorn's default) "
+                             "instead of --reuse-port: shows the accept imbalance")
     parser.add_argument("--pin", action="store_true",
                         help="servers of every contender on CPU 0, the load generator on CPU 1: "
                              "steadier ratios on a 2-CPU machine")
@@ -523,6 +545,8 @@ def main() -> int:
         global LOADER_CPUS
         LOADER_CPUS = {1}
         os.sched_setaffinity(0, {0})  # every server started from here inherits CPU 0
+    if args.shared_socket:
+        GUNICORN_EXTRA.remove("--reuse-port")
     loader = load_wrk if args.loader == "wrk" else load_python
     GUNICORN.update(workers=args.workers, threads=args.threads)
     contenders = CONTENDERS if not args.only else [
@@ -546,9 +570,11 @@ def main() -> int:
                 sample = measure(ctx, running[contender.name], loader, args.duration,
                                  args.connections)
                 samples[contender.name].append(sample)
+                share = sample.busiest_worker_share
                 print(f"round {round_no + 1} {contender.name:15} {sample.rps:9.0f} req/s "
                       f"p50 {sample.p50_ms:6.2f} ms p99 {sample.p99_ms:6.2f} ms "
-                      f"cpu {sample.cpu_us_per_req:6.0f} us/req", flush=True)
+                      f"cpu {sample.cpu_us_per_req:6.0f} us/req"
+                      f"{f'  busiest worker {share:.2f}' if share is not None else ''}", flush=True)
     finally:
         for item in running.values():
             item.stop()
@@ -556,25 +582,30 @@ def main() -> int:
 
     print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
           f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
-          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']}"
+          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']} {' '.join(GUNICORN_EXTRA)}"
           f"{f', switch interval {args.switch_interval:g} s' if args.switch_interval else ''}, "
           f"{os.cpu_count()} CPUs\n")
     print(f"{'contender':15} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} "
-          f"{'upstream conn/req':>18}")
+          f"{'upstream conn/req':>18} {'busiest worker':>15}")
     med: dict[str, dict[str, float | None]] = {}
     for name, items in samples.items():
         conns = [s.upstream_conns_per_req for s in items if s.upstream_conns_per_req is not None]
+        shares = [s.busiest_worker_share for s in items if s.busiest_worker_share is not None]
         med[name] = {
             "rps": statistics.median(s.rps for s in items),
             "p50_ms": statistics.median(s.p50_ms for s in items),
             "p99_ms": statistics.median(s.p99_ms for s in items),
             "cpu_us_per_req": statistics.median(s.cpu_us_per_req for s in items),
             "upstream_conns_per_req": statistics.median(conns) if conns else None,
+            "busiest_worker_share": statistics.median(shares) if shares else None,
+            "busiest_worker_share_max": max(shares) if shares else None,
         }
         m = med[name]
         conn_text = f"{m['upstream_conns_per_req']:.4f}" if conns else "-"
+        share_text = (f"{m['busiest_worker_share']:.2f} (max {m['busiest_worker_share_max']:.2f})"
+                      if shares else "-")
         print(f"{name:15} {m['rps']:9.0f} {m['p50_ms']:8.2f} {m['p99_ms']:8.2f} "
-              f"{m['cpu_us_per_req']:11.0f} {conn_text:>18}")
+              f"{m['cpu_us_per_req']:11.0f} {conn_text:>18} {share_text:>15}")
 
     def ratio(a: str, b: str, key: str = "rps") -> float:
         return statistics.median(
@@ -596,7 +627,7 @@ def main() -> int:
     for name, value in ratios.items():
         print(f"  {name:34} {value:6.2f}")
 
-    settings = {**GUNICORN, "switch_interval": args.switch_interval}
+    settings = {**GUNICORN, "switch_interval": args.switch_interval, "extra": GUNICORN_EXTRA}
     result: dict[str, object] = {"medians": med, "ratios": ratios, "settings": settings}
     targets: dict[str, bool] = {}
     for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("upstream_proxy/werkzeug req/s", 1.25),
