@@ -534,6 +534,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=GUNICORN["threads"],
                         help="gunicorn threads per worker, the same for every contender")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--worker-class", default=GUNICORN["worker_class"],
+                        help="gunicorn worker class, the same for every contender (gthread, gevent, ...)")
     parser.add_argument("--shared-socket", action="store_true",
                         help="all gunicorn workers accept from one shared socket (gunicorn's default) "
                              "instead of --reuse-port: shows the accept imbalance")
@@ -548,7 +550,7 @@ def main() -> int:
     if args.shared_socket:
         GUNICORN_EXTRA.remove("--reuse-port")
     loader = load_wrk if args.loader == "wrk" else load_python
-    GUNICORN.update(workers=args.workers, threads=args.threads)
+    GUNICORN.update(workers=args.workers, threads=args.threads, worker_class=args.worker_class)
     contenders = CONTENDERS if not args.only else [
         c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
 

@@ -168,7 +168,10 @@ class _Conn:
         self.buf = b""
         self.reused = False
         self.idle_since = 0.0
-        self.kernel_timeouts = _KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
+        # Not under gevent either: its sockets are non-blocking underneath and wait in
+        # its hub, where only Python's timeout applies.
+        self.kernel_timeouts = (_KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
+                                and not type(sock).__module__.startswith("gevent"))
         self.timeout: float | None = sock.gettimeout()
         if self.kernel_timeouts:
             sock.settimeout(None)  # blocking: the kernel's timeouts below apply

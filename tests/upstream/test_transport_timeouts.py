@@ -157,3 +157,23 @@ def test_a_pooled_plain_connection_is_blocking_with_the_read_timeout_in_the_kern
             raw = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("@ll"))
             assert struct.unpack("@ll", raw) == (1, 500000)
         resp.close()
+
+
+def test_gevent_sockets_keep_python_timeouts() -> None:
+    """Under gevent a socket is non-blocking underneath and waits in gevent's hub:
+    the kernel's timeouts would never apply there, so Python's are kept."""
+    from bcs_middleware.upstream.transport import _Conn, _PoolKey
+
+    class GeventLikeSocket(socket.socket):
+        pass
+
+    GeventLikeSocket.__module__ = "gevent._socket3"
+    sock = GeventLikeSocket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        conn = _Conn(sock, _PoolKey("http", "127.0.0.1", 80, None, None, True, None))
+        assert conn.kernel_timeouts is False
+        conn.set_timeout(1.5)
+        assert sock.gettimeout() == 1.5
+    finally:
+        sock.close()
