@@ -204,7 +204,7 @@ def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 
-    BATCH.flush()  # what this worker counted is current; other workers' within BATCH.period
+    BATCH.flush()  # what this worker counted is current; other workers' within 0.25 s
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

@@ -1,8 +1,8 @@
 """Logging for ``bcs-middleware serve``: plain lines on stderr, the access log as JSON lines on stdout.
 
-The access log is written by :class:`LineWriterHandler`: request threads only append
-the record's message to a deque, and one writer thread per process turns whatever has
-queued up into text and writes it every 50 ms in a single ``write``. Under gunicorn's
+The access log is written by :class:`LineWriterHandler`: request threads only put the
+record's message on a :class:`~bcs_middleware.batching.BatchQueue`, and its thread turns
+whatever has queued up into text and writes it every 50 ms in a single ``write``. Under gunicorn's
 threads every syscall and every contended lock on a request thread hands the
 interpreter lock to another thread, so (measured, bench/README.md):
 
@@ -12,24 +12,19 @@ interpreter lock to another thread, so (measured, bench/README.md):
   handler's lock across its ``write`` still cost about a tenth: request threads
   blocked on that lock while the write released the interpreter lock.
 
-So the deque needs no lock (``append``/``popleft`` are atomic), the writer takes only
-its own lock, and a message that formats itself lazily (the access line) is
-formatted on the writer thread.
+So the queue needs no lock on the request's side, the writer takes only the queue's
+lock, and a message that formats itself lazily (the access line) is formatted on the
+writer thread.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
 import logging
-import os
 import sys
-import threading
-import time
-import weakref
 from typing import Any, TextIO
 
-_BATCH = 512
+from .batching import BatchQueue
+
 _PERIOD = 0.05  # seconds a line may wait before it is written
 
 
@@ -48,31 +43,9 @@ class LineWriterHandler(logging.Handler):
         super().__init__()
         self.stream = stream
         self.max_queued = max_queued
-        self._started = False
-        self._pending: collections.deque[Any] = collections.deque()
-        self._start_lock = threading.Lock()
-        # Not the handler's own lock (``Handler.handle`` takes that around every
-        # emit): request threads must never wait for a write in progress.
-        self._write_lock = threading.Lock()
-        # A fork hook rather than a getpid() per line (a syscall per request).
-        _handlers.add(self)
-
-    def _forget(self) -> None:
-        """In a forked child: the parent's writer thread and lines are not ours."""
-        self._started = False
-        self._pending = collections.deque()
-        self._start_lock = threading.Lock()
-        self._write_lock = threading.Lock()
-
-    def _ensure_writer(self) -> None:
-        if self._started:
-            return
-        with self._start_lock:
-            if self._started:
-                return
-            threading.Thread(target=self._run, name="bcs-access-log", daemon=True).start()
-            atexit.register(self.drain)
-            self._started = True
+        # Writes happen under the queue's lock, not the handler's own (``Handler.handle``
+        # takes that around every emit): request threads never wait for a write.
+        self._queue = BatchQueue(self._write, period=_PERIOD, name="bcs-access-log")
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -82,11 +55,10 @@ class LineWriterHandler(logging.Handler):
 
     def submit(self, message: Any) -> None:
         """Queue one message (``str()`` is taken on the writer thread)."""
-        self._ensure_writer()
-        if len(self._pending) < self.max_queued:
-            self._pending.append(message)
+        if len(self._queue) < self.max_queued:
+            self._queue.put(message)
         else:
-            self._write([message])
+            self._queue.apply_now([message])
 
     @classmethod
     def sole_handler(cls, logger: logging.Logger, level: int) -> LineWriterHandler | None:
@@ -104,27 +76,9 @@ class LineWriterHandler(logging.Handler):
             return None
         return handler
 
-    def _run(self) -> None:
-        # Polling on a short period rather than waking on every append: a wake-up per
-        # request would hand the interpreter lock to this thread once per request.
-        while True:
-            time.sleep(_PERIOD)
-            self.drain()
-
     def drain(self) -> None:
-        """Write everything queued so far (the writer thread, and once at exit)."""
-        pending = self._pending
-        batch: list[Any] = []
-        while pending:
-            try:
-                batch.append(pending.popleft())
-            except IndexError:
-                break
-            if len(batch) >= _BATCH:
-                self._write(batch)
-                batch = []
-        if batch:
-            self._write(batch)
+        """Write everything queued so far (the writer thread does every 50 ms, and at exit)."""
+        self._queue.drain()
 
     def _write(self, messages: list[Any]) -> None:
         lines = []
@@ -133,23 +87,11 @@ class LineWriterHandler(logging.Handler):
                 lines.append(str(message))
             except Exception:  # a message that cannot format itself loses only its own line
                 lines.append("<unformattable log message>")
-        with self._write_lock:
-            try:
-                self.stream.write("\n".join(lines) + "\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass  # stdout gone (closed pipe): nothing sensible left to do with a log line
-
-
-_handlers: weakref.WeakSet[LineWriterHandler] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for handler in list(_handlers):
-        handler._forget()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+        try:
+            self.stream.write("\n".join(lines) + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # stdout gone (closed pipe): nothing sensible left to do with a log line
 
 
 def configure_logging(level: str) -> None:

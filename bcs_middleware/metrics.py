@@ -8,16 +8,12 @@ source system's names are kept where they exist (``bcs_api_request_*``).
 
 from __future__ import annotations
 
-import atexit
 import bisect
-import collections
-import logging
-import os
-import threading
-import time
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from .batching import BatchQueue
 
 REQUESTS = Counter(
     "bcs_api_request_count",
@@ -86,9 +82,10 @@ class MetricBatch:
     Under ``PROMETHEUS_MULTIPROC_DIR`` every ``inc``/``observe`` takes a process-wide
     lock, calls ``getpid()`` and writes to an mmap: about 5 µs for the three updates of
     a proxied request, measured in one thread, and several times that under gunicorn's
-    threads. Request threads only append a tuple to a deque (atomic, ~0.1 µs); a daemon
-    thread applies what has queued up every ``period`` seconds, as one ``inc(n)`` per
-    counter child and one update per histogram bucket touched.
+    threads. Request threads only put a tuple on a
+    :class:`~bcs_middleware.batching.BatchQueue` (~0.1 µs); its thread applies what has
+    queued up every ``period`` seconds, as one ``inc(n)`` per counter child and one
+    update per histogram bucket touched.
 
     ``flush()`` applies everything now: ``/metrics`` calls it for its own process, so
     what that worker counted is current; another worker's updates show within
@@ -97,64 +94,33 @@ class MetricBatch:
     """
 
     def __init__(self, *, period: float = 0.25) -> None:
-        self.period = period
-        self._pending: collections.deque[tuple[Any, tuple[str, ...], float | None]] = collections.deque()
-        self._started = False
-        self._flush_lock = threading.Lock()
-        os.register_at_fork(after_in_child=self._forget)
+        self._queue = BatchQueue(_apply, period=period, name="bcs-metrics")
 
     def inc(self, metric: Any, *labels: str) -> None:
         """``metric.labels(*labels).inc()``, deferred."""
-        self._pending.append((metric, labels, None))
-        if not self._started:
-            self._start()
+        self._queue.put((metric, labels, None))
 
     def observe(self, metric: Any, value: float, *labels: str) -> None:
         """``metric.labels(*labels).observe(value)``, deferred (a Histogram)."""
-        self._pending.append((metric, labels, value))
-        if not self._started:
-            self._start()
-
-    def _forget(self) -> None:
-        self._pending = collections.deque()
-        self._started = False
-        self._flush_lock = threading.Lock()
-
-    def _start(self) -> None:
-        with self._flush_lock:
-            if self._started:
-                return
-            threading.Thread(target=self._run, name="bcs-metrics", daemon=True).start()
-            atexit.register(self.flush)
-            self._started = True
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.period)
-            try:
-                self.flush()
-            except Exception:  # a broken metric must not stop the others being applied
-                logging.getLogger(__name__).exception("applying metric updates failed")
+        self._queue.put((metric, labels, value))
 
     def flush(self) -> None:
         """Apply every update queued so far."""
-        with self._flush_lock:
-            counts: dict[tuple[Any, tuple[str, ...]], int] = {}
-            observed: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
-            pending = self._pending
-            while pending:
-                try:
-                    metric, labels, value = pending.popleft()
-                except IndexError:
-                    break
-                if value is None:
-                    counts[metric, labels] = counts.get((metric, labels), 0) + 1
-                else:
-                    observed.setdefault((metric, labels), []).append(value)
-            for (metric, labels), count in counts.items():
-                (metric.labels(*labels) if labels else metric).inc(count)
-            for (metric, labels), values in observed.items():
-                _observe_all(metric.labels(*labels) if labels else metric, values)
+        self._queue.drain()
+
+
+def _apply(updates: list[tuple[Any, tuple[str, ...], float | None]]) -> None:
+    counts: dict[tuple[Any, tuple[str, ...]], int] = {}
+    observed: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
+    for metric, labels, value in updates:
+        if value is None:
+            counts[metric, labels] = counts.get((metric, labels), 0) + 1
+        else:
+            observed.setdefault((metric, labels), []).append(value)
+    for (metric, labels), count in counts.items():
+        (metric.labels(*labels) if labels else metric).inc(count)
+    for (metric, labels), values in observed.items():
+        _observe_all(metric.labels(*labels) if labels else metric, values)
 
 
 def _observe_all(histogram: Any, values: list[float]) -> None:

@@ -301,31 +301,28 @@ def _gateway(ctx: Context) -> tuple[ServerProcess, dict[str, str]]:
     return ctx.gateway
 
 
-def start_tunnel(ctx: Context) -> Running:
-    """Superuser token: auth, routing, admission pass-through, proxy; no impersonation."""
-    server, tokens = _gateway(ctx)
+def _tunnel(ctx: Context, gateway: tuple[ServerProcess, dict[str, str]], user: str) -> Running:
+    server, tokens = gateway
     return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
                    _gunicorn_tree(server, ctx, True),
-                   headers={"Authorization": f"Bearer {tokens['bench-admin']}"},
+                   headers={"Authorization": f"Bearer {tokens[user]}"},
                    stop=server.stop, workers=_workers(server))
+
+
+def start_tunnel(ctx: Context) -> Running:
+    """Superuser token: auth, routing, admission pass-through, proxy; no impersonation."""
+    return _tunnel(ctx, _gateway(ctx), "bench-admin")
 
 
 def start_tunnel_impersonate(ctx: Context) -> Running:
     """A plain user: the same, plus ``Impersonate-User``/``-Group`` headers upstream."""
-    server, tokens = _gateway(ctx)
-    return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
-                   _gunicorn_tree(server, ctx, True),
-                   headers={"Authorization": f"Bearer {tokens['bench-user']}"},
-                   stop=server.stop, workers=_workers(server))
+    return _tunnel(ctx, _gateway(ctx), "bench-user")
 
 
 def start_tunnel_no_access_log(ctx: Context) -> Running:
     """The superuser tunnel with the access log off: what the log line costs (--only)."""
-    server, tokens = _start_gateway(ctx.tmp, "gateway-nolog", ctx.nginx.url, access_log=False)
-    return Running(server.url + f"/tunnels/clusters/{CLUSTER_ID}",
-                   _gunicorn_tree(server, ctx, True),
-                   headers={"Authorization": f"Bearer {tokens['bench-admin']}"},
-                   stop=server.stop, workers=_workers(server))
+    gateway = _start_gateway(ctx.tmp, "gateway-nolog", ctx.nginx.url, access_log=False)
+    return _tunnel(ctx, gateway, "bench-admin")
 
 
 CONTENDERS = [
