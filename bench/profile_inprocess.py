@@ -15,6 +15,7 @@ import cProfile
 import io
 import os
 import pstats
+import socket
 import sys
 import tempfile
 import time
@@ -74,48 +75,52 @@ def _one(app: Any, path: str, headers: dict[str, str]) -> int:
     return size
 
 
-class _CannedResponse:
-    """nginx's answer to the benchmark request, without a socket."""
+class _CannedSocket:
+    """A connected socket whose peer answers every request at once, with the same bytes."""
 
-    status = 200
-    reason = "OK"
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
 
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length_remaining: int | None = len(body)
-        self.headers = [
-            ("Server", "nginx/1.22.1"), ("Date", "Sun, 22 Nov 2026 10:00:00 GMT"),
-            ("Content-Type", "application/octet-stream"), ("Content-Length", str(len(body))),
-            ("Last-Modified", "Sun, 22 Nov 2026 09:00:00 GMT"), ("Connection", "keep-alive"),
-            ("ETag", '"6740-800"'), ("Accept-Ranges", "bytes"),
-        ]
+    def gettimeout(self) -> float | None:
+        return None
 
-    def read(self) -> bytes:
-        return self._body
-
-    def read1(self, amt: int) -> bytes:
-        return self._body
-
-    def release_conn(self) -> None:
+    def settimeout(self, value: float | None) -> None:
         pass
+
+    def setsockopt(self, *args: Any) -> None:
+        pass
+
+    def sendall(self, data: bytes) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        return self._answer  # smaller than any receive the transport makes
 
     def close(self) -> None:
         pass
 
 
-class CannedTransport:
-    """A transport answering at once: isolates the layers' own cost from the network's."""
+def canned_transport(answer: bytes) -> Any:
+    """The real transport over a socket that answers at once: the Python cost without the network's."""
+    # Imported here: the metrics directory must be set before bcs_middleware loads.
+    from bcs_middleware.upstream.transport import PooledTransport, _Conn
 
-    def __init__(self, body: bytes) -> None:
-        self.body = body
+    class CannedTransport(PooledTransport):
+        def _connect(self, key: Any, label: str) -> _Conn:
+            return _Conn(_CannedSocket(answer), key)  # type: ignore[arg-type]
 
-    def send(self, upstream: Any, method: str, headers: Any, body: Any, length: Any) -> Any:
-        # Build the request head as the real transport does, so that cost stays in.
-        "".join(f"{name}: {value}\r\n" for name, value in headers).encode("latin-1")
-        return _CannedResponse(self.body)
+    return CannedTransport()
 
-    def close(self) -> None:
-        pass
+
+def _nginx_answer(url: str, path: str, body_size: int) -> bytes:
+    """nginx's exact answer to the benchmark request, head and body, as bytes."""
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + body_size:
+            data += sock.recv(65536)
+    return data
 
 
 def main() -> int:
@@ -123,7 +128,8 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--canned", action="store_true",
-                        help="answer from memory instead of nginx: the layers' own cost only")
+                        help="the real transport over a socket answering nginx's bytes at once: "
+                             "the Python cost only, without the network's")
     parser.add_argument("--profile", choices=["tunnel", "tunnel_imp", "upstream_proxy"])
     parser.add_argument("--access-log", default="/dev/null",
                         help="where the gateway's JSON access log goes (default /dev/null)")
@@ -160,7 +166,8 @@ def main() -> int:
         for name, superuser in (("tunnel", True), ("tunnel_imp", False)):
             user = store.create_user(name, is_superuser=superuser)
             tokens[name] = store.create_token(user.id)[1]
-        transport = CannedTransport((tmp / "www" / "payload.bin").read_bytes()) if args.canned else None
+        transport = (canned_transport(_nginx_answer(nginx.url, "/payload.bin", pb.BODY_SIZE))
+                     if args.canned else None)
         gateway = build_gateway(GatewayConfig(data_dir=data_dir), store=store, transport=transport)
         proxy = UpstreamProxy(upstream=nginx.url, transport=transport)
         tunnel_path = f"/tunnels/clusters/{pb.CLUSTER_ID}/payload.bin"

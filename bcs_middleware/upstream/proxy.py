@@ -77,14 +77,11 @@ from ..errors import (
     NotImplementedByServer,
 )
 from . import upgrade as upg
-from .transport import PooledTransport, Response, Transport
+from .transport import HOP_BY_HOP, PooledTransport, Response, Transport
+from .transport import connection_tokens as _connection_tokens
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
-})
 # Never forwarded from the client, whatever else happens: framing is ours,
 # Host is the upstream's, credentials are replaced, and Expect would make the
 # upstream wait for a 100 we already answered.
@@ -122,13 +119,6 @@ def _header_plan(keys: tuple[str, ...]) -> tuple[tuple[str, str, str, int], ...]
     the whole environ (thirty-odd keys under gunicorn) is done once per shape.
     """
     return tuple((key, *_header_info(key)) for key in keys if key.startswith("HTTP_"))
-
-
-@functools.lru_cache(maxsize=256)  # the same few values ("keep-alive", "close") every time
-def _connection_tokens(value: str | None) -> frozenset[str]:
-    if not value:
-        return frozenset()
-    return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
 
 
 class UpstreamProxy:
@@ -274,7 +264,8 @@ class UpstreamProxy:
     def _relay(
         self, environ: dict[str, Any], start_response: Any, resp: Response, upstream: env.Upstream
     ) -> Iterable[bytes]:
-        out_headers = _response_headers(resp)
+        # The transport has dropped the hop-by-hop fields (and those Connection names).
+        out_headers = resp.end_to_end_headers
         remaining = resp.length_remaining
         if remaining is not None and remaining <= _PRELOAD_LIMIT:
             try:
@@ -410,23 +401,6 @@ def _chunked_body(stream: Any) -> Iterator[bytes]:
         if not piece:
             return
         yield piece
-
-
-def _response_headers(resp: Response) -> list[tuple[str, str]]:
-    named: frozenset[str] = frozenset()
-    out = []
-    for name, value in resp.headers:
-        lower = name.lower()
-        if lower in HOP_BY_HOP:
-            if lower == "connection":
-                named = named | _connection_tokens(value)
-            continue
-        out.append((name, value))
-    # Tokens naming hop-by-hop headers ("Connection: keep-alive") are gone already.
-    named = named - HOP_BY_HOP if named else named
-    if named:
-        out = [(name, value) for name, value in out if name.lower() not in named]
-    return out
 
 
 def _count_error(upstream: env.Upstream, exc: BCSError) -> None:

@@ -54,6 +54,7 @@ call :meth:`PooledTransport.reset` in gunicorn's ``post_fork``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import select
 import socket
@@ -63,8 +64,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from ..environ import Upstream
@@ -84,8 +84,53 @@ _MAX_LINE = 8 * 1024
 # 2 KiB answer (bench/README.md). Bodies are relayed in 64 KiB pieces anyway.
 _RECV = 64 * 1024
 _CHECK_AFTER_IDLE = 1.0
+# Header fields that concern one connection only, never relayed by a proxy (RFC 9110 §7.6.1);
+# so are the fields a ``Connection`` header names.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
+})
 # Kernel timeouts for plain connections (see the module docs); elsewhere Python's.
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
+
+
+@functools.lru_cache(maxsize=256)  # the same few values ("keep-alive", "close") every time
+def connection_tokens(value: str | None) -> frozenset[str]:
+    """The lower-cased options of a ``Connection`` header value."""
+    if not value:
+        return frozenset()
+    return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
+
+
+@functools.lru_cache(maxsize=256)
+def _named_by_connection(value: str) -> frozenset[str]:
+    """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
+    return connection_tokens(value) - HOP_BY_HOP
+
+
+# What a response header field is to the head parser.
+_END_TO_END, _CONTENT_LENGTH, _CONNECTION, _TRANSFER_ENCODING, _HOP = range(5)
+_KINDS = {"content-length": _CONTENT_LENGTH, "connection": _CONNECTION,
+          "transfer-encoding": _TRANSFER_ENCODING}
+# Lines up to this long are remembered parsed (see _field); longer ones are parsed each time.
+_CACHED_LINE = 256
+
+
+def _parse_field(line: str) -> tuple[tuple[str, str], int]:
+    """``Name: value`` → ((name, value), what kind of field it is)."""
+    name, sep, value = line.partition(":")
+    if not sep or not name or name[0] in " \t" or name[-1] in " \t":
+        raise UpstreamProtocolError("malformed header line")
+    lower = name.lower()
+    kind = _KINDS.get(lower, _HOP if lower in HOP_BY_HOP else _END_TO_END)
+    return (name, value.strip(" \t")), kind
+
+
+# An upstream repeats most of its header lines byte for byte from one answer to the next
+# (Server, Content-Type, Connection, its flow-schema ids...; Date changes once a second):
+# a parsed line is looked up instead of parsed again — about half the head's cost. Bounded
+# in count and, through _CACHED_LINE, in size (at most 512 x 256 characters).
+_field = functools.lru_cache(maxsize=512)(_parse_field)
 
 
 def _timeval(seconds: float | None) -> bytes:
@@ -102,7 +147,11 @@ class Response(Protocol):
 
     status: int
     reason: str
+    #: every header field as received, in order.
     headers: list[tuple[str, str]]
+    #: ``headers`` without the hop-by-hop fields and those ``Connection`` names: what a
+    #: proxy relays. A fresh list per response (callers may extend it).
+    end_to_end_headers: list[tuple[str, str]]
     #: body bytes still to come when the length is known, else ``None``.
     length_remaining: int | None
 
@@ -148,8 +197,9 @@ class UpstreamProtocolError(ConnectionError):
     """The upstream broke the HTTP/1.1 framing or closed the connection mid-message."""
 
 
-@dataclass(frozen=True)
-class _PoolKey:
+class _PoolKey(NamedTuple):
+    # A tuple, not a frozen dataclass: built and looked up on every request, and a
+    # tuple's hash and equality are the C ones (a dataclass's build tuples to compare).
     scheme: str
     host: str
     port: int
@@ -233,6 +283,18 @@ class _Conn:
             pass
 
 
+class _Head(NamedTuple):
+    """A parsed response head; the framing fields are picked out in the same pass."""
+
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    end_to_end: list[tuple[str, str]]
+    transfer_encoding: str | None
+    content_length: str | None
+    keep_alive: bool
+
+
 class UpstreamResponse:
     """An upstream response whose body is read on demand, raw.
 
@@ -240,31 +302,32 @@ class UpstreamResponse:
     and closes any other; ``close()`` abandons the body and the connection.
     """
 
-    def __init__(self, transport: PooledTransport, conn: _Conn, method: str,
-                 status: int, reason: str, headers: list[tuple[str, str]],
-                 keep_alive: bool) -> None:
-        self.status = status
-        self.reason = reason
-        self.headers = headers
+    def __init__(self, transport: PooledTransport, conn: _Conn, method: str, head: _Head,
+                 reusable: bool = True) -> None:
+        self.status = head.status
+        self.reason = head.reason
+        self.headers = head.headers
+        self.end_to_end_headers = head.end_to_end
         self._transport = transport
         self._conn: _Conn | None = conn
-        self._keep_alive = keep_alive
+        self._keep_alive = head.keep_alive and reusable
         self._chunked = False
         self._chunk_left = 0
         self._done = False
         self.length_remaining: int | None = None
+        status = head.status
         if method == "HEAD" or status in (204, 304) or status < 200:
             self.length_remaining = 0
             self._done = True
             return
-        framing = self.header("transfer-encoding")
+        framing = head.transfer_encoding
         if framing is not None:
             if framing.lower().rsplit(",", 1)[-1].strip() != "chunked":
                 self._keep_alive = False  # only a close delimits a non-chunked coding
             else:
                 self._chunked = True
             return
-        length = self.header("content-length")
+        length = head.content_length
         if length is None:
             self._keep_alive = False  # read until the upstream closes
             return
@@ -278,6 +341,7 @@ class UpstreamResponse:
         self._done = value == 0
 
     def header(self, name: str) -> str | None:
+        """The first value of the field ``name`` (lower case), or ``None``."""
         for key, value in self.headers:
             if key.lower() == name:
                 return value
@@ -329,7 +393,10 @@ class UpstreamResponse:
 
     def read(self) -> bytes:
         """The whole remaining body (callers bound it by ``length_remaining``)."""
-        pieces: list[bytes] = []
+        first = self.read1(_RECV)
+        if self._done or not first:
+            return first  # the usual small answer: one piece, no list to join
+        pieces = [first]
         while True:
             piece = self.read1(_RECV)
             if not piece:
@@ -475,16 +542,18 @@ class PooledTransport:
         target = upstream.path or "/"
         if upstream.query:
             target = f"{target}?{upstream.query}"
-        lines = []
-        for name, value in headers:
-            if "\n" in value or "\r" in value:
-                raise BadRequest(f"header {name} contains a line break")
-            lines.append(f"{name}: {value}\r\n")
+        tail = "".join([f"{name}: {value}\r\n" for name, value in headers])
+        # One count over the joined head instead of two tests per field: a line break
+        # inside a name or value would start a header (or a request) of its own.
+        if tail.count("\n") != len(headers) or tail.count("\r") != len(headers):
+            bad = next(name for name, value in headers if "\n" in name + value or "\r" in name + value)
+            raise BadRequest(f"header {bad} contains a line break")
         if content_length is not None:
-            lines.append(f"Content-Length: {content_length}\r\n")
+            tail = f"{tail}Content-Length: {content_length}\r\n\r\n"
         elif body is not None:
-            lines.append("Transfer-Encoding: chunked\r\n")
-        tail = "".join(lines) + "\r\n"
+            tail = f"{tail}Transfer-Encoding: chunked\r\n\r\n"
+        else:
+            tail += "\r\n"
 
         candidates = self._candidates(upstream.base_urls)
         if not candidates:
@@ -545,13 +614,12 @@ class PooledTransport:
             if chunked:
                 conn.sendall(b"0\r\n\r\n")
         while True:
-            status, reason, headers, keep_alive = self._read_head(conn)
-            if status >= 200 or status == 101:
+            answer = self._read_head(conn)
+            if answer.status >= 200 or answer.status == 101:
                 break  # skip 100 Continue, 103 Early Hints
         # An upgrade's connection is never pooled, refused or not.
-        resp = UpstreamResponse(self, conn, method, status, reason, headers,
-                                keep_alive and not upgrade)
-        if upgrade and status == 101:
+        resp = UpstreamResponse(self, conn, method, answer, reusable=not upgrade)
+        if upgrade and answer.status == 101:
             return resp  # the caller detaches the socket; nothing to release
         if resp.length_remaining is None:
             conn.set_timeout(self.stream_idle_timeout)
@@ -560,7 +628,7 @@ class PooledTransport:
         return resp
 
     @staticmethod
-    def _read_head(conn: _Conn) -> tuple[int, str, list[tuple[str, str]], bool]:
+    def _read_head(conn: _Conn) -> _Head:
         while True:
             end = conn.buf.find(b"\r\n\r\n")
             if end >= 0:
@@ -574,19 +642,35 @@ class PooledTransport:
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             raise UpstreamProtocolError("malformed status line")
+        # One pass: every field for the caller, the relayable ones for a proxy, and
+        # the framing fields.
         headers = []
-        keep_alive = parts[0] == "HTTP/1.1"
+        end_to_end = []
+        connection = framing = length = None
         for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name[0] in " \t" or name[-1] in " \t":
-                raise UpstreamProtocolError("malformed header line")
-            value = value.strip(" \t")
-            if name.lower() == "connection":
-                tokens = value.lower()
-                if "close" in tokens:
-                    keep_alive = False
-            headers.append((name, value))
-        return int(parts[1]), parts[2] if len(parts) > 2 else "", headers, keep_alive
+            field, kind = _field(line) if len(line) <= _CACHED_LINE else _parse_field(line)
+            headers.append(field)
+            if kind == _END_TO_END:
+                end_to_end.append(field)
+            elif kind == _CONTENT_LENGTH:
+                if length is not None and length != field[1]:
+                    # Two different lengths: where the body ends is anyone's guess.
+                    raise UpstreamProtocolError("conflicting Content-Length")
+                length = field[1]
+                end_to_end.append(field)
+            elif kind == _CONNECTION:
+                connection = f"{connection}, {field[1]}" if connection else field[1]
+            elif kind == _TRANSFER_ENCODING:
+                framing = f"{framing}, {field[1]}" if framing else field[1]
+        keep_alive = parts[0] == "HTTP/1.1"
+        if connection:
+            options = connection_tokens(connection)
+            keep_alive = keep_alive and "close" not in options
+            named = _named_by_connection(connection)
+            if named:
+                end_to_end = [f for f in end_to_end if f[0].lower() not in named]
+        return _Head(int(parts[1]), parts[2] if len(parts) > 2 else "", headers, end_to_end,
+                     framing, length, keep_alive)
 
     def _get(self, key: _PoolKey) -> _Conn | None:
         idle = self._idle.get(key)
