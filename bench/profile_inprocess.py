@@ -131,6 +131,8 @@ def main() -> int:
                         help="the real transport over a socket answering nginx's bytes at once: "
                              "the Python cost only, without the network's")
     parser.add_argument("--profile", choices=["tunnel", "tunnel_imp", "upstream_proxy"])
+    parser.add_argument("--only", help="comma-separated cases to time (default: all); e.g. to "
+                                       "attach a sampling profiler (py-spy) to one of them")
     parser.add_argument("--access-log", default="/dev/null",
                         help="where the gateway's JSON access log goes (default /dev/null)")
     args = parser.parse_args()
@@ -176,6 +178,8 @@ def main() -> int:
             "tunnel": (gateway, tunnel_path, {"Authorization": f"Bearer {tokens['tunnel']}"}),
             "tunnel_imp": (gateway, tunnel_path, {"Authorization": f"Bearer {tokens['tunnel_imp']}"}),
         }
+        if args.only:
+            cases = {name: case for name, case in cases.items() if name in args.only.split(",")}
         for app, path, headers in cases.values():
             for _ in range(200):
                 _one(app, path, headers)

@@ -86,6 +86,19 @@ def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
     """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
     if not path_info.startswith(TUNNEL_PREFIX):
         return None
+    if len(path_info) + len(raw_uri or "") <= _CACHED_PATH:
+        return _parse_tunnel_path(path_info, raw_uri)
+    return _parse_tunnel_path.__wrapped__(path_info, raw_uri)
+
+
+# A client repeats its paths (list, watch, get the same objects): checking and re-encoding
+# one is a regex, a split and a quote, done once per path. Refusals raise and are never
+# cached; memory stays bounded (1024 entries of at most _CACHED_PATH characters).
+_CACHED_PATH = 512
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath:
     refuse_encoded_separators(raw_uri)
     cluster_id, sep, rest = path_info[len(TUNNEL_PREFIX):].partition("/")
     if not cluster_id or cluster_id in (".", ".."):

@@ -77,8 +77,7 @@ from ..errors import (
     NotImplementedByServer,
 )
 from . import upgrade as upg
-from .transport import HOP_BY_HOP, PooledTransport, Response, Transport
-from .transport import connection_tokens as _connection_tokens
+from .transport import HOP_BY_HOP, PooledTransport, Response, Transport, named_by_connection
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +111,29 @@ def _header_info(environ_key: str) -> tuple[str, str, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _header_plan(keys: tuple[str, ...]) -> tuple[tuple[str, str, str, int], ...]:
-    """For an environ's keys (in order): ``(key, Name, lower, what to do)`` of each header.
+def _header_plan(keys: tuple[str, ...]) -> tuple[tuple[tuple[str, str, str], ...],
+                                                  tuple[tuple[str, str], ...]]:
+    """For an environ's keys (in order): the headers to pass as ``(key, Name, lower)``, and
+    the ``X-Forwarded-*``/``Forwarded`` ones as ``(key, lower)``; the rest are dropped.
 
     Requests of one client carry the same environ keys every time, so the scan of
     the whole environ (thirty-odd keys under gunicorn) is done once per shape.
     """
-    return tuple((key, *_header_info(key)) for key in keys if key.startswith("HTTP_"))
+    passing, forwarded = [], []
+    for key in keys:
+        if key.startswith("HTTP_"):
+            name, lower, kind = _header_info(key)
+            if kind == _PASS:
+                passing.append((key, name, lower))
+            elif kind == _FORWARDED:
+                forwarded.append((key, lower))
+    return tuple(passing), tuple(forwarded)
+
+
+@functools.lru_cache(maxsize=256)
+def _lower_names(fields: tuple[tuple[str, str], ...]) -> frozenset[str]:
+    """The lower-cased names of ``Upstream.set_headers`` (one tuple per user: cached)."""
+    return frozenset(name.lower() for name, _ in fields)
 
 
 class UpstreamProxy:
@@ -312,30 +327,31 @@ class UpstreamProxy:
         self, environ: dict[str, Any], upstream: env.Upstream
     ) -> list[tuple[str, str]]:
         remote = environ.get("REMOTE_ADDR", "")
-        trusted = bool(self._trusted) and self._is_trusted(remote)
-        named = _connection_tokens(environ.get("HTTP_CONNECTION"))
-        overridden = (
-            {name.lower() for name, _ in upstream.set_headers} if upstream.set_headers else None
-        )
-        headers: list[tuple[str, str]] = []
+        passing, forwarded = _header_plan(tuple(environ))
+        connection = environ.get("HTTP_CONNECTION")
+        # Fields the client's Connection names (beyond the hop-by-hop set) and the ones
+        # the upstream sets itself are not passed; usually there are none of either.
+        skip = named_by_connection(connection) if connection else frozenset()
+        if upstream.set_headers:
+            skip = skip | _lower_names(upstream.set_headers)
+        if skip:
+            headers = [(name, environ[key]) for key, name, lower in passing if lower not in skip]
+        else:
+            headers = [(name, environ[key]) for key, name, _ in passing]
         forwarded_for = forwarded_proto = forwarded_host = None
-        for key, name, lower, kind in _header_plan(tuple(environ)):
-            value = environ[key]
-            if kind == _DROP or (named and lower in named) or (overridden and lower in overridden):
-                continue
-            if kind == _FORWARDED:
-                if not trusted:
+        if forwarded and self._trusted and self._is_trusted(remote):
+            for key, lower in forwarded:
+                if lower in skip:
                     continue
+                value = environ[key]
                 if lower == "x-forwarded-for":
                     forwarded_for = value
-                    continue
-                if lower == "x-forwarded-proto":
+                elif lower == "x-forwarded-proto":
                     forwarded_proto = value
-                    continue
-                if lower == "x-forwarded-host":
+                elif lower == "x-forwarded-host":
                     forwarded_host = value
-                    continue
-            headers.append((name, value))
+                else:
+                    headers.append((_header_info(key)[0], value))
         content_type = environ.get("CONTENT_TYPE")
         if content_type:
             headers.append(("Content-Type", content_type))

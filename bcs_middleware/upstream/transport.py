@@ -103,7 +103,7 @@ def connection_tokens(value: str | None) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _named_by_connection(value: str) -> frozenset[str]:
+def named_by_connection(value: str) -> frozenset[str]:
     """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
     return connection_tokens(value) - HOP_BY_HOP
 
@@ -666,7 +666,7 @@ class PooledTransport:
         if connection:
             options = connection_tokens(connection)
             keep_alive = keep_alive and "close" not in options
-            named = _named_by_connection(connection)
+            named = named_by_connection(connection)
             if named:
                 end_to_end = [f for f in end_to_end if f[0].lower() not in named]
         return _Head(int(parts[1]), parts[2] if len(parts) > 2 else "", headers, end_to_end,

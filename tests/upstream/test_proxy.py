@@ -266,9 +266,10 @@ def _vm_kib(pid: int, field: str) -> int:
 
 
 def _routed(routed: ServerProcess, path: str = "/echo", style: str | None = None,
-            timeout: float = 10, **upstream: object) -> requests.Response:
+            timeout: float = 10, client_headers: dict[str, str] | None = None,
+            **upstream: object) -> requests.Response:
     headers = {"X-Test-Upstream": encode_upstream(path=path, **upstream),
-               "Authorization": "Bearer client-token"}
+               "Authorization": "Bearer client-token", **(client_headers or {})}
     if style:
         headers["X-Test-Error-Style"] = style
     return requests.get(routed.url + "/anything", headers=headers, timeout=timeout)
@@ -290,6 +291,15 @@ def test_routed_upstream_gets_bearer_token_and_set_headers(
     assert seen["authorization"] == ["Bearer sa-token"]
     assert seen["impersonate-user"] == ["alice"]
     assert seen["impersonate-group"] == ["system:authenticated", "devs"]
+
+
+def test_set_headers_replace_the_clients_own(routed: ServerProcess, fake: FakeUpstream) -> None:
+    resp = _routed(routed, "/echo", base_urls=[fake.url], name="c1",
+                   set_headers=[["X-Tenant", "gateway"]],
+                   client_headers={"x-tenant": "forged", "X-Other": "kept"})
+    seen = _headers(resp.json())
+    assert seen["x-tenant"] == ["gateway"]
+    assert seen["x-other"] == ["kept"]
 
 
 def test_tls_upstream_verified_against_its_ca(routed: ServerProcess, fake_tls: FakeUpstream,
