@@ -515,75 +515,10 @@ def _download(url: str, headers: dict[str, str]) -> None:
 # -- report ----------------------------------------------------------------------------------
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--duration", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--loader", choices=["wrk", "python"],
-                        default="wrk" if shutil.which("wrk") else "python")
-    parser.add_argument("--skip-transfers", action="store_true")
-    parser.add_argument("--switch-interval", type=float,
-                        help="sys.setswitchinterval() in every gunicorn worker (post_fork)")
-    parser.add_argument("--only", help="comma-separated contenders to run (default: all)")
-    parser.add_argument("--workers", type=int, default=GUNICORN["workers"],
-                        help="gunicorn workers, the same for every contender")
-    parser.add_argument("--threads", type=int, default=GUNICORN["threads"],
-                        help="gunicorn threads per worker, the same for every contender")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
-    parser.add_argument("--worker-class", default=GUNICORN["worker_class"],
-                        help="gunicorn worker class, the same for every contender (gthread, gevent, ...)")
-    parser.add_argument("--shared-socket", action="store_true",
-                        help="all gunicorn workers accept from one shared socket (gunicorn's default) "
-                             "instead of --reuse-port: shows the accept imbalance")
-    parser.add_argument("--pin", action="store_true",
-                        help="servers of every contender on CPU 0, the load generator on CPU 1: "
-                             "steadier ratios on a 2-CPU machine")
-    args = parser.parse_args()
-    if args.pin:
-        global LOADER_CPUS
-        LOADER_CPUS = {1}
-        os.sched_setaffinity(0, {0})  # every server started from here inherits CPU 0
-    if args.shared_socket:
-        GUNICORN_EXTRA.remove("--reuse-port")
-    loader = load_wrk if args.loader == "wrk" else load_python
-    GUNICORN.update(workers=args.workers, threads=args.threads, worker_class=args.worker_class)
-    contenders = CONTENDERS if not args.only else [
-        c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
-
-    tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
-    if args.switch_interval:
-        GUNICORN_EXTRA.extend(["-c", str(_switch_interval_config(tmp, args.switch_interval))])
-    nginx = _start_nginx(tmp)
-    ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status")
-    running: dict[str, Running] = {}
-    samples: dict[str, list[Sample]] = {c.name: [] for c in contenders}
-    try:
-        for contender in contenders:
-            running[contender.name] = contender.start(ctx)
-            _wait_ready(running[contender.name].url + ctx.file_url_path, running[contender.name].headers)
-            measure(ctx, running[contender.name], loader, 1.0, args.connections)  # warm up
-        for round_no in range(args.rounds):
-            for contender in contenders:
-                sample = measure(ctx, running[contender.name], loader, args.duration,
-                                 args.connections)
-                samples[contender.name].append(sample)
-                share = sample.busiest_worker_share
-                print(f"round {round_no + 1} {contender.name:15} {sample.rps:9.0f} req/s "
-                      f"p50 {sample.p50_ms:6.2f} ms p99 {sample.p99_ms:6.2f} ms "
-                      f"cpu {sample.cpu_us_per_req:6.0f} us/req"
-                      f"{f'  busiest worker {share:.2f}' if share is not None else ''}", flush=True)
-    finally:
-        for item in running.values():
-            item.stop()
-        nginx.stop()
-
-    print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
-          f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
-          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']} {' '.join(GUNICORN_EXTRA)}"
-          f"{f', switch interval {args.switch_interval:g} s' if args.switch_interval else ''}, "
-          f"{os.cpu_count()} CPUs\n")
+def _report(title: str, samples: dict[str, list[Sample]]
+            ) -> tuple[dict[str, dict[str, float | None]], dict[str, float]]:
+    """Print one view's medians and median per-round ratios; return both."""
+    print(f"\n== {title}\n")
     print(f"{'contender':15} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} "
           f"{'upstream conn/req':>18} {'busiest worker':>15}")
     med: dict[str, dict[str, float | None]] = {}
@@ -625,18 +560,112 @@ def main() -> int:
     print("\nmedian of per-round ratios")
     for name, value in ratios.items():
         print(f"  {name:34} {value:6.2f}")
+    return med, ratios
 
-    settings = {**GUNICORN, "switch_interval": args.switch_interval, "extra": GUNICORN_EXTRA}
-    result: dict[str, object] = {"medians": med, "ratios": ratios, "settings": settings}
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--connections", default="16,64",
+                        help="comma-separated concurrency levels, each measured for every contender "
+                             "in every round (default 16,64); the targets use each contender's best "
+                             "level per round (its capacity)")
+    parser.add_argument("--loader", choices=["wrk", "python"],
+                        default="wrk" if shutil.which("wrk") else "python")
+    parser.add_argument("--skip-transfers", action="store_true")
+    parser.add_argument("--switch-interval", type=float,
+                        help="sys.setswitchinterval() in every gunicorn worker (post_fork)")
+    parser.add_argument("--only", help="comma-separated contenders to run (default: all)")
+    parser.add_argument("--workers", type=int, default=GUNICORN["workers"],
+                        help="gunicorn workers, the same for every contender")
+    parser.add_argument("--threads", type=int, default=GUNICORN["threads"],
+                        help="gunicorn threads per worker, the same for every contender")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--worker-class", default=GUNICORN["worker_class"],
+                        help="gunicorn worker class, the same for every contender (gthread, gevent, ...)")
+    parser.add_argument("--shared-socket", action="store_true",
+                        help="all gunicorn workers accept from one shared socket (gunicorn's default) "
+                             "instead of --reuse-port: shows the accept imbalance")
+    parser.add_argument("--pin", action="store_true",
+                        help="servers of every contender on CPU 0, the load generator on CPU 1: "
+                             "steadier ratios on a 2-CPU machine")
+    args = parser.parse_args()
+    if args.pin:
+        global LOADER_CPUS
+        LOADER_CPUS = {1}
+        os.sched_setaffinity(0, {0})  # every server started from here inherits CPU 0
+    if args.shared_socket:
+        GUNICORN_EXTRA.remove("--reuse-port")
+    loader = load_wrk if args.loader == "wrk" else load_python
+    GUNICORN.update(workers=args.workers, threads=args.threads, worker_class=args.worker_class)
+    contenders = CONTENDERS if not args.only else [
+        c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
+
+    tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
+    if args.switch_interval:
+        GUNICORN_EXTRA.extend(["-c", str(_switch_interval_config(tmp, args.switch_interval))])
+    nginx = _start_nginx(tmp)
+    ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status")
+    levels = [int(level) for level in str(args.connections).split(",")]
+    running: dict[str, Running] = {}
+    # samples[level][contender]: one Sample per round.
+    samples: dict[int, dict[str, list[Sample]]] = {
+        level: {c.name: [] for c in contenders} for level in levels}
+    try:
+        for contender in contenders:
+            running[contender.name] = contender.start(ctx)
+            _wait_ready(running[contender.name].url + ctx.file_url_path, running[contender.name].headers)
+            measure(ctx, running[contender.name], loader, 1.0, max(levels))  # warm up
+        for round_no in range(args.rounds):
+            for contender in contenders:
+                for level in levels:
+                    sample = measure(ctx, running[contender.name], loader, args.duration, level)
+                    samples[level][contender.name].append(sample)
+                    share = sample.busiest_worker_share
+                    print(f"round {round_no + 1} {contender.name:15} c{level:<4} {sample.rps:9.0f} req/s "
+                          f"p50 {sample.p50_ms:6.2f} ms p99 {sample.p99_ms:6.2f} ms "
+                          f"cpu {sample.cpu_us_per_req:6.0f} us/req"
+                          f"{f'  busiest worker {share:.2f}' if share is not None else ''}", flush=True)
+    finally:
+        for item in running.values():
+            item.stop()
+        nginx.stop()
+
+    print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
+          f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
+          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']} {' '.join(GUNICORN_EXTRA)}"
+          f"{f', switch interval {args.switch_interval:g} s' if args.switch_interval else ''}, "
+          f"{os.cpu_count()} CPUs")
+    # Capacity: in each round, each contender's best level. A contender that waits on an
+    # upstream is latency-bound at a concurrency that already saturates the CPUs for one
+    # that never waits (bench/README.md, "Why a concurrency sweep").
+    best = {name: [max((samples[level][name][i] for level in levels), key=lambda x: x.rps)
+                   for i in range(args.rounds)] for name in samples[levels[0]]}
+    views: list[tuple[str, dict[str, list[Sample]]]] = [
+        (f"{level} connections", samples[level]) for level in levels]
+    if len(levels) > 1:
+        views.append(("capacity: each contender's best level per round", best))
+    med: dict[str, dict[str, dict[str, float | None]]] = {}
+    ratios_by_view: dict[str, dict[str, float]] = {}
+    for title, view in views:
+        med[title], ratios_by_view[title] = _report(title, view)
+    ratios = ratios_by_view[views[-1][0]]
+    capacity = med[views[-1][0]]
+
+    settings = {**GUNICORN, "switch_interval": args.switch_interval, "extra": GUNICORN_EXTRA,
+                "connections": levels}
+    result: dict[str, object] = {"medians": med, "ratios": ratios_by_view, "settings": settings}
     targets: dict[str, bool] = {}
     for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("upstream_proxy/werkzeug req/s", 1.25),
                        ("tunnel/ceiling req/s", 0.5), ("tunnel/werkzeug req/s", 1.25)):
         if name in ratios:
             targets[f"{name} >= {goal}"] = ratios[name] >= goal
     for name in ("upstream_proxy", "tunnel"):
-        if name in med:
+        if name in capacity:
             targets[f"{name} upstream conn/req <= 0.01"] = (
-                (med[name]["upstream_conns_per_req"] or 0) <= 0.01)
+                (capacity[name]["upstream_conns_per_req"] or 0) <= 0.01)
     if not args.skip_transfers:
         moved = transfers(tmp)
         result["transfers"] = moved
@@ -645,7 +674,7 @@ def main() -> int:
             print(f"  {name:40} {value:8.1f}")
         targets["peak RSS growth < 32 MiB"] = max(
             value for name, value in moved.items() if "RSS" in name) < 32
-    print("\ntargets")
+    print(f"\ntargets ({views[-1][0]})")
     for name, ok in targets.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     result["targets"] = targets
