@@ -55,6 +55,29 @@ def test_driver_and_gateway_nodes_are_written_in_the_source_layout(zookeeper, re
         raw.close()
 
 
+def test_a_registrar_whose_session_expired_registers_again(zookeeper, registrars):
+    registrar = registrars(zookeeper.hosts, driver_path("BCS-MESOS-EXPIRY"), Endpoint(ip="10.9.9.9", port=31000))
+    first = registrar.node
+    # A second client that takes over the session and closes it ends that session on the
+    # server, exactly as an expiry does: the registrar's client hears SESSION_EXPIRED (LOST).
+    thief = KazooClient(hosts=zookeeper.hosts, client_id=registrar._client.client_id)
+    thief.start(10)
+    thief.stop()
+    thief.close()
+    assert wait_until(lambda: registrar.node not in (None, first), timeout=15), "not registered again"
+    raw = KazooClient(hosts=zookeeper.hosts)
+    raw.start(10)
+    try:
+        assert raw.exists(first) is None  # the old node went with the old session
+        data, stat = raw.get(registrar.node)
+        assert stat.ephemeralOwner == registrar._client.client_id[0] != 0
+        assert Endpoint.from_json(data).ip == "10.9.9.9"
+        assert raw.get_children(driver_path("BCS-MESOS-EXPIRY")) == [registrar.node.rsplit("/", 1)[1]]
+    finally:
+        raw.stop()
+        raw.close()
+
+
 def test_nodes_written_by_other_programs_are_read_tolerantly():
     assert Endpoint.from_json(b'{"ip":"10.0.0.1","port":"31000","extra":"x"}') == Endpoint("10.0.0.1", 31000)
     with pytest.raises(ValueError):
