@@ -119,6 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
     settings: dict[str, Any] = {}
+    renewer = None  # keeps the generated certificate fresh while serving
     server = _server_section(Path(args.config)) if args.config else {}
     bind = args.bind or server.get("bind") or DEFAULT_BIND
     certfile = args.certfile or server.get("certfile")
@@ -147,10 +148,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not ca_file:
             log.warning("no --ca-file: client_credentials and kubeconfigs will not carry a CA")
     else:
-        from .tls import default_gateway_hosts, ensure_gateway_pki
+        from .tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki
+
+        if args.tls_check_interval <= 0:
+            print("error: --tls-check-interval must be positive", file=sys.stderr)
+            return 2
 
         hosts = default_gateway_hosts() + [h for spec in args.tls_host for h in spec.split(",") if h]
         pki = ensure_gateway_pki(data_dir, hosts)
+        renewer = CertificateRenewer(data_dir, hosts, interval=args.tls_check_interval)
         settings.update(certfile=str(pki.cert_file), keyfile=str(pki.key_file))
         ca_file, cert_for_api = str(pki.ca_file), pki.cert_file
         log.info("TLS: %s", pki.reason)
@@ -204,6 +210,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.zookeeper:
         settings.update(_registration_hooks(args, bind, scheme))
+    if renewer is not None:
+        # In the master, once the sockets are bound (workers come and go).
+        settings["when_ready"] = _also_start(renewer.start, settings.get("when_ready"))
     print(f"bcs-middleware {__version__} {args.role} on {scheme}://{bind}/  (data: {data_dir})", flush=True)
     _Gunicorn(loader, settings).run()
     return 0
@@ -292,6 +301,17 @@ def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any
     return loader
 
 
+def _also_start(start: Callable[[], None], hook: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    """A gunicorn server hook that calls ``start()`` and then ``hook`` (when there is one)."""
+
+    def when_ready(server: Any) -> None:
+        start()
+        if hook is not None:
+            hook(server)
+
+    return when_ready
+
+
 def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dict[str, Any]:
     """One ZooKeeper node per server, in the source system's layout, removed on clean exit."""
     import socket
@@ -336,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")
     serve.add_argument("--tls-host", action="append", default=[], metavar="NAME",
                        help="extra name or IP for the generated certificate (repeatable, comma-separated)")
+    serve.add_argument("--tls-check-interval", type=float, default=6 * 3600, metavar="SECONDS",
+                       help="how often a running gateway checks its generated certificate; it is "
+                            "renewed 30 days before it expires, without a restart (default 6 h)")
     serve.add_argument("--certfile", help="serve this certificate instead of a generated one")
     serve.add_argument("--keyfile", help="the key of --certfile")
     serve.add_argument("--ca-file", help="the CA that signed --certfile (handed to clients)")

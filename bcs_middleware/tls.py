@@ -6,7 +6,9 @@ no ``openssl`` subprocess, no hand-written ASN.1.
 * :func:`generate_ca`, :func:`issue_server_cert`, :func:`issue_client_cert` make
   PEM :class:`KeyPair` values in memory;
 * :func:`ensure_gateway_pki` keeps the embedded gateway's CA and server
-  certificate in ``<data_dir>/tls/`` (created once, renewed before expiry);
+  certificate in ``<data_dir>/tls/`` (created once, renewed before expiry), and
+  :class:`CertificateRenewer` runs it periodically in a serving gateway, so the
+  certificate is renewed without a restart;
 * :func:`write_gateway_bundle` and :func:`write_service_bundle` write the files
   of the ``bcs-middleware certs`` command for a production install or for an
   admission webhook served inside Kubernetes.
@@ -34,6 +36,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -311,9 +314,13 @@ def _issue_leaf(
     days: int,
     extended_usage: x509.ObjectIdentifier,
     san: list[x509.GeneralName] | None,
+    key: _PrivateKey | None = None,
 ) -> KeyPair:
     ca_cert, ca_key = _load_ca(ca)
-    key = _new_key(key_type, rsa_bits)
+    if key is None:
+        key = _new_key(key_type, rsa_bits)
+    else:
+        key_type = "rsa" if isinstance(key, rsa.RSAPrivateKey) else "ecdsa"
     try:
         ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
@@ -350,8 +357,12 @@ def issue_server_cert(
     rsa_bits: int = 3072,
     days: int = 397,
     common_name: str | None = None,
+    key_pem: bytes | None = None,
 ) -> KeyPair:
     """Issue a TLS server certificate for ``hosts`` signed by ``ca``.
+
+    ``key_pem`` certifies an existing private key (a renewal) instead of a new one
+    (``key_type``/``rsa_bits`` are then ignored).
 
     Host names become ``DNSName`` entries (lower-cased, IDNA-encoded, a
     leading ``*.`` allowed), IPv4 and IPv6 addresses ``IPAddress`` entries
@@ -370,6 +381,7 @@ def issue_server_cert(
         days=days,
         extended_usage=ExtendedKeyUsageOID.SERVER_AUTH,
         san=san,
+        key=_load_key(key_pem) if key_pem is not None else None,
     )
 
 
@@ -515,26 +527,28 @@ def _server_cert_problem(
     key_file: Path,
     hosts: Sequence[x509.GeneralName],
     renew_before: timedelta,
-) -> str | None:
+) -> tuple[str | None, KeyPair | None]:
+    """Why the server certificate must be reissued (``None``: it is fine), and the current
+    pair when it is sound apart from that (its key can be certified again)."""
     if not cert_file.exists() or not key_file.exists():
-        return "server certificate missing"
+        return "server certificate missing", None
     try:
         pair = load_keypair(cert_file, key_file)
         cert = pair.certificate
     except (OSError, ValueError, TypeError):
-        return "server certificate or key unreadable"
+        return "server certificate or key unreadable", None
     try:
         cert.verify_directly_issued_by(ca_cert)
     except (ValueError, TypeError, InvalidSignature):
-        return "server certificate not signed by the current CA"
+        return "server certificate not signed by the current CA", None
     expires = cert.not_valid_after_utc
     if expires - datetime.now(UTC) < renew_before:
-        return f"server certificate expires {expires:%Y-%m-%d %H:%M} UTC, renewing early"
+        return f"server certificate expires {expires:%Y-%m-%d %H:%M} UTC, renewing early", pair
     present = _san_names(cert)
     missing = [_general_name_text(host) for host in hosts if host not in present]
     if missing:
-        return f"server certificate does not cover {', '.join(missing)}"
-    return None
+        return f"server certificate does not cover {', '.join(missing)}", pair
+    return None, pair
 
 
 def ensure_gateway_pki(
@@ -591,14 +605,70 @@ def ensure_gateway_pki(
                 ca_cert.not_valid_after_utc.isoformat(),
             )
 
-        problem = _server_cert_problem(ca_cert, cert_file, key_file, wanted, renew_before)
+        problem, current = _server_cert_problem(ca_cert, cert_file, key_file, wanted, renew_before)
         if problem is None:
             return GatewayPKI(
                 ca_file, cert_file, key_file, created_ca, False, "server certificate is valid"
             )
-        _write_pair(issue_server_cert(ca, hosts), cert_file, key_file)
+        if current is not None:
+            # Expiring or missing a host, but its key is sound: certify the same key again
+            # and replace only the certificate. A running server loads both files for every
+            # new connection (gunicorn's gthread and sync workers), and one atomic replace
+            # never lets a connection see a new certificate with the old key.
+            renewed = issue_server_cert(ca, hosts, key_pem=current.key_pem)
+            _write_atomic(cert_file, renewed.cert_pem, 0o644)
+        else:
+            _write_pair(issue_server_cert(ca, hosts), cert_file, key_file)
         log.info("issued gateway server certificate %s: %s", cert_file, problem)
         return GatewayPKI(ca_file, cert_file, key_file, created_ca, True, problem)
+
+
+class CertificateRenewer:
+    """Check the embedded gateway's certificate every ``interval`` seconds while it serves.
+
+    :func:`ensure_gateway_pki` renews the server certificate ``renew_before`` its
+    expiry (certifying the same key again, one atomic file replace). gunicorn's
+    gthread and sync workers load ``certfile``/``keyfile`` for every new connection,
+    so the renewed certificate is served from the next connection on: a gateway that
+    runs for longer than a certificate lives needs no restart. Run it in one process
+    (the gunicorn master); a failed check is logged and retried at the next interval.
+    """
+
+    def __init__(self, data_dir: Path, hosts: Sequence[str], *, interval: float,
+                 renew_before: timedelta = timedelta(days=30)) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be positive (got {interval})")
+        self.data_dir = Path(data_dir)
+        self.hosts = list(hosts)
+        self.interval = interval
+        self.renew_before = renew_before
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> GatewayPKI | None:
+        """One check (and renewal when due); ``None`` when it failed (logged)."""
+        try:
+            pki = ensure_gateway_pki(self.data_dir, self.hosts, renew_before=self.renew_before)
+        except Exception as exc:  # the server keeps serving its current certificate
+            log.warning("checking the gateway certificate failed (%s); retrying in %.0f s",
+                        type(exc).__name__, self.interval)
+            return None
+        if pki.issued_cert:
+            log.info("renewed the gateway certificate %s (%s); new connections get it",
+                     pki.cert_file, pki.reason)
+        return pki
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bcs-cert-renewer", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.check()
 
 
 def _prepare_out_dir(out_dir: Path, files: Sequence[Path], force: bool) -> None:

@@ -6,15 +6,20 @@ import concurrent.futures
 import json
 import os
 import shutil
+import socket
 import ssl
 import stat
 import subprocess
 import sys
+import time
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
+from bcs_middleware import tls
 from tests.support.servers import BIN, ServerProcess, free_port, http_get
 
 CLI = str(BIN / "bcs-middleware")
@@ -68,6 +73,49 @@ def test_first_start_serves_https_with_its_own_ca_and_a_new_admin_token(tmp_path
         output = server.output()
     assert f"curl --cacert {ca}" in output
     assert output.count(token) == 1  # printed once, in the hand-over banner, never logged
+
+
+def _served_certificate(port: int, cafile: Path) -> x509.Certificate:
+    """The certificate a new connection gets, verified against ``cafile``."""
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls_sock:
+        der = tls_sock.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_a_running_gateway_renews_its_certificate_without_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with serve(data, "--tls-check-interval", "0.5") as server:
+        ca_file, tls_dir = data / "tls" / "ca.crt", data / "tls"
+        master = server.proc.pid
+        key_before = (tls_dir / "server.key").read_bytes()
+        # The certificate now expires tomorrow (same key, same CA): due for renewal.
+        ca = tls.load_keypair(ca_file, tls_dir / "ca.key")
+        short = tls.issue_server_cert(ca, ["localhost", "127.0.0.1"], days=1, key_pem=key_before)
+        (tls_dir / "server.crt").write_bytes(short.cert_pem)
+        assert _served_certificate(server.port, ca_file).not_valid_after_utc < datetime.now(UTC) + timedelta(days=2)
+
+        def renewed() -> bool:
+            served = _served_certificate(server.port, ca_file)
+            return served.not_valid_after_utc > datetime.now(UTC) + timedelta(days=300)
+
+        deadline = time.monotonic() + 20
+        while not renewed() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert renewed(), "the running gateway still serves the expiring certificate"
+        assert server.proc.pid == master and server.proc.poll() is None  # no restart
+        assert (tls_dir / "server.key").read_bytes() == key_before  # only the certificate changed
+        assert call(f"{server.url}/healthz", cafile=str(ca_file)) == (200, {"status": "ok"})
+        output = server.output()
+    assert "renewed the gateway certificate" in output
+
+
+def test_a_nonpositive_certificate_check_interval_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run([CLI, "serve", "--data-dir", str(tmp_path / "d"), "--tls-check-interval", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--tls-check-interval must be positive" in result.stderr
 
 
 def test_restart_keeps_ca_tokens_and_data(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ipaddress
+import logging
 import multiprocessing
 import os
 import socket
@@ -364,6 +365,44 @@ def test_a_cert_near_expiry_is_renewed_and_the_ca_kept(tmp_path: Path) -> None:
     pki.cert_file.write_bytes(short.cert_pem)
     pki.key_file.write_bytes(short.key_pem)
     assert not tls.ensure_gateway_pki(tmp_path, HOSTS, renew_before=timedelta(hours=1)).issued_cert
+
+
+def test_renewal_certifies_the_same_key_and_replaces_only_the_certificate(tmp_path: Path) -> None:
+    pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    key_before = pki.key_file.read_bytes()
+    ca = tls.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
+    pki.cert_file.write_bytes(tls.issue_server_cert(ca, HOSTS, days=1, key_pem=key_before).cert_pem)
+    key_inode = pki.key_file.stat().st_ino
+
+    renewed = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    assert renewed.issued_cert and "renewing early" in renewed.reason
+    assert pki.key_file.read_bytes() == key_before and pki.key_file.stat().st_ino == key_inode
+    pair = tls.load_keypair(pki.cert_file, pki.key_file)  # the new certificate matches the kept key
+    assert pair.certificate.not_valid_after_utc > datetime.now(UTC) + timedelta(days=300)
+    # A new host: the same key certified for one more name.
+    more = tls.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.test"])
+    assert more.issued_cert and pki.key_file.read_bytes() == key_before
+    assert tls.host_matches(pki.cert_file.read_bytes(), "gw.example.test")
+
+
+def test_the_renewer_renews_once_due_and_logs_a_failure_instead_of_raising(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    renewer = tls.CertificateRenewer(tmp_path, HOSTS, interval=3600)
+    first = renewer.check()
+    assert first is not None and first.issued_cert  # the first check creates everything
+    assert renewer.check() is not None and not renewer.check().issued_cert  # type: ignore[union-attr]
+    ca = tls.load_keypair(first.ca_file, tmp_path / "tls" / "ca.key")
+    first.cert_file.write_bytes(
+        tls.issue_server_cert(ca, HOSTS, days=1, key_pem=first.key_file.read_bytes()).cert_pem)
+    with caplog.at_level(logging.INFO, logger="bcs_middleware.tls"):
+        assert renewer.check().issued_cert  # type: ignore[union-attr]
+        (tmp_path / "tls" / "ca.key").write_bytes(b"not a key")
+        assert renewer.check() is None
+    assert "renewed the gateway certificate" in caplog.text
+    assert "checking the gateway certificate failed (ConfigError)" in caplog.text
+    with pytest.raises(ValueError):
+        tls.CertificateRenewer(tmp_path, HOSTS, interval=0)
 
 
 def _damage_foreign_ca(tls_dir: Path) -> None:
