@@ -36,6 +36,7 @@ from .. import converters as conv
 from .. import environ as env
 from ..errors import BadRequest, BCSError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
+from ..shapes import ShapeCache
 from ..store import ClusterRecord, CredentialRecord
 
 TUNNEL_PREFIX = "/tunnels/clusters/"
@@ -113,10 +114,12 @@ def impersonation_headers(environ: Mapping[str, Any]) -> tuple[str, ...]:
     return _impersonation_keys(tuple(environ))
 
 
-@functools.lru_cache(maxsize=256)
-def _impersonation_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
-    # A client's requests carry the same environ keys each time: scanned once per shape.
+def _scan_impersonation(keys: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in keys if k.startswith("HTTP_IMPERSONATE_"))
+
+
+# A client's requests carry the same environ keys each time: scanned once per shape.
+_impersonation_keys = ShapeCache(_scan_impersonation)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -76,6 +76,7 @@ from ..errors import (
     InternalError,
     NotImplementedByServer,
 )
+from ..shapes import ShapeCache
 from . import upgrade as upg
 from .transport import HOP_BY_HOP, PooledTransport, Response, Transport, named_by_connection
 
@@ -110,14 +111,12 @@ def _header_info(environ_key: str) -> tuple[str, str, int]:
     return name.title(), lower, kind
 
 
-@functools.lru_cache(maxsize=256)
-def _header_plan(keys: tuple[str, ...]) -> tuple[tuple[tuple[str, str, str], ...],
-                                                  tuple[tuple[str, str], ...]]:
+_Plan = tuple[tuple[tuple[str, str, str], ...], tuple[tuple[str, str], ...]]
+
+
+def _scan_headers(keys: tuple[str, ...]) -> _Plan:
     """For an environ's keys (in order): the headers to pass as ``(key, Name, lower)``, and
     the ``X-Forwarded-*``/``Forwarded`` ones as ``(key, lower)``; the rest are dropped.
-
-    Requests of one client carry the same environ keys every time, so the scan of
-    the whole environ (thirty-odd keys under gunicorn) is done once per shape.
     """
     passing, forwarded = [], []
     for key in keys:
@@ -128,6 +127,10 @@ def _header_plan(keys: tuple[str, ...]) -> tuple[tuple[tuple[str, str, str], ...
             elif kind == _FORWARDED:
                 forwarded.append((key, lower))
     return tuple(passing), tuple(forwarded)
+
+
+# The scan of the whole environ (thirty-odd keys under gunicorn), once per shape.
+_header_plan = ShapeCache(_scan_headers)
 
 
 @functools.lru_cache(maxsize=256)
