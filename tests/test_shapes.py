@@ -59,3 +59,20 @@ def test_ordinary_shapes_are_remembered() -> None:
     passing, _ = proxy._header_plan(tuple(environ))
     assert [name for _, name, _ in passing] == ["User-Agent", "Accept"]  # Host is the upstream's
     assert tuple(environ) in proxy._header_plan._seen
+
+
+def test_long_connection_values_and_header_names_are_not_remembered() -> None:
+    from bcs_middleware.upstream import transport
+
+    tokens_before = transport._tokens.cache_info().currsize
+    named_before = transport._named.cache_info().currsize
+    info_before = proxy._header_info.cache_info().currsize
+    for n in range(50):
+        value = f"keep-alive, X-{n}-" + "a" * 5000
+        assert transport.named_by_connection(value) == {f"x-{n}-" + "a" * 5000}
+        assert transport.connection_tokens(value) == {"keep-alive", f"x-{n}-" + "a" * 5000}
+        proxy._header_plan(tuple(_environ(f"LONG_{n}_" + "N" * 200)))
+    assert transport._tokens.cache_info().currsize == tokens_before
+    assert transport._named.cache_info().currsize == named_before
+    assert proxy._header_info.cache_info().currsize == info_before
+    assert transport.named_by_connection("keep-alive, X-Private") == {"x-private"}  # short: cached

@@ -121,7 +121,8 @@ def _scan_headers(keys: tuple[str, ...]) -> _Plan:
     passing, forwarded = [], []
     for key in keys:
         if key.startswith("HTTP_"):
-            name, lower, kind = _header_info(key)
+            # Long names (a client's, up to 8 KiB) are classified without being remembered.
+            name, lower, kind = _header_info(key) if len(key) <= 128 else _header_info.__wrapped__(key)
             if kind == _PASS:
                 passing.append((key, name, lower))
             elif kind == _FORWARDED:

@@ -94,18 +94,28 @@ HOP_BY_HOP = frozenset({
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
 
 
-@functools.lru_cache(maxsize=256)  # the same few values ("keep-alive", "close") every time
 def connection_tokens(value: str | None) -> frozenset[str]:
     """The lower-cased options of a ``Connection`` header value."""
     if not value:
         return frozenset()
+    # The same few values ("keep-alive", "close") every time: remembered, unless long (a
+    # client's value can be 8 KiB, and a cache of those would hold megabytes).
+    return _tokens(value) if len(value) <= _CACHED_LINE else _tokens.__wrapped__(value)
+
+
+def named_by_connection(value: str) -> frozenset[str]:
+    """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
+    return _named(value) if len(value) <= _CACHED_LINE else connection_tokens(value) - HOP_BY_HOP
+
+
+@functools.lru_cache(maxsize=256)
+def _tokens(value: str) -> frozenset[str]:
     return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
 
 
 @functools.lru_cache(maxsize=256)
-def named_by_connection(value: str) -> frozenset[str]:
-    """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
-    return connection_tokens(value) - HOP_BY_HOP
+def _named(value: str) -> frozenset[str]:
+    return _tokens(value) - HOP_BY_HOP
 
 
 # What a response header field is to the head parser.
