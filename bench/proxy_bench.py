@@ -10,8 +10,10 @@ Contenders, all serving the same static bytes:
    Python WSGI proxy under these gunicorn settings could reach.
 
 The machine's speed drifts, so contenders alternate (A B C D, A B C D, …) and the report gives
-medians and the median of per-round ratios. Load comes from ``wrk`` (Debian package) in its own
-process, or a threaded ``http.client`` loader (``--loader python``) when wrk is missing.
+medians and the median of per-round ratios, at each concurrency level of ``--connections`` and
+for each contender's best level per round (its capacity, which the targets use). Load comes
+from ``wrk`` (Debian package) in its own process, or a threaded ``http.client`` loader
+(``--loader python``) when wrk is missing.
 CPU per request is the servers' CPU time (``/proc/<pid>/stat``, every process of the contender,
 nginx included behind a proxy) over the requests served; upstream connections per request come
 from nginx's ``stub_status`` accepts counter.
@@ -22,7 +24,7 @@ gunicorn workers' peak RSS growth (``VmHWM`` after ``clear_refs``).
 Contenders are pluggable: append a :class:`Contender` whose ``start(ctx)`` returns a
 :class:`Running` (base URL, headers, process ids) — the gateway tunnel will be one.
 
-Usage: ``python bench/proxy_bench.py [--rounds 5] [--duration 5] [--connections 16]``
+Usage: ``python bench/proxy_bench.py [--rounds 5] [--duration 5] [--connections 16,64]``
 """
 
 from __future__ import annotations
