@@ -37,6 +37,7 @@ import re
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -642,7 +643,6 @@ class CertificateRenewer:
         self.hosts = list(hosts)
         self.interval = interval
         self.renew_before = renew_before
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def check(self) -> GatewayPKI | None:
@@ -659,15 +659,14 @@ class CertificateRenewer:
         return pki
 
     def start(self) -> None:
+        """Check every ``interval`` from now on, on a daemon thread (it ends with the process)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bcs-cert-renewer", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            time.sleep(self.interval)
             self.check()
 
 
