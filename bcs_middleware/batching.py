@@ -30,15 +30,20 @@ class BatchQueue:
         :meth:`drain` and at exit; calls never overlap.
     :param period: seconds an item may wait.
     :param name: the background thread's name.
+    :param max_items: when this many are waiting (``apply`` is stuck, or its thread
+        starved), :meth:`put` applies its item on the calling thread instead: nothing
+        is dropped and memory stays bounded.
 
     Fork-safe: a forked child starts empty, without the parent's thread, and starts
     its own on its first :meth:`put` (a fork hook, not a ``getpid()`` per item).
     """
 
-    def __init__(self, apply: Callable[[list[Any]], None], *, period: float, name: str) -> None:
+    def __init__(self, apply: Callable[[list[Any]], None], *, period: float, name: str,
+                 max_items: int = 65536) -> None:
         self.apply = apply
         self.period = period
         self.name = name
+        self.max_items = max_items
         self._forget()
         _queues.add(self)
 
@@ -51,7 +56,11 @@ class BatchQueue:
         return len(self._items)
 
     def put(self, item: Any) -> None:
-        self._items.append(item)
+        items = self._items
+        if len(items) >= self.max_items:
+            self.apply_now([item])
+            return
+        items.append(item)
         if not self._started:
             self._start()
 

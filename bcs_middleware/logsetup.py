@@ -45,7 +45,10 @@ class LineWriterHandler(logging.Handler):
         self.max_queued = max_queued
         # Writes happen under the queue's lock, not the handler's own (``Handler.handle``
         # takes that around every emit): request threads never wait for a write.
-        self._queue = BatchQueue(self._write, period=_PERIOD, name="bcs-access-log")
+        self._queue = BatchQueue(self._write, period=_PERIOD, name="bcs-access-log",
+                                 max_items=max_queued)
+        # Per line, one call rather than two (the access log's hot path).
+        self.submit = self._queue.put  # type: ignore[method-assign,assignment]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -54,11 +57,9 @@ class LineWriterHandler(logging.Handler):
             self.handleError(record)
 
     def submit(self, message: Any) -> None:
-        """Queue one message (``str()`` is taken on the writer thread)."""
-        if len(self._queue) < self.max_queued:
-            self._queue.put(message)
-        else:
-            self._queue.apply_now([message])
+        """Queue one message (``str()`` is taken on the writer thread); written at once
+        when ``max_queued`` are waiting. (Replaced per instance by the queue's ``put``.)"""
+        self._queue.put(message)
 
     @classmethod
     def sole_handler(cls, logger: logging.Logger, level: int) -> LineWriterHandler | None:

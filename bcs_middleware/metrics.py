@@ -76,6 +76,10 @@ UPGRADES = Counter(
 )
 
 
+# The item MetricBatch.request queues: both per-request metrics for one ``put``.
+_REQUEST = object()
+
+
 class MetricBatch:
     """Per-request metric updates, applied to ``prometheus_client`` a few times a second.
 
@@ -104,6 +108,10 @@ class MetricBatch:
         """``metric.labels(*labels).observe(value)``, deferred (a Histogram)."""
         self._queue.put((metric, labels, value))
 
+    def request(self, kind: str, cluster: str, method: str, code: str, seconds: float) -> None:
+        """One request: :data:`REQUESTS` ``+1`` and :data:`LATENCY` ``seconds``, in one item."""
+        self._queue.put((_REQUEST, (kind, cluster, method, code), seconds))
+
     def flush(self) -> None:
         """Apply every update queued so far."""
         self._queue.drain()
@@ -113,7 +121,10 @@ def _apply(updates: list[tuple[Any, tuple[str, ...], float | None]]) -> None:
     counts: dict[tuple[Any, tuple[str, ...]], int] = {}
     observed: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
     for metric, labels, value in updates:
-        if value is None:
+        if metric is _REQUEST:
+            counts[REQUESTS, labels] = counts.get((REQUESTS, labels), 0) + 1
+            observed.setdefault((LATENCY, (labels[0], labels[2])), []).append(value)  # type: ignore[arg-type]
+        elif value is None:
             counts[metric, labels] = counts.get((metric, labels), 0) + 1
         else:
             observed.setdefault((metric, labels), []).append(value)

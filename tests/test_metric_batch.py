@@ -6,6 +6,7 @@ import os
 import random
 import time
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, Summary, generate_latest
 
 from bcs_middleware.metrics import MetricBatch
@@ -42,6 +43,37 @@ def test_batched_histogram_and_counter_equal_direct_updates() -> None:
     batch.flush()
     assert _exposition(h_batched_reg) == _exposition(h_direct_reg)
     assert _exposition(c_batched_reg) == _exposition(c_direct_reg)
+
+
+def test_request_counts_and_times_like_two_direct_updates() -> None:
+    """``request()`` queues one item for both per-request metrics; applied, they read as if
+    ``REQUESTS.inc()`` and ``LATENCY.observe()`` had been called directly."""
+    from bcs_middleware import metrics
+
+    rng = random.Random(5)  # noqa: S311 - reproducible test data
+    calls = [(rng.choice(["tunnel", "rest"]), rng.choice(["", "BCS-K8S-1"]), rng.choice(["GET", "PUT"]),
+              rng.choice(["200", "404"]), rng.uniform(0, 2)) for _ in range(500)]
+    metrics.BATCH.flush()
+
+    def snapshot() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in (metrics.REQUESTS, metrics.LATENCY) for s in family.collect()[0].samples
+                if not s.name.endswith("_created")}
+
+    before = snapshot()
+    batch = MetricBatch(period=3600)
+    for kind, cluster, method, code, seconds in calls:
+        batch.request(kind, cluster, method, code, seconds)
+    batch.flush()
+    after = snapshot()
+    for kind, cluster, method, code, seconds in calls:
+        metrics.REQUESTS.labels(kind, cluster, method, code).inc()
+        metrics.LATENCY.labels(kind, method).observe(seconds)
+    direct = snapshot()
+    # The same increase as the direct updates (floats: sums compared to rounding).
+    for key, value in direct.items():
+        assert after.get(key, 0) - before.get(key, 0) == pytest.approx(value - after.get(key, 0)), key
+    assert any(after.get(key, 0) != before.get(key, 0) for key in direct)
 
 
 def test_a_metric_without_histogram_internals_gets_plain_observes() -> None:

@@ -25,11 +25,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from time import monotonic
 from typing import Any
 
 from .. import environ as env
 from ..logsetup import LineWriterHandler
-from ..metrics import BATCH, LATENCY, REQUESTS
+from ..metrics import BATCH
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
@@ -57,22 +58,36 @@ def _access_line(
     )
 
 
-class AccessLine:
+class AccessLine(tuple[Any, ...]):
     """An access-log message that becomes its JSON text only when ``str()`` is taken.
 
-    The request thread captures the fields (no formatting); the log writer thread
-    of ``bcs-middleware serve`` formats them, off the request's path. Any other
-    handler gets the same text from ``record.getMessage()``.
+    The request thread captures what it has — the ``bcs.*`` objects themselves,
+    monotonic seconds — into one tuple (a C-level construction); turning them into
+    names, milliseconds and JSON happens on the log writer thread of
+    ``bcs-middleware serve``, off the request's path. Any other handler gets the
+    same text from ``record.getMessage()``. Fields, in order: ``time.time()``,
+    request id, remote address, the ``bcs.user``, ``bcs.agent``, ``bcs.cluster``
+    and ``bcs.admission`` values (or ``None``), method, path, status, bytes sent,
+    seconds taken, route kind.
     """
 
-    __slots__ = ("fields", "when")
-
-    def __init__(self, when: float, *fields: Any) -> None:
-        self.when = when
-        self.fields = fields
+    __slots__ = ()
 
     def __str__(self) -> str:
-        return _access_line(_timestamp(self.when), *self.fields)
+        (when, request_id, remote_addr, user, agent, cluster, admission, method, path,
+         status, sent, seconds, kind) = self
+        if isinstance(user, env.User):
+            user_name: str | None = user.name
+        elif isinstance(agent, env.ClusterAgent):
+            user_name = f"cluster-agent:{agent.cluster_id}"
+        else:
+            user_name = None
+        return _access_line(
+            _timestamp(when), request_id, remote_addr, user_name,
+            cluster.id if isinstance(cluster, env.Cluster) else None, method, path, status,
+            sent, round(seconds * 1000, 3), kind,
+            admission.webhooks if isinstance(admission, env.AdmissionResult) else (),
+        )
 
 
 # (second, "YYYY-MM-DDTHH:MM:SS"): many lines share a second; formatting it is not free.
@@ -132,7 +147,7 @@ class _Finished:
 
     __slots__ = ("_done", "_iterable", "_on_close", "sent")
 
-    def __init__(self, iterable: Iterable[bytes], on_close: Callable[[_Finished], None]) -> None:
+    def __init__(self, iterable: Iterable[bytes], on_close: Callable[[int], None]) -> None:
         self._iterable = iterable
         self._on_close = on_close
         self._done = False
@@ -152,7 +167,27 @@ class _Finished:
             if close is not None:
                 close()
         finally:
-            self._on_close(self)
+            self._on_close(self.sent)
+
+
+class _FinishedList(list[bytes]):
+    """A list body (the proxy's small answers, every error), logged once when closed.
+
+    Its size is known up front, so the server iterates the list itself rather than
+    a generator counting each piece; it counts as sent whole, as the generator
+    counts each piece when it hands it over.
+    """
+
+    __slots__ = ("_on_close",)
+
+    def __init__(self, body: list[bytes], on_close: Callable[[int], None]) -> None:
+        super().__init__(body)
+        self._on_close: Callable[[int], None] | None = on_close
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close(sum(map(len, self)))
 
 
 class RequestContextMiddleware:
@@ -167,50 +202,43 @@ class RequestContextMiddleware:
         self.access_log = access_log
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        incoming = environ.get("HTTP_X_REQUEST_ID", "")
-        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else _new_request_id()
+        # The tunnel's hot path: every call and allocation here is paid by every
+        # request, several times over under gunicorn's threads (bench/README.md).
+        incoming = environ.get("HTTP_X_REQUEST_ID")
+        request_id = (incoming if incoming and len(incoming) <= 128 and incoming.isprintable()
+                      else _new_request_id())
         environ[env.REQUEST_ID] = request_id
         path = environ.get("PATH_INFO", "")
-        kind = route_kind(path)
-        if kind == "tunnel":
+        if path.startswith(TUNNEL_PREFIX):
+            kind = "tunnel"
             environ[env.ERROR_STYLE] = "kubernetes"
-        started = time.monotonic()
+        else:
+            kind = route_kind(path)
+        started = monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
-        status_code = [0]
+        status_code = 0
 
         def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            nonlocal status_code
             headers.append(("X-Request-Id", request_id))
-            status_code[0] = int(status[:3])
-            cluster = env.get_cluster(environ)
-            BATCH.inc(REQUESTS, kind, cluster.id if cluster else "", method, status[:3])
-            BATCH.observe(LATENCY, time.monotonic() - started, kind, method)
+            code = status[:3]
+            status_code = int(code)
+            cluster = environ.get(env.CLUSTER)
+            BATCH.request(kind, cluster.id if type(cluster) is env.Cluster else "", method, code,
+                          monotonic() - started)
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         if not self.access_log:
             return self.app(environ, _start_response)
 
-        def _log(body: _Finished) -> None:
+        def _log(sent: int) -> None:
             if not access_log.isEnabledFor(logging.INFO):
                 return
-            user = env.get_user(environ)
-            agent = env.get_agent(environ)
-            cluster = env.get_cluster(environ)
-            admission = environ.get(env.ADMISSION)
-            user_name = user.name if user else (f"cluster-agent:{agent.cluster_id}" if agent else None)
-            line = AccessLine(
-                time.time(),
-                request_id,
-                environ.get("REMOTE_ADDR", ""),
-                user_name,
-                cluster.id if cluster else None,
-                method,
-                path,
-                status_code[0],
-                body.sent,
-                round((time.monotonic() - started) * 1000, 3),
-                kind,
-                admission.webhooks if isinstance(admission, env.AdmissionResult) else (),
-            )
+            line = AccessLine((
+                time.time(), request_id, environ.get("REMOTE_ADDR", ""), environ.get(env.USER),
+                environ.get(env.AGENT), environ.get(env.CLUSTER), environ.get(env.ADMISSION),
+                method, path, status_code, sent, monotonic() - started, kind,
+            ))
             writer = LineWriterHandler.sole_handler(access_log, logging.INFO)
             if writer is not None:
                 writer.submit(line)
@@ -223,4 +251,7 @@ class RequestContextMiddleware:
                                       None, "_log")
             )
 
-        return _Finished(self.app(environ, _start_response), _log)
+        body = self.app(environ, _start_response)
+        if type(body) is list:
+            return _FinishedList(body, _log)
+        return _Finished(body, _log)
