@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import textwrap
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from bcs_middleware.middleware.auth import (
     StaticAuthenticator,
     StoreAuthenticator,
     TokenAuthMiddleware,
+    bearer_token,
     filter_factory,
 )
 from bcs_middleware.store import open_store
@@ -55,6 +57,56 @@ def test_access_rules(client: Client, path: str, headers: dict[str, str], status
     if status == 401:
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
         assert set(response.get_json()) == {"code_name", "message"}
+
+
+def _bearer_token_reference(header: str | None) -> str | None:
+    """The header's rule spelled the slow way: scheme "bearer" (any case), one token."""
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token and " " not in token else ""
+
+
+def test_bearer_token_fast_path_gives_the_reference_answer_for_any_header() -> None:
+    rng = random.Random(11)  # noqa: S311 - reproducible test data
+    pieces = ["Bearer", "bearer", "BEARER", "Basic", " ", "  ", "\t", "\xa0", "\u2028", "\x00", "abc", "é",
+              "tok-EN_0123", "=", "\r\n", ""]
+    headers = [None, "", "Bearer", "Bearer ", "Bearer  x", "Bearer x ", "Bearer x\t", "Bearer x\xa0",
+               "Bearer a b", " Bearer x", "bearer x", "Bearer\tx"]
+    headers += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))) for _ in range(5000)]
+    for header in headers:
+        environ = {} if header is None else {"HTTP_AUTHORIZATION": header}
+        assert bearer_token(environ) == _bearer_token_reference(header), repr(header)
+
+
+def test_public_paths_match_exactly_or_below() -> None:
+    layer = TokenAuthMiddleware(application, authenticator=StaticAuthenticator([]),
+                                public_paths=["/public/", "/healthz", "/a/b"])
+    for path, public in [("/public/", True), ("/public/x/y", True), ("/public", False),
+                         ("/healthz", True), ("/healthz/deep", True), ("/healthzx", False),
+                         ("/a/b", True), ("/a/b/c", True), ("/a/bc", False), ("/a", False), ("", False)]:
+        assert layer.is_public(path) is public, path
+
+
+def test_the_token_cache_is_bounded_and_drops_its_oldest_entries() -> None:
+    calls: list[str] = []
+
+    class Counting:
+        def authenticate(self, token: str) -> env.User | None:
+            calls.append(token)
+            return env.User(len(calls), token) if token.startswith("good") else None
+
+    cache = CachingAuthenticator(Counting(), ttl=60, max_entries=3)
+    for token in ("good-1", "bad-1", "good-2", "good-1", "bad-1"):
+        cache.authenticate(token)
+    assert calls == ["good-1", "bad-1", "good-2"]  # hits, negative answers included
+    cache.authenticate("good-3")  # full: the oldest (good-1) goes
+    assert len(cache._entries) == 3
+    assert token_digest("good-1") not in cache._entries
+    assert cache.authenticate("good-2") == env.User(3, "good-2")
+    cache.authenticate("good-1")
+    assert calls[-1] == "good-1" and len(calls) == 5
 
 
 def test_principal_cannot_be_injected_from_outside(client: Client) -> None:

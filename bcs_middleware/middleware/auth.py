@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from time import monotonic
 from typing import Any, Protocol
 
 from .. import converters as conv
@@ -155,31 +154,30 @@ class CachingAuthenticator:
         self.inner = inner
         self.ttl = ttl
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[float, Principal | None]] = OrderedDict()
+        # Oldest first; a full cache drops its oldest entry. Not an LRU: a hit would
+        # cost a reordering on every request, and every entry expires within ``ttl``
+        # anyway, when a hot token is looked up again at the back.
+        self._entries: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
 
     def authenticate(self, token: str) -> Principal | None:
         if self.ttl <= 0:
             return self.inner.authenticate(token)
         key = token_digest(token)
-        now = time.monotonic()
-        # The hit path takes no lock: each OrderedDict call is atomic under the GIL,
-        # and an entry evicted in between only costs its recency update.
+        # The hit path takes no lock: one dict read is atomic under the GIL.
         entry = self._entries.get(key)
-        if entry is not None and entry[0] > now:
-            try:
-                self._entries.move_to_end(key)
-            except KeyError:
-                pass
+        if entry is not None and entry[0] > monotonic():
             BATCH.inc(TOKEN_CACHE, "hit")
             return entry[1]
         BATCH.inc(TOKEN_CACHE, "miss")
+        expires = monotonic() + self.ttl
         principal = self.inner.authenticate(token)
         with self._lock:
-            self._entries[key] = (now + self.ttl, principal)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            entries = self._entries
+            entries.pop(key, None)  # re-inserted at the back: it is the newest now
+            entries[key] = (expires, principal)
+            while len(entries) > self.max_entries:
+                del entries[next(iter(entries))]
         return principal
 
     def clear(self) -> None:
@@ -192,6 +190,12 @@ def bearer_token(environ: Mapping[str, Any]) -> str | None:
     header = environ.get("HTTP_AUTHORIZATION")
     if header is None:
         return None
+    # The common shape, answered without splitting: "Bearer " and a token without
+    # whitespace (every whitespace character but the space is unprintable).
+    if header.startswith("Bearer "):
+        token = header[7:]
+        if token and " " not in token and token.isprintable():
+            return token
     scheme, _, token = header.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
@@ -226,17 +230,14 @@ class TokenAuthMiddleware:
         self.app = app
         self.authenticator = authenticator
         self.public_paths = tuple(public_paths)
+        # "/healthz" is public as itself and below "/healthz/"; "/static/" below it only.
+        self._public_exact = frozenset(p for p in self.public_paths if not p.endswith("/"))
+        self._public_below = tuple(p if p.endswith("/") else p + "/" for p in self.public_paths)
         self.required = required
         self.peer_authenticator = peer_authenticator
 
     def is_public(self, path: str) -> bool:
-        for prefix in self.public_paths:
-            if prefix.endswith("/"):
-                if path.startswith(prefix):
-                    return True
-            elif path == prefix or path.startswith(prefix + "/"):
-                return True
-        return False
+        return path in self._public_exact or path.startswith(self._public_below)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         # A principal is only ever what this layer decided, never something injected upstream of it.
