@@ -51,3 +51,40 @@ def test_repeated_paths_come_from_the_cache() -> None:
     hits = _parse_tunnel_path.cache_info().hits
     assert parse_tunnel_path(path, path) == first == TunnelPath("BCS-K8S-1", "/api/v1/namespaces/default/pods")
     assert _parse_tunnel_path.cache_info().hits == hits + 1
+
+
+def test_routing_fills_every_upstream_field_from_the_cluster_and_its_credentials() -> None:
+    """In process, no servers: what the routing layer hands the proxy, field by field."""
+    from datetime import UTC, datetime
+
+    from bcs_middleware import environ as env
+    from bcs_middleware.middleware.routing import ClusterRoutingMiddleware
+    from bcs_middleware.store import ClusterRecord, CredentialRecord
+
+    class Directory:
+        def find_cluster(self, cluster_id: str) -> ClusterRecord | None:
+            return ClusterRecord(cluster_id, "proj", "k8s", datetime.now(UTC))
+
+        def get_credentials(self, cluster_id: str) -> CredentialRecord | None:
+            return CredentialRecord(cluster_id, ("https://10.0.0.1:6443", "https://10.0.0.2:6443"),
+                                    "CA-PEM", "sa-token")
+
+    seen: list[dict[str, object]] = []
+
+    def app(environ: dict[str, object], start_response: object) -> list[bytes]:
+        seen.append(environ)
+        return []
+
+    layer = ClusterRoutingMiddleware(app, directory=Directory(), tls_server_name="kubernetes", verify=True)
+    alice = env.User(7, "alice", False, ("dev",))
+    environ = {"PATH_INFO": f"{PREFIX}/api/v1/pods", "QUERY_STRING": "watch=true", env.USER: alice}
+    layer(environ, lambda status, headers: None)
+    assert seen[0][env.UPSTREAM] == env.Upstream(
+        base_urls=("https://10.0.0.1:6443", "https://10.0.0.2:6443"), path="/api/v1/pods",
+        query="watch=true", ca_pem="CA-PEM", server_name="kubernetes", verify=True,
+        bearer_token="sa-token",
+        set_headers=(("Impersonate-User", "alice"), ("Impersonate-Group", "system:authenticated"),
+                     ("Impersonate-Group", "dev")),
+        client_cert=None, name="cluster:BCS-K8S-1",
+    )
+    assert seen[0][env.CLUSTER] == env.Cluster("BCS-K8S-1", "proj", "k8s")
