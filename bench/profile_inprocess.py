@@ -5,7 +5,13 @@ Calls the WSGI apps directly with a gunicorn-like environ against a real nginx
 upstream on loopback, one thread, N requests each; prints µs per request and,
 with ``--profile``, the top of a cProfile of the tunnel path.
 
-Usage: ``python bench/profile_inprocess.py [-n 5000] [--profile tunnel|tunnel_imp|upstream_proxy]``
+Usage: ``python bench/profile_inprocess.py [-n 5000] [--canned] [--layers]
+[--profile tunnel|tunnel_imp|upstream_proxy]``
+
+``--layers`` adds the gateway's stack entered at each layer in turn (that layer
+and everything inside it, given what the outer layers would have set), and the
+tunnel with the access log off: the difference between neighbours is what one
+layer costs.
 """
 
 from __future__ import annotations
@@ -123,6 +129,53 @@ def _nginx_answer(url: str, path: str, body_size: int) -> bytes:
     return data
 
 
+def _layer_cases(gateway: Any, path: str, headers: dict[str, str], store: Any, transport: Any,
+                 config: Any) -> dict[str, tuple[Any, str, dict[str, str]]]:
+    """The superuser tunnel entered at each layer, and with the access log off.
+
+    A layer inside token auth gets the user auth would have set; one inside
+    routing also gets the cluster and upstream routing would have set.
+    """
+    import dataclasses
+
+    from bcs_middleware import environ as env
+    from bcs_middleware.gateway import build_gateway
+
+    chain = [gateway]
+    while True:
+        inner = getattr(chain[-1], "app", None) or getattr(chain[-1], "tunnel", None)
+        if inner is None or inner is chain[-1]:
+            break
+        chain.append(inner)
+    auth = next(layer for layer in chain if hasattr(layer, "authenticator"))
+    routing = next(layer for layer in chain if hasattr(layer, "route"))
+    user = auth.authenticator.authenticate(headers["Authorization"].split()[1])
+    routed = _environ(path, headers)
+    routed[env.USER] = user
+    routing.route(routed)
+    set_by_routing = {env.CLUSTER: routed[env.CLUSTER], env.UPSTREAM: routed[env.UPSTREAM],
+                      env.ERROR_STYLE: "kubernetes"}
+
+    def entered(layer: Any, given: dict[str, Any]) -> Any:
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            environ.update(given)
+            return layer(environ, start_response)
+        return app
+
+    cases: dict[str, tuple[Any, str, dict[str, str]]] = {}
+    below_routing = False
+    for layer in chain[1:]:
+        given: dict[str, Any] = {env.USER: user} if layer is not auth else {}
+        if below_routing:
+            given.update(set_by_routing)
+        below_routing = below_routing or layer is routing
+        cases[f"from {type(layer).__name__}"] = (entered(layer, given), path, headers)
+    quiet = build_gateway(dataclasses.replace(config, access_log=False), store=store,
+                          transport=transport)
+    cases["tunnel, no access log"] = (quiet, path, headers)
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", type=int, default=5000)
@@ -133,6 +186,8 @@ def main() -> int:
     parser.add_argument("--profile", choices=["tunnel", "tunnel_imp", "upstream_proxy"])
     parser.add_argument("--only", help="comma-separated cases to time (default: all); e.g. to "
                                        "attach a sampling profiler (py-spy) to one of them")
+    parser.add_argument("--layers", action="store_true",
+                        help="also time the gateway entered at each layer, and without the access log")
     parser.add_argument("--access-log", default="/dev/null",
                         help="where the gateway's JSON access log goes (default /dev/null)")
     args = parser.parse_args()
@@ -170,7 +225,10 @@ def main() -> int:
             tokens[name] = store.create_token(user.id)[1]
         transport = (canned_transport(_nginx_answer(nginx.url, "/payload.bin", pb.BODY_SIZE))
                      if args.canned else None)
-        gateway = build_gateway(GatewayConfig(data_dir=data_dir), store=store, transport=transport)
+        # Caches that outlive the run: a refill (a store query) every few seconds would
+        # land in some rounds and not others.
+        config = GatewayConfig(data_dir=data_dir, token_cache_ttl=3600, cluster_cache_ttl=3600)
+        gateway = build_gateway(config, store=store, transport=transport)
         proxy = UpstreamProxy(upstream=nginx.url, transport=transport)
         tunnel_path = f"/tunnels/clusters/{pb.CLUSTER_ID}/payload.bin"
         cases = {
@@ -178,6 +236,9 @@ def main() -> int:
             "tunnel": (gateway, tunnel_path, {"Authorization": f"Bearer {tokens['tunnel']}"}),
             "tunnel_imp": (gateway, tunnel_path, {"Authorization": f"Bearer {tokens['tunnel_imp']}"}),
         }
+        if args.layers:
+            cases.update(_layer_cases(gateway, tunnel_path, cases["tunnel"][2], store, transport,
+                                      config))
         if args.only:
             cases = {name: case for name, case in cases.items() if name in args.only.split(",")}
         for app, path, headers in cases.values():
@@ -196,7 +257,7 @@ def main() -> int:
                 prev = best.get(name, (wall, cpu_us))
                 best[name] = (min(prev[0], wall), min(prev[1], cpu_us))
         for name, (wall, cpu_us) in best.items():
-            print(f"{name:15} {wall:7.1f} us/req wall {cpu_us:7.1f} us/req CPU (best of {args.rounds})",
+            print(f"{name:32} {wall:7.1f} us/req wall {cpu_us:7.1f} us/req CPU (best of {args.rounds})",
                   flush=True)
         if args.profile:
             app, path, headers = cases[args.profile]
