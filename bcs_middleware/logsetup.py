@@ -42,13 +42,10 @@ class LineWriterHandler(logging.Handler):
     def __init__(self, stream: TextIO, *, max_queued: int = 65536) -> None:
         super().__init__()
         self.stream = stream
-        self.max_queued = max_queued
         # Writes happen under the queue's lock, not the handler's own (``Handler.handle``
         # takes that around every emit): request threads never wait for a write.
         self._queue = BatchQueue(self._write, period=_PERIOD, name="bcs-access-log",
                                  max_items=max_queued)
-        # Per line, one call rather than two (the access log's hot path).
-        self.submit = self._queue.put  # type: ignore[method-assign,assignment]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -58,7 +55,7 @@ class LineWriterHandler(logging.Handler):
 
     def submit(self, message: Any) -> None:
         """Queue one message (``str()`` is taken on the writer thread); written at once
-        when ``max_queued`` are waiting. (Replaced per instance by the queue's ``put``.)"""
+        when ``max_queued`` are waiting."""
         self._queue.put(message)
 
     @classmethod

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from werkzeug.test import Client
 
@@ -124,7 +127,13 @@ def test_other_handlers_get_the_same_text_from_get_message() -> None:
     assert line["request_id"] == "rid-1" and line["status"] == 204 and line["kind"] == "rest"
 
 
-def test_bytes_and_a_single_line_for_list_and_streamed_bodies() -> None:
+@contextlib.contextmanager
+def _sole_writer() -> Iterator[tuple[logging.Logger, LineWriterHandler, io.StringIO]]:
+    """The access logger with one LineWriterHandler (as ``serve`` sets it up), restored after.
+
+    Entered in the test's body, not in a fixture: pytest adds its capture handlers
+    to the logger for each phase, and the writer must be the only one.
+    """
     logger = logging.getLogger("bcs_middleware.access")
     stream = io.StringIO()
     writer = LineWriterHandler(stream)
@@ -132,6 +141,14 @@ def test_bytes_and_a_single_line_for_list_and_streamed_bodies() -> None:
     logger.handlers[:] = [writer]
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    try:
+        yield logger, writer, stream
+    finally:
+        logger.handlers[:], level, logger.propagate = saved
+        logger.setLevel(level)
+
+
+def test_bytes_and_a_single_line_for_list_and_streamed_bodies() -> None:
     closed: list[str] = []
 
     class Streamed:
@@ -150,20 +167,17 @@ def test_bytes_and_a_single_line_for_list_and_streamed_bodies() -> None:
         return bodies[environ["PATH_INFO"]]
 
     layer = RequestContextMiddleware(app)
-    try:
+    with _sole_writer() as (_, writer, stream):
         for path in bodies:
-            body = layer({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda status, headers: None)
+            body: Any = layer({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda status, headers: None)
             assert b"".join(body) in (b"12345", b"", b"abcdefgh")
-            body.close()  # type: ignore[attr-defined]
-            body.close()  # type: ignore[attr-defined] - servers may close twice: logged once
+            body.close()
+            body.close()  # servers may close twice: logged once
         writer.drain()
-        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-        assert [(line["path"], line["bytes"]) for line in lines] == [
-            ("/rest/list", 5), ("/rest/empty", 0), ("/rest/stream", 8)]
-        assert closed == ["inner"]
-    finally:
-        logger.handlers[:], level, logger.propagate = saved
-        logger.setLevel(level)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["path"], line["bytes"]) for line in lines] == [
+        ("/rest/list", 5), ("/rest/empty", 0), ("/rest/stream", 8)]
+    assert closed == ["inner"]
 
 
 def _served_lines(app: RequestContextMiddleware, stream: io.StringIO, count: int,
@@ -177,15 +191,8 @@ def _served_lines(app: RequestContextMiddleware, stream: io.StringIO, count: int
 
 
 def test_the_sole_writer_gets_lines_directly_and_filters_still_apply() -> None:
-    logger = logging.getLogger("bcs_middleware.access")
-    stream = io.StringIO()
-    writer = LineWriterHandler(stream)
-    saved = logger.handlers[:], logger.level, logger.propagate
-    logger.handlers[:] = [writer]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
     app = RequestContextMiddleware(lambda environ, start: (start("200 OK", []), [b"ok"])[1])
-    try:
+    with _sole_writer() as (logger, writer, stream):
         assert LineWriterHandler.sole_handler(logger, logging.INFO) is writer
         assert [line["request_id"] for line in _served_lines(app, stream, 2, 2)] == ["rid-0", "rid-1"]
         # A filter must see records: the direct path steps aside.
@@ -201,9 +208,6 @@ def test_the_sole_writer_gets_lines_directly_and_filters_still_apply() -> None:
         stream.truncate()
         assert [line["path"] for line in _served_lines(app, stream, 4, 2)] == ["/rest/x1", "/rest/x3"]
         assert len(seen) == 4
-    finally:
-        logger.handlers[:], level, logger.propagate = saved
-        logger.setLevel(level)
 
 
 def test_a_forked_child_writes_only_its_own_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -209,11 +209,9 @@ class RequestContextMiddleware:
                       else _new_request_id())
         environ[env.REQUEST_ID] = request_id
         path = environ.get("PATH_INFO", "")
-        if path.startswith(TUNNEL_PREFIX):
-            kind = "tunnel"
+        kind = route_kind(path)
+        if kind == "tunnel":
             environ[env.ERROR_STYLE] = "kubernetes"
-        else:
-            kind = route_kind(path)
         started = monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         status_code = 0
