@@ -113,15 +113,18 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
             assert headers["X-Request-Id"] == "req-examples-1"
         assert http_get(f"https://localhost:{port}/rest/users/nobody", headers=auth, cafile=cafile)[0] == 404
         # Several workers, one answer: the multiprocess collector sums them. Each worker
-        # applies its request metrics in batches (metrics.BATCH), within 0.25 s.
+        # applies its request metrics in batches (metrics.BATCH), within 0.25 s; /metrics
+        # flushes only the worker that serves it, so when that is the one that served
+        # none of the requests above, the family is not there yet: ask again.
         deadline = time.monotonic() + 5
         while True:
             status, _, metrics = http_get(f"https://localhost:{port}/metrics", cafile=cafile)
             assert status == 200
             families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
+            family = families.get("bcs_api_request_count")
             counted = {
                 (s.labels["kind"], s.labels["method"], s.labels["code"]): s.value
-                for s in families["bcs_api_request_count"].samples
+                for s in (family.samples if family else [])
                 if s.name == "bcs_api_request_count_total"
             }
             if (counted.get(("rest", "GET", "200")), counted.get(("rest", "GET", "404"))) == (3, 1) \
