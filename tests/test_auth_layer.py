@@ -173,7 +173,7 @@ def test_token_auth_in_front_of_a_foreign_app_under_gunicorn(tmp_path: Path) -> 
         assert status == 200 and b'"user": "webuser"' in body
         assert http_get(f"{server.url}/hello")[0] == 401
         assert http_get(f"{server.url}/healthz")[0] == 200
-        output = server.output()
+    output = server.output()
     assert token not in output
 
 

@@ -134,7 +134,7 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
         assert counted[("rest", "GET", "200")] == 3
         assert counted[("rest", "GET", "404")] == 1
         assert "bcs_api_request_latency_seconds" in families
-        output = server.output()
+    output = server.output()
     access = [json.loads(line) for line in output.splitlines() if line.startswith('{"time"')]
     mine = [line for line in access if line["request_id"] == "req-examples-1"]
     assert sorted(line["status"] for line in mine) == [200, 200, 200, 404]

@@ -70,7 +70,7 @@ def test_first_start_serves_https_with_its_own_ca_and_a_new_admin_token(tmp_path
         by_name = curl("--cacert", str(ca), "-H", f"Authorization: Bearer {token}",
                        f"https://localhost:{server.port}/rest/users/admin")
         assert json.loads(by_name.stdout)["is_super_user"] is True
-        output = server.output()
+    output = server.output()
     assert f"curl --cacert {ca}" in output
     assert output.count(token) == 1  # printed once, in the hand-over banner, never logged
 

@@ -94,7 +94,7 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
                                                       "BCS-ClusterID": "BCS-MESOS-NONE"})
             assert unknown[0] == 503 and b"BCS-MESOS-NONE" in unknown[1]
             assert _request(url, cafile, headers={"BCS-ClusterID": CLUSTER})[0] == 401
-            gateway_output = gateway.output()
+        gateway_output = gateway.output()
         assert ADMIN not in gateway_output
 
         # A clean shutdown removes the node (SIGTERM, as an init system sends it).

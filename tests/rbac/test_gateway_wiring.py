@@ -66,5 +66,5 @@ def test_serve_with_a_permission_file_reconciles_and_reports(tmp_path: Path) -> 
             status = _call(base, "GET", "/rest/rbac/status", cafile)
             assert status["enabled"] is True and status["leader"]
             assert [c for c in status["clusters"] if "rbac-c1" in json.dumps(c)]
-        output = server.output()
+    output = server.output()
     assert "sa-rbac" not in output and ADMIN not in output
