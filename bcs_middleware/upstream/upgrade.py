@@ -80,6 +80,7 @@ from urllib.parse import parse_qs, unquote
 
 from .. import environ as env
 from .. import metrics
+from .transport import HOP_BY_HOP, connection_tokens
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
@@ -91,12 +92,10 @@ DEFAULT_MAX_DURATION = 86400.0
 
 _BUFFER = 256 * 1024
 _PIECE = 64 * 1024
-# Hop-by-hop headers of the upstream's 101 dropped from the head written to the
-# client; Connection and Upgrade are the point of a 101 and are kept.
-_DROP_101 = frozenset({
-    "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "proxy-connection", "content-length",
-})
+# The upstream's 101 headers an application does not get: the hop-by-hop ones (its
+# Connection and Upgrade go into the head by response_head) and a length, meaningless
+# on a connection that stops being HTTP.
+_NOT_FOR_APP_101 = HOP_BY_HOP | {"content-length"}
 _POD_PATH = re.compile(
     r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<pod>[^/]+)/(?P<sub>exec|attach|portforward)/?$"
 )
@@ -105,7 +104,7 @@ _POD_PATH = re.compile(
 def upgrade_protocol(environ: dict[str, Any]) -> str | None:
     """The ``Upgrade`` value of a request asking for one this module splices, else ``None``."""
     connection = environ.get("HTTP_CONNECTION")
-    if not connection or "upgrade" not in {t.strip().lower() for t in connection.split(",")}:
+    if "upgrade" not in connection_tokens(connection):
         return None
     value = environ.get("HTTP_UPGRADE", "").strip()
     return value if value.lower() in PROTOCOLS else None
@@ -323,8 +322,7 @@ def response_head(status_line: str, upstream_headers: list[tuple[str, str]],
 
 def end_to_end_headers(upstream_headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The upstream's ``101`` headers an application may pass to ``start_response``."""
-    return [(n, v) for n, v in upstream_headers
-            if n.lower() not in _DROP_101 and n.lower() not in ("connection", "upgrade")]
+    return [(n, v) for n, v in upstream_headers if n.lower() not in _NOT_FOR_APP_101]
 
 
 class UpgradedStream:
