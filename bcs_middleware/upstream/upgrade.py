@@ -104,7 +104,7 @@ _POD_PATH = re.compile(
 def upgrade_protocol(environ: dict[str, Any]) -> str | None:
     """The ``Upgrade`` value of a request asking for one this module splices, else ``None``."""
     connection = environ.get("HTTP_CONNECTION")
-    if "upgrade" not in connection_tokens(connection):
+    if not connection or "upgrade" not in connection_tokens(connection):
         return None
     value = environ.get("HTTP_UPGRADE", "").strip()
     return value if value.lower() in PROTOCOLS else None
