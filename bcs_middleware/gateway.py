@@ -305,7 +305,8 @@ def build_gateway(
     api = ManagementAPI(
         store,
         settings=APISettings(
-            gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body
+            gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body,
+            address_policy=address_policy,
         ),
         fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True),
     )

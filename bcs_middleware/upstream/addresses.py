@@ -190,6 +190,22 @@ class AddressPolicy:
             return "not in the allowed networks"
         return None
 
+    def literal_refusal(self, host: str, port: int) -> str | None:
+        """Why ``host`` is refused when it is an IP address in any spelling, else ``None``.
+
+        For an early, clear answer when addresses are reported (no DNS is asked: a
+        name is judged when connecting, like everything else).
+        """
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        except (OSError, UnicodeError):
+            return None  # a name (or nothing an IP parser accepts)
+        for *_, sockaddr in infos:
+            why = self.refusal(str(sockaddr[0]), port)
+            if why is not None:
+                return f"{sockaddr[0]}: {why}"
+        return None
+
     def connect(self, host: str, port: int, timeout: float | None, *, label: str) -> socket.socket:
         """A TCP connection to an allowed address of ``host`` (what ``socket.create_connection`` does, checked).
 

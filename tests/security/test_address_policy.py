@@ -30,7 +30,7 @@ import pytest
 from bcs_middleware.errors import ConfigError
 from bcs_middleware.gateway import config_from_options
 from bcs_middleware.rbac.kube import BindingClient, KubeError
-from bcs_middleware.store import CredentialRecord
+from bcs_middleware.store import CredentialRecord, open_store
 from bcs_middleware.upstream.addresses import AddressPolicy, AddressRefused
 from bcs_middleware.upstream.cluster_api import cluster_request
 from bcs_middleware.upstream.transport import PooledTransport
@@ -125,8 +125,13 @@ def allowing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway
         yield gw, _attacker(gw)
 
 
-def report(gw: Gateway, token: str, server_addresses: str, ca_pem: str) -> str:
-    """As ``token``'s user: create a cluster, take its register token, report these addresses."""
+def report(gw: Gateway, token: str, server_addresses: str, ca_pem: str, *, refused_ip: bool = False) -> str:
+    """As ``token``'s user: create a cluster, take its register token, report these addresses.
+
+    ``refused_ip``: the address is an IP (in any spelling) the policy refuses, so reporting it is a
+    400 naming the field. It is then written to the store directly — as a gateway keeps addresses
+    reported before its policy was configured — so the tunnel's own check can be attacked too.
+    """
     cluster_id = f"BCS-K8S-AP{next(_ids):03d}"
     gw.json("POST", "/rest/clusters/bcs", token=token,
             body={"id": cluster_id, "project_id": "p1", "cluster_type": "k8s"})
@@ -134,7 +139,16 @@ def report(gw: Gateway, token: str, server_addresses: str, ca_pem: str) -> str:
     status, body = gw.call("PUT", f"/rest/clusters/{cluster_id}/credentials", token=register,
                            body={"server_addresses": server_addresses, "cacert_data": ca_pem,
                                  "user_token": SA_TOKEN})
-    assert status == 200, body
+    if not refused_ip:
+        assert status == 200, body
+        return cluster_id
+    assert status == 400, body
+    assert json.loads(body)["message"].startswith("server_addresses: the gateway does not connect to "), body
+    store = open_store(None, data_dir=gw.data, migrate=False)
+    try:
+        store.put_credentials(cluster_id, server_addresses=[server_addresses], cacert_pem=ca_pem, user_token=SA_TOKEN)
+    finally:
+        store.dispose()
     return cluster_id
 
 
@@ -173,7 +187,8 @@ def assert_refused_by_policy(gw: Gateway, token: str, cluster_id: str, why: str,
 def test_addresses_refused_by_default_are_never_connected(denying: tuple[Gateway, str], traps: dict[str, Trap],
                                                           apiserver: FakeAPIServer, address: str, why: str) -> None:
     gw, mallory = denying
-    cluster_id = report(gw, mallory, address.format(v4=traps["v4"].port, v6=traps["v6"].port), apiserver.ca_pem)
+    cluster_id = report(gw, mallory, address.format(v4=traps["v4"].port, v6=traps["v6"].port), apiserver.ca_pem,
+                        refused_ip=True)
     assert_refused_by_policy(gw, mallory, cluster_id, why, traps.values())
 
 
@@ -188,7 +203,8 @@ def test_addresses_refused_by_default_are_never_connected(denying: tuple[Gateway
 def test_the_gateways_own_port_is_refused_in_every_worker(denying: tuple[Gateway, str], host: str) -> None:
     gw, mallory = denying
     # The gateway's own CA: were it connected, TLS would verify and the gateway would call itself.
-    cluster_id = report(gw, mallory, f"https://{host}:{gw.server.port}", Path(gw.ca_file).read_text())
+    cluster_id = report(gw, mallory, f"https://{host}:{gw.server.port}", Path(gw.ca_file).read_text(),
+                        refused_ip=host != "localhost")
     for _ in range(4):  # a fresh connection each time: both workers answer some of them
         assert_refused_by_policy(gw, mallory, cluster_id, "own listening socket")
 
@@ -206,7 +222,7 @@ def test_a_denied_network_cannot_be_reached_by_another_spelling(denying: tuple[G
                                                                 apiserver: FakeAPIServer, host: str) -> None:
     gw, mallory = denying
     trap = traps["denied"]
-    cluster_id = report(gw, mallory, f"https://{host}:{trap.port}", apiserver.ca_pem)
+    cluster_id = report(gw, mallory, f"https://{host}:{trap.port}", apiserver.ca_pem, refused_ip=True)
     assert_refused_by_policy(gw, mallory, cluster_id, "denied by 127.0.0.2/32", [trap])
 
 
@@ -214,8 +230,8 @@ def test_configured_deny_leaves_other_loopback_addresses_reachable(denying: tupl
                                                                    apiserver: FakeAPIServer) -> None:
     gw, mallory = denying
     v6 = traps["v6"]
-    assert_refused_by_policy(gw, mallory, report(gw, mallory, f"https://[::1]:{v6.port}", apiserver.ca_pem),
-                             "denied by ::1/128", [v6])
+    assert_refused_by_policy(gw, mallory, report(gw, mallory, f"https://[::1]:{v6.port}", apiserver.ca_pem,
+                                                 refused_ip=True), "denied by ::1/128", [v6])
     # The allowed case keeps working: the fake apiserver on 127.0.0.1 answers the user.
     status, body = tunnel(gw, mallory, report(gw, mallory, apiserver.url, apiserver.ca_pem))
     assert status == 200, body
@@ -229,8 +245,8 @@ def test_a_name_is_judged_by_the_addresses_it_resolves_to(allowing: tuple[Gatewa
     assert_refused_by_policy(gw, mallory, report(gw, mallory, f"https://localhost:{v4.port}", apiserver.ca_pem),
                              "denied by 127.0.0.1/32", [v4, v6])
     # An allow list means "only these": ::1 is loopback, allowed by default, but not listed.
-    assert_refused_by_policy(gw, mallory, report(gw, mallory, f"https://[::1]:{v6.port}", apiserver.ca_pem),
-                             "not in the allowed networks", [v4, v6])
+    assert_refused_by_policy(gw, mallory, report(gw, mallory, f"https://[::1]:{v6.port}", apiserver.ca_pem,
+                                                 refused_ip=True), "not in the allowed networks", [v4, v6])
     # An allowed address is connected (the trap is no apiserver: the user reads the one message).
     before_other = other.accepted
     status, body = tunnel(gw, mallory, report(gw, mallory, f"https://127.0.0.3:{other.port}", apiserver.ca_pem))
@@ -243,7 +259,7 @@ def test_an_upgrade_request_is_refused_the_same_way(denying: tuple[Gateway, str]
     gw, mallory = denying
     trap = traps["v4"]
     before = trap.accepted
-    cluster_id = report(gw, mallory, f"https://0.0.0.0:{trap.port}", apiserver.ca_pem)
+    cluster_id = report(gw, mallory, f"https://0.0.0.0:{trap.port}", apiserver.ca_pem, refused_ip=True)
     ctx = ssl.create_default_context(cafile=gw.ca_file)
     conn = http.client.HTTPSConnection("localhost", gw.server.port, context=ctx, timeout=30)
     try:
@@ -272,7 +288,8 @@ def test_a_user_reads_one_message_for_every_failure_to_reach_the_apiserver(
         "accepts and closes": f"https://127.0.0.3:{traps['other'].port}",
         "refused by policy": "https://169.254.169.254",
     }
-    clusters = {cause: report(gw, mallory, address, apiserver.ca_pem) for cause, address in addresses.items()}
+    clusters = {cause: report(gw, mallory, address, apiserver.ca_pem, refused_ip=cause == "refused by policy")
+                for cause, address in addresses.items()}
     answers = {cause: tunnel(gw, mallory, cluster_id) for cause, cluster_id in clusters.items()}
     assert len(set(answers.values())) == 1, answers
     status, body = next(iter(answers.values()))
@@ -293,7 +310,7 @@ def test_a_user_reads_one_message_for_every_failure_to_reach_the_apiserver(
 
 def test_the_detail_goes_to_the_log(denying: tuple[Gateway, str], apiserver: FakeAPIServer) -> None:
     gw, mallory = denying
-    cluster_id = report(gw, mallory, "https://169.254.169.254", apiserver.ca_pem)
+    cluster_id = report(gw, mallory, "https://169.254.169.254", apiserver.ca_pem, refused_ip=True)
     status, _ = tunnel(gw, mallory, cluster_id)
     assert status == 502
     deadline = time.monotonic() + 10
@@ -356,3 +373,34 @@ def test_serve_refuses_a_bad_network_flag(tmp_path: Path) -> None:
                              "--upstream-deny", "127.0.0.0/33"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "upstream_deny" in result.stderr
+
+
+def test_a_refused_address_fails_over_to_the_next(apiserver: FakeAPIServer) -> None:
+    transport = PooledTransport(connect_timeout=2)
+    creds = CredentialRecord("c-failover", ("https://169.254.169.254", apiserver.url), apiserver.ca_pem, SA_TOKEN)
+    try:
+        status, _, document = cluster_request(transport, creds, "GET", "/version")
+    finally:
+        transport.close()
+    assert status == 200 and isinstance(document, dict)
+    assert transport.connections_opened == 1
+
+
+@pytest.mark.parametrize("addresses", [
+    pytest.param("https://169.254.169.254", id="metadata-service"),
+    pytest.param("https://10.0.0.1:6443;https://[fe80::1]", id="second-entry-link-local"),
+    pytest.param("https://0x7f000002:6443", id="denied-in-hex"),
+    pytest.param("https://[::ffff:127.0.0.2]:6443", id="denied-v4-mapped"),
+])
+def test_reporting_a_refused_ip_is_a_400_that_changes_nothing(denying: tuple[Gateway, str],
+                                                             apiserver: FakeAPIServer, addresses: str) -> None:
+    gw, mallory = denying
+    cluster_id = report(gw, mallory, apiserver.url, apiserver.ca_pem)
+    register = gw.json("GET", f"/rest/clusters/{cluster_id}/register_tokens", token=mallory)["token"]
+    status, body = gw.call("PUT", f"/rest/clusters/{cluster_id}/credentials", token=register,
+                           body={"server_addresses": addresses, "cacert_data": apiserver.ca_pem,
+                                 "user_token": SA_TOKEN})
+    assert status == 400, body
+    assert json.loads(body)["message"].startswith("server_addresses: "), body
+    status, body = tunnel(gw, mallory, cluster_id)  # still the reported apiserver
+    assert status == 200, body
