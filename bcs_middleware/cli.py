@@ -251,6 +251,10 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["driver_ca_file"] = args.driver_ca_file
     if args.client_cert_map:
         options["client_cert_subjects"] = "\n".join(args.client_cert_map)
+    if args.upstream_allow:
+        options["upstream_allow"] = " ".join(args.upstream_allow)
+    if args.upstream_deny:
+        options["upstream_deny"] = " ".join(args.upstream_deny)
     config = config_from_options("serve", options)
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
@@ -366,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ask clients for a certificate signed by this CA (optional for token clients)")
     serve.add_argument("--client-cert-map", action="append", default=[], metavar="'SUBJECT -> user:NAME|cluster:ID'",
                        help="map a client certificate subject (e.g. 'CN=kube-agent,O=BCS-K8S-001') to a principal")
+    serve.add_argument("--upstream-allow", action="append", default=[], metavar="CIDR",
+                       help="gateway: connect to cluster apiservers only in these networks (repeatable, "
+                            "comma-separated; default any not refused)")
+    serve.add_argument("--upstream-deny", action="append", default=[], metavar="CIDR",
+                       help="gateway: never connect to cluster apiservers in these networks, e.g. 127.0.0.0/8 "
+                            "(repeatable, comma-separated; wins over --upstream-allow)")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
     serve.add_argument("--role", choices=("gateway", "driver"), default="gateway",

@@ -7,6 +7,7 @@ so a typo in an ini file fails at load time rather than on the first request.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -75,6 +76,17 @@ def aslist(value: str | list[str]) -> list[str]:
     if isinstance(value, list):
         return value
     return [item for item in re.split(r"[\s,]+", value) if item]
+
+
+def networks(value: str | list[str]) -> list[str]:
+    """A list (as :func:`aslist`) of IP networks in CIDR form; a bare address is a /32 or /128."""
+    result = []
+    for item in aslist(value):
+        try:
+            result.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ValueError(f"not an IP network (CIDR) or address: {item!r}") from None
+    return result
 
 
 def url(value: str) -> str:

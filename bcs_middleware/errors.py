@@ -179,6 +179,35 @@ class BadGateway(BCSError):
     code_name = "BAD_GATEWAY"
 
 
+class UpstreamUnreachable(BadGateway):
+    """The gateway could not reach or talk to an upstream; only superusers learn why.
+
+    Which failure it was — refused, reset, timed out, not TLS, a certificate from
+    another CA, refused by the address policy — tells the caller what listens at
+    an address, and a cluster's addresses are chosen by whoever holds its register
+    token: detailed answers would make the gateway a port scanner for any user.
+    So everyone but a superuser gets one status and one message, the same bytes
+    for every cause; superusers get ``detail`` (the typed error, rendered as
+    usual). The detail names hosts, never a credential, and the layer that
+    raises this logs it.
+
+    :param detail: the error as the transport raised it.
+    :param public_message: what everyone else reads.
+    """
+
+    code_name = "UPSTREAM_UNREACHABLE"
+
+    def __init__(self, detail: BCSError, public_message: str = "cannot reach the upstream") -> None:
+        super().__init__(public_message)
+        self.detail = detail
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        user = env.get_user(environ)
+        if user is not None and user.is_superuser:
+            return self.detail(environ, start_response)
+        return super().__call__(environ, start_response)
+
+
 class ServiceUnavailable(BCSError):
     status = 503
     code_name = "SERVICE_UNAVAILABLE"

@@ -42,6 +42,7 @@ from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
 from .store import SQLStore, open_store
 from .store.crypto import token_digest
+from .upstream.addresses import AddressPolicy
 from .upstream.cluster_api import TunnelClusterReader
 from .upstream.proxy import UpstreamProxy
 from .upstream.transport import PooledTransport, Transport
@@ -143,6 +144,9 @@ class GatewayConfig:
     admission_budget: float = 15.0
     admission_refresh: float = 2.0
     webhook_address_map: tuple[tuple[str, str], ...] = ()
+    # Upstream address policy (upstream/addresses.py): CIDRs on top of the built-in refusals.
+    upstream_allow: tuple[str, ...] = ()
+    upstream_deny: tuple[str, ...] = ()
 
 
 def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -255,11 +259,13 @@ def build_gateway(
     if store.secrets.locked:
         raise ConfigError("the gateway needs a secret key: set secret_key, env BCS_SECRET_KEY, or data_dir")
     apply_bootstrap(store, config.bootstrap_users)
+    address_policy = AddressPolicy(allow=config.upstream_allow, deny=config.upstream_deny)
     if transport is None:
         transport = PooledTransport(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             stream_idle_timeout=config.stream_idle_timeout,
+            address_policy=address_policy,
         )
     if not config.upstream_verify:
         log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
@@ -299,7 +305,8 @@ def build_gateway(
     api = ManagementAPI(
         store,
         settings=APISettings(
-            gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body
+            gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body,
+            address_policy=address_policy,
         ),
         fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True),
     )
@@ -327,6 +334,7 @@ def build_gateway(
             interval=config.rbac_interval,
             tls_server_name=config.tls_server_name,
             verify=config.upstream_verify,
+            address_policy=address_policy,
         )
         if background:
             service.start()
@@ -387,6 +395,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "admission_budget": conv.seconds,
     "admission_refresh": conv.seconds,
     "webhook_address_map": conv.mapping,
+    "upstream_allow": conv.networks,
+    "upstream_deny": conv.networks,
 }
 
 
@@ -402,7 +412,7 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
             raise ConfigError(f"[{section}] {key}: no such file {paths[key]}")
     values: dict[str, Any] = {**opts, **paths}
     values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {})))
-    for key in ("public_paths", "trusted_proxies"):
+    for key in ("public_paths", "trusted_proxies", "upstream_allow", "upstream_deny"):
         if key in values:
             values[key] = tuple(values[key])
     if "static_drivers" in values:

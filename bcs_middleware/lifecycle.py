@@ -10,14 +10,21 @@ log = logging.getLogger(__name__)
 
 
 def post_worker_init(worker: Any) -> None:
-    """On SIGTERM, end open watch/log streams cleanly before gunicorn's graceful stop.
+    """Note the worker's listening sockets; on SIGTERM, end open streams before the graceful stop.
+
+    The listening sockets are the gateway's own addresses, which the upstream address
+    policy refuses (:mod:`bcs_middleware.upstream.addresses`): a cluster reported at the
+    gateway's own port must not make it call itself.
 
     gunicorn stops accepting and waits ``graceful_timeout`` for running requests;
     a watch never finishes by itself, so without this it would be cut at the end of
     that wait. Ending it at once sends the final chunk: the client sees a complete
     response and re-watches (on another instance). Ordinary requests finish as usual.
     """
+    from .upstream.addresses import note_gunicorn_listeners
     from .upstream.proxy import end_streams
+
+    note_gunicorn_listeners(worker)
 
     previous = signal.getsignal(signal.SIGTERM)
 

@@ -79,10 +79,11 @@ def post_fork(server, worker):  # type: ignore[no-untyped-def]
 
 
 def post_worker_init(worker):  # type: ignore[no-untyped-def]
+    # Notes the worker's listening sockets (the upstream address policy refuses them), and
     # SIGTERM ends open watch/log streams cleanly instead of cutting them at graceful_timeout.
-    from bcs_middleware.lifecycle import post_worker_init as end_streams_on_sigterm
+    from bcs_middleware.lifecycle import post_worker_init as bcs_post_worker_init
 
-    end_streams_on_sigterm(worker)
+    bcs_post_worker_init(worker)
 
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]

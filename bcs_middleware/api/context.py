@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from werkzeug.wrappers import Request, Response
 
@@ -13,6 +13,9 @@ from ..bodies import read_bounded
 from ..errors import BadRequest, Forbidden, Unauthorized
 from ..store import SQLStore
 
+if TYPE_CHECKING:
+    from ..upstream.addresses import AddressPolicy
+
 
 @dataclass(frozen=True)
 class APISettings:
@@ -20,12 +23,15 @@ class APISettings:
     :param public_url: the gateway's external base URL, when clients must not use ``Host``.
     :param gateway_cert_pem: the gateway's own certificate, to check a ``Host`` against its names.
     :param max_body: the largest request body accepted, in bytes.
+    :param address_policy: refuses reported apiserver addresses that are IP addresses the
+        upstream address policy refuses (connecting checks again, names included).
     """
 
     gateway_ca_pem: str | None = None
     public_url: str | None = None
     gateway_cert_pem: bytes | None = None
     max_body: int = 1024 * 1024
+    address_policy: AddressPolicy | None = None
 
 
 @dataclass

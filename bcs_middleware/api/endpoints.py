@@ -168,6 +168,10 @@ def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
             parts.port  # noqa: B018 - raises on a malformed port
         except ValueError:
             raise ValidationError("server_addresses: an entry has an invalid port") from None
+        policy = ctx.settings.address_policy
+        refused = policy and policy.literal_refusal(parts.hostname, parts.port or 443)
+        if refused:
+            raise ValidationError(f"server_addresses: the gateway does not connect to {refused}")
     _check_pem("cacert_data", body["cacert_data"])
     record = ctx.store.put_credentials(
         cluster_id,

@@ -37,6 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from ..errors import BCSError, ConfigError
 from ..store import CredentialRecord, SQLStore
 from ..store import models as m
+from ..upstream.addresses import AddressPolicy
 from ..upstream.transport import PooledTransport, Transport
 from .leader import LeaderLease
 from .metrics import RBAC_LEADER, RBAC_OPERATIONS, RBAC_RUNS, RBAC_SOURCE_REJECTED
@@ -91,13 +92,14 @@ class RBACService:
     :param verify: ``False`` only when an operator turned TLS checking off.
     :param connect_timeout: seconds to connect to an apiserver (TCP and TLS), own transport only.
     :param read_timeout: seconds of apiserver silence tolerated, own transport only.
+    :param address_policy: where the own transport may connect (the tunnel's policy).
     """
 
     def __init__(self, store: SQLStore, source: PermissionSource, *, interval: float = 300.0, tick: float = 2.0,
                  lease_ttl: float = 30.0, holder: str | None = None, transport: Transport | None = None,
                  backoff_base: float = 2.0, backoff_max: float = 300.0, max_workers: int = 8,
                  tls_server_name: str | None = None, verify: bool = True, connect_timeout: float = 5.0,
-                 read_timeout: float = 30.0) -> None:
+                 read_timeout: float = 30.0, address_policy: AddressPolicy | None = None) -> None:
         if lease_ttl <= 2 * tick:
             raise ValueError("lease_ttl must be more than twice the tick, or the lease expires between renewals")
         self.store = store
@@ -107,7 +109,7 @@ class RBACService:
         self._own_transport = transport is None
         self.transport: Transport = transport or PooledTransport(
             connect_timeout=connect_timeout, read_timeout=read_timeout, stream_idle_timeout=read_timeout,
-            pool_maxsize=4)
+            pool_maxsize=4, address_policy=address_policy)
         self.reconciler = Reconciler(self.transport, interval=interval, backoff_base=backoff_base,
                                      backoff_max=backoff_max, max_workers=max_workers,
                                      on_outcome=self._record_outcome, tls_server_name=tls_server_name,
@@ -272,7 +274,8 @@ class RBACService:
 def build_service(store: SQLStore, *, source_file: str | None = None, source_url: str | None = None,
                   source_token_file: str | None = None, source_ca_file: str | None = None,
                   interval: float = 300.0, tls_server_name: str | None = None, verify: bool = True,
-                  connect_timeout: float = 5.0, read_timeout: float = 30.0) -> RBACService:
+                  connect_timeout: float = 5.0, read_timeout: float = 30.0,
+                  address_policy: AddressPolicy | None = None) -> RBACService:
     """The service as gateway configuration describes it (``rbac_source_file`` *or* ``rbac_source_url``).
 
     :raises ConfigError: no source, both sources, or an unsafe URL configuration.
@@ -290,4 +293,5 @@ def build_service(store: SQLStore, *, source_file: str | None = None, source_url
         except ValueError as exc:
             raise ConfigError(f"rbac_source_url: {exc}") from None
     return RBACService(store, source, interval=interval, tls_server_name=tls_server_name, verify=verify,
-                       connect_timeout=connect_timeout, read_timeout=read_timeout)
+                       connect_timeout=connect_timeout, read_timeout=read_timeout,
+                       address_policy=address_policy)

@@ -75,6 +75,7 @@ from ..errors import (
     GatewayTimeout,
     InternalError,
     NotImplementedByServer,
+    UpstreamUnreachable,
 )
 from ..shapes import ShapeCache
 from . import upgrade as upg
@@ -233,6 +234,7 @@ class UpstreamProxy:
         except BCSError as exc:
             if upstream is not None and exc.status in (502, 503, 504):
                 _count_error(upstream, exc)
+                exc = _unreachable(environ, upstream, exc)
             return exc(environ, start_response)
 
         return self._relay(environ, start_response, resp, upstream)
@@ -259,6 +261,7 @@ class UpstreamProxy:
             metrics.UPGRADES.labels("error").inc()
             if exc.status in (502, 503, 504):
                 _count_error(upstream, exc)
+                exc = _unreachable(environ, upstream, exc)
             upg.audit(environ, upstream, protocol, exc.status)
             return upg.CloseAfter(exc(environ, start_response), client)
         upg.audit(environ, upstream, protocol, resp.status)
@@ -294,7 +297,7 @@ class UpstreamProxy:
                 resp.release_conn()
                 broken = BadGateway(f"upstream {upstream.name or '?'} broke off its answer")
                 _count_error(upstream, broken)
-                return broken(environ, start_response)
+                return _unreachable(environ, upstream, broken)(environ, start_response)
             resp.release_conn()
             start_response(f"{resp.status} {resp.reason}", out_headers)
             return [data]
@@ -436,6 +439,18 @@ def _count_error(upstream: env.Upstream, exc: BCSError) -> None:
     else:
         cause = "protocol"
     metrics.UPSTREAM_ERRORS.labels(upstream.name or "?", cause).inc()
+
+
+def _unreachable(environ: dict[str, Any], upstream: env.Upstream, exc: BCSError) -> BCSError:
+    """The error a caller sees for a failure to reach ``upstream``: the detail for superusers only."""
+    if exc.status not in (502, 504):
+        return exc
+    log.warning("upstream %s unreachable (request %s): %s", upstream.name or "?",
+                environ.get(env.REQUEST_ID, "-"), exc.message)
+    cluster = env.get_cluster(environ)
+    if cluster is not None and cluster.cluster_type == "k8s":
+        return UpstreamUnreachable(exc, "cannot reach the cluster's apiserver")
+    return UpstreamUnreachable(exc)
 
 
 class _UpstreamBrokeOff(Exception):

@@ -69,6 +69,7 @@ from urllib.parse import urlsplit
 
 from ..environ import Upstream
 from ..errors import BadGateway, BadRequest, BCSError, GatewayTimeout
+from .addresses import DEFAULT_POLICY, AddressPolicy
 
 log = logging.getLogger(__name__)
 
@@ -468,6 +469,9 @@ class PooledTransport:
         opened under load but closed instead of kept.
     :param failure_cooldown: seconds an address that failed to connect is
         skipped while other addresses remain.
+    :param address_policy: where connections may go, checked on every resolved
+        address (:mod:`bcs_middleware.upstream.addresses`); default the built-in
+        refusals (link-local, multicast, ... and this process's listeners).
 
     ``connections_opened`` counts every upstream connection established, so
     tests and benchmarks can check keep-alive works (connections per request).
@@ -481,7 +485,9 @@ class PooledTransport:
         stream_idle_timeout: float | None = 3600.0,
         pool_maxsize: int = 32,
         failure_cooldown: float = 10.0,
+        address_policy: AddressPolicy | None = None,
     ) -> None:
+        self.address_policy = address_policy or DEFAULT_POLICY
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.stream_idle_timeout = stream_idle_timeout
@@ -722,7 +728,9 @@ class PooledTransport:
 
     def _connect(self, key: _PoolKey, label: str) -> _Conn:
         try:
-            sock = socket.create_connection((key.host, key.port), timeout=self.connect_timeout)
+            # The address policy resolves and checks every address, and connects only to an
+            # allowed one (AddressRefused, a BCSError, passes through to the failover).
+            sock = self.address_policy.connect(key.host, key.port, self.connect_timeout, label=label)
         except TimeoutError:
             raise GatewayTimeout(f"upstream {label}: connecting to {key.host} timed out") from None
         except OSError:

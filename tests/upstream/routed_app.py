@@ -1,7 +1,8 @@
 """A gunicorn-servable app that plays the routing layer: ``bcs.upstream`` comes from a test header.
 
 ``X-Test-Upstream`` carries base64 JSON of :class:`~bcs_middleware.environ.Upstream`
-fields; ``X-Test-Error-Style: kubernetes`` asks for Kubernetes ``Status`` errors.
+fields; ``X-Test-Error-Style: kubernetes`` asks for Kubernetes ``Status`` errors;
+``X-Test-Superuser: 1`` makes the caller a superuser (who reads upstream failures in detail).
 Short timeouts so timeout tests stay fast.
 """
 
@@ -30,6 +31,8 @@ def app(environ: dict[str, Any], start_response: Any) -> Any:
                 fields[key] = tuple(fields[key])
         fields["set_headers"] = tuple(tuple(pair) for pair in fields.get("set_headers", ()))
         environ[env.UPSTREAM] = env.Upstream(**fields)
+    if environ.pop("HTTP_X_TEST_SUPERUSER", None) == "1":
+        environ[env.USER] = env.User(0, "root", is_superuser=True)
     if environ.pop("HTTP_X_TEST_ERROR_STYLE", None) == "kubernetes":
         environ[env.ERROR_STYLE] = "kubernetes"
     return proxy(environ, start_response)

@@ -266,10 +266,12 @@ def _vm_kib(pid: int, field: str) -> int:
 
 
 def _routed(routed: ServerProcess, path: str = "/echo", style: str | None = None,
-            timeout: float = 10, client_headers: dict[str, str] | None = None,
+            timeout: float = 10, client_headers: dict[str, str] | None = None, superuser: bool = False,
             **upstream: object) -> requests.Response:
     headers = {"X-Test-Upstream": encode_upstream(path=path, **upstream),
                "Authorization": "Bearer client-token", **(client_headers or {})}
+    if superuser:
+        headers["X-Test-Superuser"] = "1"
     if style:
         headers["X-Test-Error-Style"] = style
     return requests.get(routed.url + "/anything", headers=headers, timeout=timeout)
@@ -317,7 +319,7 @@ def test_tls_upstream_with_wrong_ca_is_a_clear_502(routed: ServerProcess, fake_t
 
     other = trustme.CA().cert_pem.bytes().decode()
     resp = _routed(routed, base_urls=[fake_tls.url], ca_pem=other, name="c1", style=style,
-                   bearer_token="sa-secret")
+                   bearer_token="sa-secret", superuser=True)
     assert resp.status_code == 502
     body = resp.json()
     assert "did not verify" in body["message"] and "127.0.0.1" in body["message"]
@@ -341,15 +343,31 @@ def test_tls_server_name_override(routed: ServerProcess, fake_kubernetes: FakeUp
 
 
 def test_upstream_down_is_502(routed: ServerProcess) -> None:
-    resp = _routed(routed, base_urls=[f"http://127.0.0.1:{free_port()}"], name="c-down")
+    resp = _routed(routed, base_urls=[f"http://127.0.0.1:{free_port()}"], name="c-down", superuser=True)
     assert resp.status_code == 502
     assert "cannot connect" in resp.json()["message"]
+
+
+@pytest.mark.parametrize("cause", ["down", "wrong-ca", "slow"])
+def test_anyone_but_a_superuser_reads_one_answer_for_every_upstream_failure(
+    routed: ServerProcess, fake: FakeUpstream, fake_tls: FakeUpstream, cause: str
+) -> None:
+    import trustme
+
+    upstream: dict[str, object] = {
+        "down": {"base_urls": [f"http://127.0.0.1:{free_port()}"]},
+        "wrong-ca": {"base_urls": [fake_tls.url], "ca_pem": trustme.CA().cert_pem.bytes().decode()},
+        "slow": {"base_urls": [fake.url], "path": "/slow", "query": "delay=6"},
+    }[cause]
+    resp = _routed(routed, name="c1", timeout=15, **upstream)
+    assert resp.status_code == 502
+    assert resp.json() == {"code_name": "UPSTREAM_UNREACHABLE", "message": "cannot reach the upstream"}
 
 
 def test_slow_upstream_is_504_within_the_read_timeout(routed: ServerProcess,
                                                       fake: FakeUpstream) -> None:
     started = time.monotonic()
-    resp = _routed(routed, "/slow", query="delay=6", base_urls=[fake.url], timeout=15)
+    resp = _routed(routed, "/slow", query="delay=6", base_urls=[fake.url], timeout=15, superuser=True)
     assert resp.status_code == 504
     assert time.monotonic() - started < 5  # read_timeout is 1.5 s in routed_app
 
