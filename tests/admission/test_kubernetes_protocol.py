@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import jsonpatch
 import pytest
 from werkzeug.test import Client
 
@@ -292,22 +293,27 @@ CURRENT = {**POD, "metadata": {**POD["metadata"], "resourceVersion": "42",
                   {"spec": {"containers": [{"name": "app", "image": "nginx:2"}]}},
                   id="merge-patch")],
 )
-def test_patch_is_resolved_admitted_as_update_and_sent_as_guarded_put(hooks, ca, content_type,
-                                                                      patch):
+def test_patch_is_resolved_admitted_as_update_and_sent_as_a_guarded_json_patch(hooks, ca, content_type,
+                                                                               patch):
     hook = hooks(k8s_add_label("injected", "true"))
     webhook = k8s_webhook("p.example.com", "hook-a.webhooks", ca, operations=("UPDATE",))
     tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])),
                     client_for(("hook-a.webhooks", hook)),
                     FakeCluster(objects={"/api/v1/namespaces/prod/pods/web": CURRENT}))
     response = tunnel.send("PATCH", f"{PODS}/web", patch, content_type=content_type,
-                           query="fieldManager=kubectl&force=true")
+                           query="fieldManager=kubectl")
     echoed = response.get_json()
-    assert echoed["method"] == "PUT" and echoed["content_type"] == "application/json"
+    # Still a PATCH (the cluster's RBAC checks "patch"), now the change from the object read
+    # to the admitted one, applying only to the resourceVersion that was admitted.
+    assert echoed["method"] == "PATCH" and echoed["content_type"] == "application/json-patch+json"
     assert echoed["query"] == "fieldManager=kubectl"
     sent = echoed["body"]
-    assert sent["metadata"]["resourceVersion"] == "42"
-    assert sent["spec"]["containers"][0]["image"] == "nginx:2"
-    assert sent["metadata"]["labels"] == {"keep": "me", "injected": "true"}
+    assert sent[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
+    result = jsonpatch.apply_patch(CURRENT, sent)
+    assert result["spec"]["containers"][0]["image"] == "nginx:2"
+    assert result["metadata"]["labels"] == {"keep": "me", "injected": "true"}
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch({**CURRENT, "metadata": {**CURRENT["metadata"], "resourceVersion": "43"}}, sent)
     request = hook.bodies[0]["request"]
     assert request["operation"] == "UPDATE" and request["oldObject"] == CURRENT
 
