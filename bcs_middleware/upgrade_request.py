@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The proxy imports this module as a whole (``from .. import upgrade_request``), so the
+# transport import below may run while the upstream package is still loading.
 from . import environ as env
-# The proxy imports this module as a whole (``from .. import upgrade_request``), so
-# this import may run while the upstream package is still loading.
 from .upstream.transport import connection_tokens
 
 #: ``Upgrade`` values spliced (lower case); anything else is proxied as plain HTTP.

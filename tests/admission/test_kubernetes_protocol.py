@@ -147,8 +147,6 @@ BAD_ANSWERS = [
     pytest.param(lambda b: {**review_answer(b), "response": {
         "uid": b["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
         "patch": "%%%"}}, True, "not base64", id="patch-not-base64"),
-    pytest.param(lambda b: review_answer(b, patch=[{"op": "remove", "path": "/nope/deeper"}]),
-                 True, "patch does not apply", id="patch-does-not-apply"),
     pytest.param(lambda b: review_answer(b, patch=[{"op": "add", "path": "/x", "value": 1}]),
                  False, "validating webhook may not return response.patch",
                  id="patch-from-validating"),
@@ -175,6 +173,52 @@ def test_responses_are_checked_like_the_apiserver(hooks, ca, answer, mutating, m
     assert status["message"].startswith('failed calling webhook "bad.example.com": ')
     assert message in status["message"]
     assert not tunnel.environs
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+@pytest.mark.parametrize(
+    ("patch", "status", "message"),
+    [pytest.param([{"op": "remove", "path": "/nope/deeper"}], 500, "does not apply", id="not-applying"),
+     pytest.param([{"op": "replace", "path": "/metadata/name", "value": "evil"}], 400,
+                  "may not change metadata.name", id="name"),
+     pytest.param([{"op": "replace", "path": "/metadata/namespace", "value": "kube-system"}], 400,
+                  "may not change metadata.namespace", id="namespace"),
+     pytest.param([{"op": "replace", "path": "/kind", "value": "Secret"}], 400,
+                  "may not change kind", id="kind"),
+     pytest.param([{"op": "replace", "path": "/apiVersion", "value": "v2"}], 400,
+                  "may not change apiVersion", id="apiVersion")],
+)
+def test_a_patch_that_does_not_apply_or_moves_the_object_fails_this_request_only(
+        hooks, ca, policy, patch, status, message):
+    hook = hooks(lambda b: review_answer(b, patch=patch))
+    store = store_of(k8s_configuration("cfg", [k8s_webhook("bad.example.com", "hook-a.webhooks",
+                                                           ca, policy=policy)]))
+    tunnel = Tunnel(store, client_for(("hook-a.webhooks", hook), threshold=1))
+    for _ in range(3):  # more than the breaker's threshold
+        response = tunnel.send("POST", PODS, POD)
+        assert response.status_code == status
+        assert response.get_json()["message"].startswith('admission webhook "bad.example.com" ')
+        assert message in response.get_json()["message"]
+    assert not tunnel.environs and hook.calls == 3
+    hook.behaviour = k8s_add_label("ok", "1")
+    assert tunnel.send("POST", PODS, POD).status_code == 200 and hook.calls == 4
+
+
+@pytest.mark.parametrize(
+    ("answer", "counted"),
+    [pytest.param(lambda b: (400, b'{"message": "cannot parse your object"}'), False, id="4xx"),
+     pytest.param(lambda b: (422, b"{}"), False, id="422"),
+     pytest.param(lambda b: review_answer(b, allowed=False), False, id="denied"),
+     pytest.param(lambda b: (503, b"{}"), True, id="5xx"),
+     pytest.param(lambda b: b"garbage", True, id="malformed")],
+)
+def test_only_faults_of_the_webhook_count_towards_its_breaker(hooks, ca, answer, counted):
+    hook = hooks(answer)
+    store = store_of(k8s_configuration("cfg", [k8s_webhook("w.example.com", "hook-a.webhooks", ca)]))
+    tunnel = Tunnel(store, client_for(("hook-a.webhooks", hook), threshold=2))
+    for _ in range(4):
+        assert tunnel.send("POST", PODS, POD).status_code >= 400
+    assert hook.calls == (2 if counted else 4)
 
 
 @pytest.mark.parametrize(
