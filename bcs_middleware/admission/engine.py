@@ -22,6 +22,7 @@ the caller's, so counting it would let one user open the breaker for everyone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -39,6 +40,7 @@ from ..environ import AdmissionResult, User
 from ..errors import BCSError, ValidationError
 from .client import WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
+from .equivalence import convertible, equivalents
 from .review import (
     RequestAttributes,
     apply_json_patch,
@@ -310,19 +312,7 @@ class AdmissionEngine:
     ) -> list[K8sWebhook]:
         """Webhooks whose ``rules`` match (selectors are checked later, with the objects)."""
         return [
-            w
-            for w in self.k8s_webhooks(cluster_id)
-            if any(
-                r.matches(
-                    operation,
-                    attrs.group,
-                    attrs.version,
-                    attrs.resource,
-                    attrs.subresource,
-                    attrs.namespaced,
-                )
-                for r in w.rules
-            )
+            w for w in self.k8s_webhooks(cluster_id) if webhook_attributes(w, operation, attrs) is not None
         ]
 
     def admit_k8s(
@@ -369,12 +359,13 @@ class AdmissionEngine:
                 mutating=webhook.mutating,
                 version=webhook.review_version,
                 operation=operation,
-                attrs=attrs,
+                attrs=webhook_attributes(webhook, operation, attrs) or attrs,
                 name=name,
                 old_obj=old_obj,
                 user=user,
                 dry_run=dry_run,
                 options=options,
+                request_attrs=attrs,
             )
         return run.outcome()
 
@@ -451,20 +442,26 @@ class AdmissionEngine:
         user: User | None,
         dry_run: bool,
         options: Mapping[str, Any] | None,
+        request_attrs: RequestAttributes | None = None,
     ) -> None:
         uid = str(uuid.uuid4())
+        asked = request_attrs or attrs
+        # matchPolicy Equivalent: the webhook gets the object in its rule's version.
+        sent = _in_version(run.obj, attrs) if asked is not attrs else run.obj
         body = build_review(
             version=version,
             uid=uid,
             operation=operation,
             attrs=attrs,
-            kind=kind_of(run.obj, attrs),
+            kind=kind_of(sent, attrs),
             name=name,
             user=user,
-            obj=run.obj,
-            old_obj=old_obj,
+            obj=sent,
+            old_obj=_in_version(old_obj, attrs) if asked is not attrs else old_obj,
             dry_run=dry_run,
             options=options,
+            request_attrs=asked,
+            request_kind=kind_of(run.obj, asked),
         )
         try:
             data = self._post(run, label, breaker_key, client, timeout, json.dumps(body).encode())
@@ -475,7 +472,9 @@ class AdmissionEngine:
             )
             patched = run.obj
             if response.allowed and response.patch:
-                patched = _patched(run.obj, response.patch, attrs)
+                patched = _patched(sent, response.patch, attrs)
+                if sent is not run.obj and isinstance(run.obj, dict) and "apiVersion" in run.obj:
+                    patched["apiVersion"] = run.obj["apiVersion"]  # back to the request's version
         except WebhookCallError as err:
             self._failed(run, label, "kubernetes", policy, err)
             return
@@ -641,6 +640,42 @@ def _patched(obj: Any, patch: Sequence[Mapping[str, Any]], attrs: RequestAttribu
         if before != after:
             raise _PatchRefused(f"may not change {where}", status=400, code_name="ADMISSION_PATCH_REFUSED")
     return patched
+
+
+def webhook_attributes(webhook: K8sWebhook, operation: str, attrs: RequestAttributes) -> RequestAttributes | None:
+    """The request as ``webhook`` is sent it (its rule's group/version), ``None`` if no rule matches.
+
+    ``matchPolicy: Exact`` matches the request's own group/version only; ``Equivalent``
+    (the default) also an equivalent one (:mod:`.equivalence`): a built-in equivalent is
+    sent converted to the rule's version, another version of the request's own group
+    (custom resources) is sent as the request was made.
+    """
+
+    def hit(group: str, version: str) -> bool:
+        return any(
+            r.matches(operation, group, version, attrs.resource, attrs.subresource, attrs.namespaced)
+            for r in webhook.rules
+        )
+
+    if hit(attrs.group, attrs.version):
+        return attrs
+    if webhook.match_policy != "Equivalent":
+        return None
+    for group, version in equivalents(attrs.group, attrs.version, attrs.resource):
+        if hit(group, version):
+            return dataclasses.replace(attrs, group=group, version=version)
+    if any(hit(attrs.group, version) for rule in webhook.rules for version in rule.api_versions):
+        return attrs
+    return None
+
+
+def _in_version(obj: Any, attrs: RequestAttributes) -> Any:
+    if not isinstance(obj, dict) or "apiVersion" not in obj:
+        return obj
+    group, _, version = str(obj["apiVersion"]).rpartition("/")
+    if not convertible(attrs.resource, group, version, attrs.group, attrs.version):
+        return obj
+    return {**obj, "apiVersion": f"{attrs.group}/{attrs.version}" if attrs.group else attrs.version}
 
 
 def _meta(obj: Any) -> Mapping[str, Any]:

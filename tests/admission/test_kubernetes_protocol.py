@@ -221,6 +221,54 @@ def test_only_faults_of_the_webhook_count_towards_its_breaker(hooks, ca, answer,
     assert hook.calls == (2 if counted else 4)
 
 
+DEPLOYMENT = {"kind": "Deployment", "metadata": {"name": "web", "namespace": "prod"},
+              "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "nginx"}]}}}}
+
+
+@pytest.mark.parametrize("group_version", ["apps/v1beta1", "apps/v1beta2", "extensions/v1beta1"])
+@pytest.mark.parametrize("policy", ["Equivalent", None])
+def test_match_policy_equivalent_sends_other_versions_converted_to_the_rules(hooks, ca, group_version,
+                                                                             policy):
+    hook = hooks(k8s_add_label("injected", "true"))
+    extra = {"matchPolicy": policy} if policy else {}  # Equivalent is the default, as in the apiserver
+    webhook = k8s_webhook("d.example.com", "hook-a.webhooks", ca, resources=("deployments",), **extra)
+    webhook["rules"][0]["apiGroups"] = ["apps"]
+    tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])), client_for(("hook-a.webhooks", hook)))
+    response = tunnel.send("POST", f"/tunnels/clusters/c1/apis/{group_version}/namespaces/prod/deployments",
+                           {**DEPLOYMENT, "apiVersion": group_version})
+    assert response.status_code == 200
+    request = hook.bodies[0]["request"]
+    assert request["kind"] == {"group": "apps", "version": "v1", "kind": "Deployment"}
+    assert request["resource"] == {"group": "apps", "version": "v1", "resource": "deployments"}
+    group, version = group_version.split("/")
+    assert request["requestKind"] == {"group": group, "version": version, "kind": "Deployment"}
+    assert request["requestResource"] == {"group": group, "version": version, "resource": "deployments"}
+    assert request["object"]["apiVersion"] == "apps/v1"
+    sent = response.get_json()["body"]
+    assert sent["apiVersion"] == group_version and sent["metadata"]["labels"] == {"injected": "true"}
+
+
+def test_match_policy_exact_matches_the_rules_versions_only(hooks, ca):
+    hook = hooks(k8s_add_label("injected", "true"))
+    webhook = k8s_webhook("d.example.com", "hook-a.webhooks", ca, resources=("deployments",),
+                          matchPolicy="Exact")
+    tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])), client_for(("hook-a.webhooks", hook)))
+    response = tunnel.send("POST", "/tunnels/clusters/c1/apis/apps/v1beta2/namespaces/prod/deployments",
+                           {**DEPLOYMENT, "apiVersion": "apps/v1beta2"})
+    assert response.status_code == 200 and hook.calls == 0
+
+
+def test_match_policy_equivalent_sends_another_version_of_a_custom_resource_as_made(hooks, ca):
+    hook = hooks(k8s_allow)
+    webhook = k8s_webhook("w.example.com", "hook-a.webhooks", ca, resources=("widgets",))
+    webhook["rules"][0]["apiGroups"] = ["example.com"]
+    tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])), client_for(("hook-a.webhooks", hook)))
+    widget = {"apiVersion": "example.com/v2", "kind": "Widget", "metadata": {"name": "w", "namespace": "prod"}}
+    response = tunnel.send("POST", "/tunnels/clusters/c1/apis/example.com/v2/namespaces/prod/widgets", widget)
+    assert response.status_code == 200 and hook.calls == 1
+    assert hook.bodies[0]["request"]["kind"]["version"] == "v2"
+
+
 @pytest.mark.parametrize(
     ("method", "path", "resources", "operations", "scope", "called"),
     [
