@@ -29,7 +29,9 @@ admitted as an UPDATE, and forwarded as a ``PATCH`` — a JSON Patch from the ob
 read to the admitted one, guarded by a ``test`` of its ``resourceVersion`` — so the
 cluster's RBAC checks the ``patch`` verb the caller used. An UPDATE by ``PUT`` is
 sent guarded by the ``resourceVersion`` read, so it cannot turn into an unadmitted
-create. Strategic-merge and apply patches cannot be resolved without the
+create. (The reverse cannot be guarded in a PUT: an object created by someone else
+between the gateway's read and the write is updated by a body admitted as CREATE.)
+Resolving a PUT or PATCH needs the caller to be allowed to ``get`` the object. Strategic-merge and apply patches cannot be resolved without the
 resource's schema and are refused (415) rather than let through unadmitted.
 
 Exempt are only the webhook-definition routes of the gateway and the mesos-driver
