@@ -31,8 +31,9 @@ cluster's RBAC checks the ``patch`` verb the caller used. An UPDATE by ``PUT`` i
 sent guarded by the ``resourceVersion`` read, so it cannot turn into an unadmitted
 create. (The reverse cannot be guarded in a PUT: an object created by someone else
 between the gateway's read and the write is updated by a body admitted as CREATE.)
-Resolving a PUT or PATCH needs the caller to be allowed to ``get`` the object. Strategic-merge and apply patches cannot be resolved without the
-resource's schema and are refused (415) rather than let through unadmitted.
+Resolving a PUT or PATCH needs the caller to be allowed to ``get`` the object.
+Strategic-merge and apply patches cannot be resolved without the resource's schema
+and are refused (415) rather than let through unadmitted.
 
 Exempt are only the webhook-definition routes of the gateway and the mesos-driver
 (whole paths) and, on the tunnel, a cluster's own webhook and admission-policy

@@ -237,6 +237,25 @@ def test_total_budget_applies_the_policy_of_the_webhook_that_would_run(hooks, ca
     assert fast.calls == 0
 
 
+def test_a_timeout_cut_short_by_the_spent_budget_does_not_count_towards_the_breaker(hooks, ca):
+    # The first webhook's slowness (which a caller's object may cause) leaves the second less than
+    # its own timeout: its timeout then is not its fault, and must not open its breaker.
+    first = hooks(bcs_add_label("a", "1"))
+    first.delay = 0.3
+    second = hooks(bcs_add_label("b", "1"))
+    second.delay = 0.4
+    store = store_of(bcs_definition("d", [bcs_webhook("hook-a.webhooks", ca),
+                                          bcs_webhook("hook-b.webhooks", ca, timeoutSeconds=5)]))
+    client = layer(store, client_for(("hook-a.webhooks", first), ("hook-b.webhooks", second), threshold=1),
+                   total_budget=0.5)
+    for _ in range(2):
+        response = post(client)
+        assert response.status_code == 500 and "timed out" in response.get_json()["message"]
+    assert second.calls == 2  # called again: its breaker stayed closed
+    first.delay = second.delay = 0.0
+    assert post(client).status_code == 200 and second.calls == 3
+
+
 def test_circuit_breaker_stops_calling_a_failing_webhook_during_cool_down(hooks, ca):
     hook = hooks(lambda obj: (503, {"message": "down"}))
     store = store_of(bcs_definition("d", [bcs_webhook("hook-a.webhooks", ca, policy="Ignore")]))
