@@ -13,6 +13,8 @@ key                       value
 ``bcs.admission``         :class:`AdmissionResult` — what admission did
 ``bcs.request_id``        ``str`` — the request id (accepted or generated)
 ``bcs.error_style``       ``"json"`` or ``"kubernetes"`` — how errors render
+``bcs.upgrade``           ``str`` — the upgrade protocol, ``""`` for none
+                          (:mod:`bcs_middleware.upgrade_request` decides)
 ========================  ==================================================
 """
 
@@ -28,6 +30,7 @@ UPSTREAM = "bcs.upstream"
 ADMISSION = "bcs.admission"
 REQUEST_ID = "bcs.request_id"
 ERROR_STYLE = "bcs.error_style"
+UPGRADE = "bcs.upgrade"
 
 ErrorStyle = Literal["json", "kubernetes"]
 ClusterType = Literal["k8s", "mesos"]

@@ -5,6 +5,14 @@ Every failure leaves it as a :class:`WebhookCallError` with a short ``cause``
 (``timeout``, ``connect``, ``tls``, ``status``, ``malformed``, ``circuit_open``)
 — the metric label — and a ``detail`` safe to show a client (names, addresses
 and status codes only).
+
+The circuit breaker counts only faults of the webhook — no connection, TLS,
+a timeout it had its whole ``timeoutSeconds`` for, a 5xx, an unusable answer —
+never an outcome a caller's own request can cause: a 4xx (the webhook refusing
+this object), a timeout cut short by the request's spent admission budget, a
+denial, or a patch that does not apply to this object (see
+:mod:`~bcs_middleware.admission.engine`). Otherwise one user sending bad objects
+would open the breaker for everyone.
 """
 
 from __future__ import annotations
@@ -36,12 +44,17 @@ DEFAULT_MAX_RESPONSE = 3 * 1024 * 1024 + 64 * 1024
 
 
 class WebhookCallError(Exception):
-    """A webhook could not be called or answered badly."""
+    """A webhook could not be called or answered badly.
 
-    def __init__(self, cause: str, detail: str) -> None:
+    :param webhook_fault: ``False`` for outcomes this request may have caused (a 4xx):
+        they fail the request per its ``failurePolicy`` but do not count towards the breaker.
+    """
+
+    def __init__(self, cause: str, detail: str, *, webhook_fault: bool = True) -> None:
         super().__init__(detail)
         self.cause = cause
         self.detail = detail
+        self.webhook_fault = webhook_fault
 
 
 @dataclass(frozen=True)
@@ -135,14 +148,24 @@ class WebhookClient:
         host, port = self.address_map.get(name.lower(), (name, client.port))
         return Target(host, port, client.path, name, client.ca_pem)
 
-    def post(self, target: Target, body: bytes, timeout: float, *, breaker_key: str) -> bytes:
-        """POST ``body``; return the 200 answer's bytes or raise :class:`WebhookCallError`."""
+    def post(
+        self, target: Target, body: bytes, timeout: float, *, breaker_key: str, full_timeout: bool = True
+    ) -> bytes:
+        """POST ``body``; return the 200 answer's bytes or raise :class:`WebhookCallError`.
+
+        :param full_timeout: ``False`` when ``timeout`` is shorter than the webhook's own
+            (the request's admission budget is nearly spent): a timeout is then not the
+            webhook's fault.
+        """
         if not self.breaker.allow(breaker_key):
             raise WebhookCallError("circuit_open", "circuit open after repeated failures")
         try:
             data = self._post(target, body, timeout)
-        except WebhookCallError:
-            self.breaker.failure(breaker_key)
+        except WebhookCallError as err:
+            if err.cause == "timeout" and not full_timeout:
+                err.webhook_fault = False
+            if err.webhook_fault:
+                self.breaker.failure(breaker_key)
             raise
         return data
 
@@ -164,7 +187,9 @@ class WebhookClient:
             raise _translate(exc, timeout) from None
         try:
             if response.status != 200:
-                raise WebhookCallError("status", f"webhook answered HTTP {response.status}")
+                # A 4xx is the webhook refusing what it was sent — this request's object.
+                raise WebhookCallError("status", f"webhook answered HTTP {response.status}",
+                                       webhook_fault=not 400 <= response.status < 500)
             try:
                 data = response.read(self.max_response + 1)
             except Exception as exc:

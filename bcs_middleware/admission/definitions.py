@@ -22,6 +22,7 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from cryptography import x509
 
@@ -195,6 +196,7 @@ class K8sWebhook:
     side_effects: str = "None"
     timeout: float = 10.0
     review_versions: tuple[str, ...] = ("v1",)
+    match_policy: Literal["Exact", "Equivalent"] = "Equivalent"
 
     @property
     def review_version(self) -> str:
@@ -230,6 +232,13 @@ def decode_ca_bundle(value: str, where: str) -> str:
     return pem.decode("ascii")
 
 
+def _refuse_userinfo(url: str, where: str) -> None:
+    # A password in a definition would be shown to everyone who may read definitions and
+    # sent in clear to logs; the apiserver refuses user information in webhook URLs too.
+    if "@" in urlsplit(url).netloc:
+        raise ValidationError(f"{where}: must not carry user information (user:password@)")
+
+
 def parse_bcs_definition(document: Any, *, namespace: str | None = None) -> BcsDefinition:
     """Validate and parse a bcs definition; ``namespace`` overrides ``metadata.namespace``."""
     validate(BCS_SCHEMA, document)
@@ -249,6 +258,8 @@ def parse_bcs_definition(document: Any, *, namespace: str | None = None) -> BcsD
             raise ValidationError(
                 f"{where}.clientConfig: 'name' and 'namespace' are required unless 'url' is given"
             )
+        if "url" in cfg:
+            _refuse_userinfo(cfg["url"], f"{where}.clientConfig.url")
         versions = tuple(raw.get("admissionReviewVersions", ()))
         if versions and not any(v in REVIEW_VERSIONS for v in versions):
             raise ValidationError(f"{where}.admissionReviewVersions: must include v1")
@@ -323,6 +334,8 @@ def parse_k8s_configuration(document: Any) -> K8sConfiguration:
         versions = tuple(raw["admissionReviewVersions"])
         if not any(v in REVIEW_VERSIONS for v in versions):
             raise ValidationError(f"{where}.admissionReviewVersions: must include v1 or v1beta1")
+        if "url" in cfg:
+            _refuse_userinfo(cfg["url"], f"{where}.clientConfig.url")
         service = cfg.get("service", {})
         ca = cfg.get("caBundle")
         rules = []
@@ -361,6 +374,7 @@ def parse_k8s_configuration(document: Any) -> K8sConfiguration:
                 side_effects=raw["sideEffects"],
                 timeout=float(raw.get("timeoutSeconds", 10)),
                 review_versions=versions,
+                match_policy=raw.get("matchPolicy", "Equivalent"),
             )
         )
     return K8sConfiguration(

@@ -11,10 +11,18 @@ webhook that cannot be called or answers badly is skipped and logged; with
 ``failed calling webhook "<name>": <cause>``. A denial carries the webhook's
 ``status.code`` (403 when it gives none) and message. Every call is bounded by
 the webhook's timeout and by what is left of the request's total budget.
+
+A patch that does not apply to this request's object, or one that would move the
+object (change its ``apiVersion``, ``kind``, ``metadata.name`` or
+``metadata.namespace``; for bcs webhooks its kind, name or namespace), fails this
+request whatever the ``failurePolicy`` — as the kube-apiserver does — naming the
+webhook, and does not count towards the webhook's circuit breaker: the object is
+the caller's, so counting it would let one user open the breaker for everyone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -23,7 +31,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import jsonpatch
 
@@ -32,6 +40,7 @@ from ..environ import AdmissionResult, User
 from ..errors import BCSError, ValidationError
 from .client import WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
+from .equivalence import convertible, equivalents
 from .review import (
     RequestAttributes,
     apply_json_patch,
@@ -45,6 +54,16 @@ log = logging.getLogger("bcs_middleware.admission")
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 Operation = Literal["CREATE", "UPDATE"]
+
+
+class _PatchRefused(Exception):
+    """A webhook's change cannot be used for this request's object (not the webhook's fault)."""
+
+    def __init__(self, detail: str, *, status: int, code_name: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.code_name = code_name
 
 
 class AdmissionRejected(BCSError):
@@ -258,9 +277,12 @@ class AdmissionEngine:
                 json.dumps(before).encode(),
             )
             answer = self._checked(f"bcs/{label}", lambda: _bcs_answer(data, before))
+            _refuse_bcs_move(before, answer)
         except WebhookCallError as err:
             self._failed(run, label, "bcs", webhook.failure_policy, err)
             return
+        except _PatchRefused as refused:
+            self._refused(run, label, "bcs", refused)
         metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
         run.called.append(label)
         changed = answer != before
@@ -290,19 +312,7 @@ class AdmissionEngine:
     ) -> list[K8sWebhook]:
         """Webhooks whose ``rules`` match (selectors are checked later, with the objects)."""
         return [
-            w
-            for w in self.k8s_webhooks(cluster_id)
-            if any(
-                r.matches(
-                    operation,
-                    attrs.group,
-                    attrs.version,
-                    attrs.resource,
-                    attrs.subresource,
-                    attrs.namespaced,
-                )
-                for r in w.rules
-            )
+            w for w in self.k8s_webhooks(cluster_id) if webhook_attributes(w, operation, attrs) is not None
         ]
 
     def admit_k8s(
@@ -349,12 +359,13 @@ class AdmissionEngine:
                 mutating=webhook.mutating,
                 version=webhook.review_version,
                 operation=operation,
-                attrs=attrs,
+                attrs=webhook_attributes(webhook, operation, attrs) or attrs,
                 name=name,
                 old_obj=old_obj,
                 user=user,
                 dry_run=dry_run,
                 options=options,
+                request_attrs=attrs,
             )
         return run.outcome()
 
@@ -431,40 +442,44 @@ class AdmissionEngine:
         user: User | None,
         dry_run: bool,
         options: Mapping[str, Any] | None,
+        request_attrs: RequestAttributes | None = None,
     ) -> None:
         uid = str(uuid.uuid4())
+        asked = request_attrs or attrs
+        # matchPolicy Equivalent: the webhook gets the object in its rule's version.
+        sent = _in_version(run.obj, attrs) if asked is not attrs else run.obj
         body = build_review(
             version=version,
             uid=uid,
             operation=operation,
             attrs=attrs,
-            kind=kind_of(run.obj, attrs),
+            kind=kind_of(sent, attrs),
             name=name,
             user=user,
-            obj=run.obj,
-            old_obj=old_obj,
+            obj=sent,
+            old_obj=_in_version(old_obj, attrs) if asked is not attrs else old_obj,
             dry_run=dry_run,
             options=options,
+            request_attrs=asked,
+            request_kind=kind_of(run.obj, asked),
         )
         try:
             data = self._post(run, label, breaker_key, client, timeout, json.dumps(body).encode())
 
-            def check() -> tuple[Any, Any]:
-                response = parse_review_response(data, version=version, uid=uid, mutating=mutating)
-                patched = run.obj
-                if response.allowed and response.patch:
-                    try:
-                        patched = apply_json_patch(run.obj, response.patch)
-                    except ValueError as exc:
-                        raise WebhookCallError("malformed", str(exc)) from None
-                    if not isinstance(patched, dict):
-                        raise WebhookCallError("malformed", "patched object is not a JSON object")
-                return response, patched
-
-            response, patched = self._checked(breaker_key, check)
+            response = self._checked(
+                breaker_key,
+                lambda: parse_review_response(data, version=version, uid=uid, mutating=mutating),
+            )
+            patched = run.obj
+            if response.allowed and response.patch:
+                patched = _patched(sent, response.patch, attrs)
+                if sent is not run.obj and isinstance(run.obj, dict) and "apiVersion" in run.obj:
+                    patched["apiVersion"] = run.obj["apiVersion"]  # back to the request's version
         except WebhookCallError as err:
             self._failed(run, label, "kubernetes", policy, err)
             return
+        except _PatchRefused as refused:
+            self._refused(run, label, "kubernetes", refused)
         run.called.append(label)
         run.warnings.extend(response.warnings)
         run.annotations.extend((f"{label}/{k}", v) for k, v in response.audit_annotations)
@@ -523,7 +538,8 @@ class AdmissionEngine:
         started = time.perf_counter()
         try:
             return self.client.post(
-                self.client.target(client), body, min(timeout, remaining), breaker_key=breaker_key
+                self.client.target(client), body, min(timeout, remaining), breaker_key=breaker_key,
+                full_timeout=timeout <= remaining,
             )
         finally:
             metrics.WEBHOOK_LATENCY.labels(label).observe(time.perf_counter() - started)
@@ -537,6 +553,19 @@ class AdmissionEngine:
             raise
         self.client.breaker.success(breaker_key)
         return result
+
+    def _refused(
+        self, run: _Run, label: str, protocol: Literal["bcs", "kubernetes"], refused: _PatchRefused
+    ) -> NoReturn:
+        metrics.WEBHOOK_CALLS.labels(label, "error").inc()
+        log.warning("admission webhook %s: change refused: %s", label, refused.detail)
+        run.steps.append(Step(label, protocol, "failed", "patch", refused.detail))
+        raise AdmissionRejected(
+            f'admission webhook "{label}" {refused.detail}',
+            status=refused.status,
+            code_name=refused.code_name,
+            steps=run.steps,
+        )
 
     def _failed(
         self,
@@ -576,12 +605,77 @@ def _bcs_answer(data: bytes, before: Mapping[str, Any]) -> dict[str, Any]:
         raise WebhookCallError("malformed", "answer is not JSON") from None
     if not isinstance(answer, dict):
         raise WebhookCallError("malformed", "answer is not a JSON object")
+    return answer
+
+
+def _refuse_bcs_move(before: Mapping[str, Any], answer: Mapping[str, Any]) -> None:
     if str(answer.get("kind", "")).lower() != str(before.get("kind", "")).lower():
-        raise WebhookCallError("malformed", "answer changed the object's kind")
+        raise _PatchRefused("may not change the object's kind", status=400,
+                            code_name="ADMISSION_PATCH_REFUSED")
     for key in ("name", "namespace"):
         if _meta(answer).get(key) != _meta(before).get(key):
-            raise WebhookCallError("malformed", f"answer changed metadata.{key}")
-    return answer
+            raise _PatchRefused(f"may not change metadata.{key}", status=400,
+                                code_name="ADMISSION_PATCH_REFUSED")
+
+
+def _patched(obj: Any, patch: Sequence[Mapping[str, Any]], attrs: RequestAttributes) -> dict[str, Any]:
+    """``obj`` with a webhook's patch applied; :class:`_PatchRefused` if it does not apply or moves it."""
+    try:
+        patched = apply_json_patch(obj, patch)
+    except ValueError as exc:
+        raise _PatchRefused(f"returned a patch that does not apply to the object: {exc}",
+                            status=500, code_name="ADMISSION_PATCH_FAILED") from None
+    if not isinstance(patched, dict):
+        raise _PatchRefused("returned a patch that makes the object something not a JSON object",
+                            status=500, code_name="ADMISSION_PATCH_FAILED")
+    # The object a request names may not be moved by a webhook (the kube-apiserver refuses
+    # that too): another kind, name or namespace would escape what was authorized and matched.
+    for where, before, after in (
+        ("apiVersion", obj.get("apiVersion"), patched.get("apiVersion")),
+        ("kind", obj.get("kind"), patched.get("kind")),
+        ("metadata.name", _meta(obj).get("name") or attrs.name, _meta(patched).get("name") or attrs.name),
+        ("metadata.namespace", _meta(obj).get("namespace") or attrs.namespace,
+         _meta(patched).get("namespace") or attrs.namespace),
+    ):
+        if before != after:
+            raise _PatchRefused(f"may not change {where}", status=400, code_name="ADMISSION_PATCH_REFUSED")
+    return patched
+
+
+def webhook_attributes(webhook: K8sWebhook, operation: str, attrs: RequestAttributes) -> RequestAttributes | None:
+    """The request as ``webhook`` is sent it (its rule's group/version), ``None`` if no rule matches.
+
+    ``matchPolicy: Exact`` matches the request's own group/version only; ``Equivalent``
+    (the default) also an equivalent one (:mod:`.equivalence`): a built-in equivalent is
+    sent converted to the rule's version, another version of the request's own group
+    (custom resources) is sent as the request was made.
+    """
+
+    def hit(group: str, version: str) -> bool:
+        return any(
+            r.matches(operation, group, version, attrs.resource, attrs.subresource, attrs.namespaced)
+            for r in webhook.rules
+        )
+
+    if hit(attrs.group, attrs.version):
+        return attrs
+    if webhook.match_policy != "Equivalent":
+        return None
+    for group, version in equivalents(attrs.group, attrs.version, attrs.resource):
+        if hit(group, version):
+            return dataclasses.replace(attrs, group=group, version=version)
+    if any(hit(attrs.group, version) for rule in webhook.rules for version in rule.api_versions):
+        return attrs
+    return None
+
+
+def _in_version(obj: Any, attrs: RequestAttributes) -> Any:
+    if not isinstance(obj, dict) or "apiVersion" not in obj:
+        return obj
+    group, _, version = str(obj["apiVersion"]).rpartition("/")
+    if not convertible(attrs.resource, group, version, attrs.group, attrs.version):
+        return obj
+    return {**obj, "apiVersion": f"{attrs.group}/{attrs.version}" if attrs.group else attrs.version}
 
 
 def _meta(obj: Any) -> Mapping[str, Any]:

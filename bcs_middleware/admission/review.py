@@ -114,14 +114,19 @@ def build_review(
     old_obj: Any,
     dry_run: bool,
     options: Mapping[str, Any] | None,
+    request_attrs: RequestAttributes | None = None,
+    request_kind: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """An AdmissionReview; ``attrs``/``kind`` as the webhook gets the object (its rule's version),
+    ``request_attrs``/``request_kind`` as the request was made (``matchPolicy: Equivalent``)."""
     resource = {"group": attrs.group, "version": attrs.version, "resource": attrs.resource}
+    asked = request_attrs or attrs
     request: dict[str, Any] = {
         "uid": uid,
         "kind": dict(kind),
         "resource": resource,
-        "requestKind": dict(kind),
-        "requestResource": resource,
+        "requestKind": dict(request_kind or kind),
+        "requestResource": {"group": asked.group, "version": asked.version, "resource": asked.resource},
         "name": name,
         "namespace": attrs.namespace,
         "operation": operation,

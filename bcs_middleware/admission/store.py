@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import yaml
 
+from ..environ import Upstream
 from ..errors import ConfigError, Conflict, ValidationError
 from .definitions import (
     BcsDefinition,
@@ -167,6 +168,11 @@ class ClusterReader(Protocol):
 
     def get_object(self, cluster_id: str, api_path: str) -> dict[str, Any] | None:
         """The object at ``api_path`` (``/api/v1/namespaces/ns/pods/x``), ``None`` if absent."""
+
+    def get_object_as(self, upstream: Upstream, api_path: str) -> dict[str, Any] | None:
+        """The object at ``api_path`` read as the request's caller: with ``upstream``'s
+        credential and impersonation headers (``bcs.upstream``); ``None`` if absent,
+        :class:`~bcs_middleware.errors.BCSError` with the cluster's status (403) otherwise."""
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
         """The labels of a namespace (``{}`` when it has none)."""

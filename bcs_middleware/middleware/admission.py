@@ -14,17 +14,36 @@ Which definitions apply:
 * otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
   POST = Create / PUT = Update and the body's ``kind``.
 
-A matched ``PATCH`` (JSON Patch or merge patch) is resolved against the current
-object (read through the :class:`~bcs_middleware.admission.ClusterReader`),
-admitted as an UPDATE, and forwarded as a ``PUT`` of the admitted object guarded
-by its ``resourceVersion``. Strategic-merge and apply patches cannot be resolved
-without the resource's schema and are refused (415) rather than let through
-unadmitted. Requests that change webhook definitions are never intercepted.
+The operation is the one the apiserver will perform: ``POST`` is CREATE, a ``PUT``
+is UPDATE when the object exists and CREATE when it does not (asked of the cluster,
+as the caller), ``PATCH`` is UPDATE, and the ``exec``/``attach``/``portforward``/
+``proxy`` subresources are CONNECT whatever the method or headers. Whether a
+request is a connection upgrade is decided once, by
+:func:`~bcs_middleware.upgrade_request.upgrade_protocol`, the function the proxy
+obeys; a request that is not one is admitted like any other.
 
-Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``; sets
-``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites
-``wsgi.input``, ``CONTENT_LENGTH`` (and, for a resolved PATCH, ``REQUEST_METHOD``,
-``CONTENT_TYPE``). Webhook ``warnings`` become ``Warning: 299`` response headers.
+A matched ``PATCH`` (JSON Patch or merge patch) is resolved against the current
+object read **as the caller** (with ``bcs.upstream``'s credential and impersonation:
+the caller's RBAC decides what they may see, and their 403/404 is the answer),
+admitted as an UPDATE, and forwarded as a ``PATCH`` — a JSON Patch from the object
+read to the admitted one, guarded by a ``test`` of its ``resourceVersion`` — so the
+cluster's RBAC checks the ``patch`` verb the caller used. An UPDATE by ``PUT`` is
+sent guarded by the ``resourceVersion`` read, so it cannot turn into an unadmitted
+create. (The reverse cannot be guarded in a PUT: an object created by someone else
+between the gateway's read and the write is updated by a body admitted as CREATE.)
+Resolving a PUT or PATCH needs the caller to be allowed to ``get`` the object.
+Strategic-merge and apply patches cannot be resolved without the resource's schema
+and are refused (415) rather than let through unadmitted.
+
+Exempt are only the webhook-definition routes of the gateway and the mesos-driver
+(whole paths) and, on the tunnel, a cluster's own webhook and admission-policy
+configurations (``admissionregistration.k8s.io``, judged on the parsed API path),
+which the kube-apiserver does not send to webhooks either.
+
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.upgrade``;
+sets ``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites
+``wsgi.input``, ``CONTENT_LENGTH`` (and, for a resolved PATCH, ``CONTENT_TYPE``).
+Webhook ``warnings`` become ``Warning: 299`` response headers.
 
 Security: webhooks are only reached over HTTPS verified against their
 ``caBundle`` and service name; no credential of the request is sent to them
@@ -51,19 +70,19 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs
 
+import jsonpatch
 import yaml
 
 from .. import environ as env
 from ..admission.client import CircuitBreaker, WebhookClient
-from ..admission.engine import AdmissionEngine, Outcome, warning_headers
+from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
 from ..admission.review import (
     RequestAttributes,
     apply_json_patch,
@@ -86,6 +105,7 @@ from ..errors import (
     NotFound,
     UnsupportedMediaType,
 )
+from ..upgrade_request import upgrade_protocol
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +115,26 @@ _CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
 StartResponse = Callable[..., Any]
 
 _TUNNEL = re.compile(r"^/+tunnels/+clusters/+([^/]+)(/.*)?$")
-# Webhook definitions themselves: the mesos-driver and management API routes.
-_DEFINITION_PATHS = re.compile(
-    r"/namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|/admissionwebhooks(/[^/]*)?/?$"
-    r"|/admissionwebhookconfigurations(/.*)?$|^/+rest/+admission/"
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# The gateway's and the mesos-driver's own webhook-definition routes, matched on the whole
+# path: no webhook intercepts changes to webhook definitions (a webhook that refused them
+# could never be removed). Nothing else is exempt — above all nothing under /tunnels/, where
+# a namespace or object may carry any of these names.
+_MANAGEMENT_PATHS = re.compile(
+    r"(?:/mesosdriver/v4|/bcsapi/v4/scheduler/mesos)"
+    r"/(?:namespaces/[^/]+/admissionwebhook(?:/[^/]+)?|admissionwebhooks)/?"
+    r"|/rest/(?:admissionwebhooks(?:/[^/]+)?"
+    r"|clusters/[^/]+/admissionwebhookconfigurations(?:/[^/]+/[^/]+)?|admission/review)/?"
 )
+# A cluster's own webhook (and admission policy) configurations: the kube-apiserver calls no
+# webhook for these (k8s.io/apiserver .../webhook/predicates/rules.IsExemptAdmissionConfigurationResource),
+# so the gateway, which must not be stricter than the cluster it fronts, does not either.
 _REGISTRATION_GROUP = "admissionregistration.k8s.io"
+_EXEMPT_REGISTRATION_RESOURCES = frozenset({
+    "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
+    "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+    "mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
+})
 _JSON_PATCH = "application/json-patch+json"
 _MERGE_PATCH = "application/merge-patch+json"
 
@@ -146,14 +180,14 @@ class AdmissionMiddleware:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
-        # kubectl exec/attach/port-forward: an upgrade (the apiserver's CONNECT operation).
-        connect = bool(environ.get("HTTP_UPGRADE"))
-        if (method not in ("POST", "PUT", "PATCH", "DELETE") and not connect) or _DEFINITION_PATHS.search(
-            environ.get("PATH_INFO", "")
-        ):
+        # The one decision the proxy acts on too: an upgrade is what the proxy will splice
+        # (kubectl exec/attach/port-forward); any other request is admitted by its method.
+        if method not in _WRITES and upgrade_protocol(environ) is None:
             return self.app(environ, start_response)
         kubernetes = self._kubernetes(environ)
-        if kubernetes is None and (connect or method == "DELETE"):
+        if kubernetes is None and (
+            method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", ""))
+        ):
             return self.app(environ, start_response)  # bcs definitions know Create and Update only
         style: env.ErrorStyle = "kubernetes" if kubernetes else env.get_error_style(environ)
         try:
@@ -233,19 +267,28 @@ class AdmissionMiddleware:
         self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str
     ) -> Outcome | None:
         attrs = parse_api_path(api_path)
-        if attrs is None or attrs.group == _REGISTRATION_GROUP:
+        if attrs is None or (
+            attrs.group == _REGISTRATION_GROUP and attrs.resource in _EXEMPT_REGISTRATION_RESOURCES
+        ):
             return None
-        if environ.get("HTTP_UPGRADE") or attrs.subresource in _CONNECT_SUBRESOURCES:
+        if attrs.subresource in _CONNECT_SUBRESOURCES:
+            # The apiserver admits these as CONNECT whatever the method or headers.
             self._not_admitted(cluster_id, "CONNECT", attrs)
             return None
         if method == "DELETE":
             self._not_admitted(cluster_id, "DELETE", attrs)
             return None
-        operation: Literal["CREATE", "UPDATE"] = "CREATE" if method == "POST" else "UPDATE"
-        webhooks = self.engine.k8s_matching(cluster_id, operation, attrs)
-        if not webhooks:
+        if method not in ("POST", "PUT", "PATCH"):
             return None
-        first = webhooks[0].name
+        # The operation the apiserver will perform: POST creates, PATCH updates, and PUT
+        # updates an object that exists but creates one that does not.
+        candidates: tuple[Operation, ...] = (
+            ("CREATE",) if method == "POST" else ("UPDATE",) if method == "PATCH" else ("CREATE", "UPDATE")
+        )
+        matched = {op: self.engine.k8s_matching(cluster_id, op, attrs) for op in candidates}
+        first = next((hooks[0].name for hooks in matched.values() if hooks), None)
+        if first is None:
+            return None
         content_type = _mime(environ)
         if method == "PATCH":
             if content_type not in (_JSON_PATCH, _MERGE_PATCH):
@@ -266,9 +309,10 @@ class AdmissionMiddleware:
             raise BadRequest("request body is not valid JSON") from None
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         dry_run = "All" in query.get("dryRun", [])
-        old = None
+        old: Any = None
+        operation: Operation = candidates[0]
         if method == "PATCH":
-            old = self._current(cluster_id, attrs, required=True)
+            old = self._current(environ, cluster_id, attrs, required=True)
             try:
                 obj = (
                     apply_json_patch(old, document)
@@ -279,17 +323,19 @@ class AdmissionMiddleware:
                 raise BCSError(
                     f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
                 ) from None
-            if isinstance(obj, dict):
-                obj.setdefault("metadata", {})["resourceVersion"] = (
-                    (old or {}).get("metadata", {}).get("resourceVersion")
-                )
+            if isinstance(obj, dict) and not _meta(obj).get("resourceVersion"):
+                obj.setdefault("metadata", {})["resourceVersion"] = _meta(old).get("resourceVersion")
         else:
             obj = document
             if method == "PUT":
-                old = self._current(cluster_id, attrs, required=False)
+                old = self._current(environ, cluster_id, attrs, required=False)
+                operation = "UPDATE" if old is not None or attrs.subresource else "CREATE"
         if not isinstance(obj, dict):
             raise BadRequest("request body must be a JSON object")
-        options = _options(operation, query)
+        webhooks = matched[operation]
+        if not webhooks:
+            replace_body(environ, body)
+            return None
         outcome = self.engine.admit_k8s(
             cluster_id,
             operation,
@@ -298,16 +344,27 @@ class AdmissionMiddleware:
             old,
             env.get_user(environ),
             dry_run=dry_run,
-            options=options,
+            options=_options(operation, query),
             webhooks=webhooks,
         )
+        admitted = outcome.object
         if method == "PATCH":
-            environ["REQUEST_METHOD"] = "PUT"
-            environ["CONTENT_TYPE"] = "application/json"
-            self._drop_apply_only_query(environ, query)
-            body = json.dumps(outcome.object).encode()
+            # Forwarded as a PATCH (the cluster's RBAC checks the "patch" verb the caller
+            # used): the change from the object the caller read to the admitted one, applied
+            # only if the object is still the one that was admitted.
+            environ["CONTENT_TYPE"] = _JSON_PATCH
+            body = json.dumps(_guarded_patch(old, admitted)).encode()
+        elif method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
+            # Admitted as an UPDATE: it must not turn into a create if the object is deleted
+            # meanwhile (CREATE webhooks never saw it).
+            rv = _meta(old).get("resourceVersion")
+            if rv and isinstance(admitted.get("metadata"), dict):
+                admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
+                body = json.dumps(admitted).encode()
+            elif outcome.patched:
+                body = json.dumps(admitted).encode()
         elif outcome.patched:
-            body = json.dumps(outcome.object).encode()
+            body = json.dumps(admitted).encode()
         replace_body(environ, body)
         return outcome
 
@@ -330,7 +387,15 @@ class AdmissionMiddleware:
         for webhook in webhooks:
             log.warning("admission: %s not sent to webhook %r (failurePolicy: Ignore)", operation, webhook.name)
 
-    def _current(self, cluster_id: str, attrs: RequestAttributes, *, required: bool) -> Any:
+    def _current(
+        self, environ: dict[str, Any], cluster_id: str, attrs: RequestAttributes, *, required: bool
+    ) -> Any:
+        """The object the request acts on, read as its caller; ``None`` when it does not exist.
+
+        With ``bcs.upstream`` (the tunnel) the read carries the request's own credential and
+        impersonation, so the caller's RBAC decides: what they may not read is their 403 (or
+        404), exactly as the cluster answers, never something the gateway's credential saw.
+        """
         reader = self.engine.cluster_reader
         if reader is None or not attrs.name:
             if required:
@@ -338,9 +403,17 @@ class AdmissionMiddleware:
                     "cannot resolve the patch for admission: the cluster cannot be read"
                 )
             return None
+        upstream = env.get_upstream(environ)
         try:
-            current = reader.get_object(cluster_id, attrs.api_path)
+            if upstream is not None:
+                current = reader.get_object_as(upstream, attrs.api_path)
+            else:
+                current = reader.get_object(cluster_id, attrs.api_path)
+        except BCSError:
+            raise
         except Exception:
+            log.warning("admission: cannot read %s from cluster %s", attrs.api_path, cluster_id,
+                        exc_info=True)
             raise BadGateway(
                 "cannot read the current object from the cluster for admission"
             ) from None
@@ -348,22 +421,25 @@ class AdmissionMiddleware:
             raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
         return current
 
-    @staticmethod
-    def _drop_apply_only_query(environ: dict[str, Any], query: dict[str, list[str]]) -> None:
-        # "force" is meaningful only for apply patches; a PUT carrying it is refused.
-        if "force" not in query:
-            return
-        rest = {k: v for k, v in query.items() if k != "force"}
-        environ["QUERY_STRING"] = urlencode(rest, doseq=True)
-        upstream = env.get_upstream(environ)
-        if upstream is not None:
-            environ[env.UPSTREAM] = dataclasses.replace(upstream, query=environ["QUERY_STRING"])
-
     # -- bodies ---------------------------------------------------------------------
 
     def _read_body(self, environ: dict[str, Any]) -> bytes:
         return read_bounded(environ, self.max_body, what="a request body to admit")
 
+
+
+def _meta(obj: Any) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _guarded_patch(old: Any, admitted: Any) -> list[dict[str, Any]]:
+    """A JSON Patch from ``old`` to ``admitted`` that applies only to ``old``'s resourceVersion."""
+    operations = list(jsonpatch.make_patch(old, admitted).patch)
+    rv = _meta(old).get("resourceVersion")
+    if isinstance(rv, str) and rv:
+        operations.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    return operations
 
 
 def _mime(environ: Mapping[str, Any]) -> str:

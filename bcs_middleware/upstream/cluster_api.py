@@ -1,15 +1,19 @@
 """JSON calls to a cluster's apiserver with the credentials its kube-agent reported.
 
 The gateway itself reads and writes a few objects in clusters: the admission
-layer needs the old object of an UPDATE, the current object behind a PATCH and a
-namespace's labels (:class:`TunnelClusterReader`, the admission ``ClusterReader``);
-the RBAC sync manages role bindings. All of it goes through :func:`cluster_request`:
-as the cluster's own service account, TLS verified against the reported CA, over
-the tunnel's pooled transport and its timeouts, with a bounded answer.
+layer needs the old object of a PUT or PATCH and a namespace's labels
+(:class:`TunnelClusterReader`, the admission ``ClusterReader``); the RBAC sync
+manages role bindings. Namespace labels and role bindings go through
+:func:`cluster_request`, as the cluster's own service account; the objects a
+request's caller acts on are read with :func:`upstream_request` as that caller (the
+tunnel request's own credential and impersonation), so admission never shows a
+caller what their RBAC hides. Both verify TLS against the reported CA, over the
+tunnel's pooled transport and its timeouts, with a bounded answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -44,9 +48,24 @@ def cluster_request(
         server_name=tls_server_name, verify=verify, bearer_token=credentials.user_token,
         name=f"cluster:{credentials.cluster_id}",
     )
+    return upstream_request(transport, upstream, method, body=body, max_bytes=max_bytes)
+
+
+def upstream_request(
+    transport: Transport,
+    upstream: env.Upstream,
+    method: str,
+    *,
+    body: Any = None,
+    max_bytes: int = MAX_OBJECT,
+) -> tuple[int, str, Any]:
+    """One JSON request to ``upstream`` as the tunnel would send it: its credential and its
+    ``set_headers`` (the caller's impersonation); returns ``(status, reason, document)``."""
     # The transport frames requests; credentials are the caller's to set (the proxy does the
     # same for tunnel traffic).
-    headers = [("Accept", "application/json"), ("Authorization", f"Bearer {credentials.user_token}")]
+    headers = [("Accept", "application/json"), *upstream.set_headers]
+    if upstream.bearer_token:
+        headers.append(("Authorization", f"Bearer {upstream.bearer_token}"))
     payload = None
     if body is not None:
         payload = json.dumps(body).encode()
@@ -59,7 +78,7 @@ def cluster_request(
         while piece := response.read1(65536):
             size += len(piece)
             if size > max_bytes:
-                raise BadGateway(f"{method} {path} on cluster {credentials.cluster_id!r}: "
+                raise BadGateway(f"{method} {upstream.path} on {upstream.name or 'the cluster'}: "
                                  f"answer larger than {max_bytes} bytes")
             chunks.append(piece)
     except (BCSError, OSError):
@@ -105,6 +124,27 @@ class TunnelClusterReader:
 
     def get_object(self, cluster_id: str, api_path: str) -> dict[str, Any] | None:
         return self._get(cluster_id, api_path)
+
+    def get_object_as(self, upstream: env.Upstream, api_path: str) -> dict[str, Any] | None:
+        """The object at ``api_path`` as the tunnel request's caller sees it (``None``: 404).
+
+        Sent with ``upstream``'s credential and impersonation headers, exactly as the
+        request itself will be: the caller's own RBAC decides what they may read, and an
+        answer other than 200 or 404 (403 above all) is raised as the cluster gave it.
+        """
+        target = dataclasses.replace(upstream, path=api_path, query="")
+        status, reason, document = upstream_request(self.transport, target, "GET")
+        if status == 404:
+            return None
+        if status == 200 and isinstance(document, dict):
+            return document
+        if status == 200:
+            raise BadGateway(f"the cluster answered {api_path} with something not a JSON object")
+        if status >= 500:
+            raise BadGateway(f"reading {api_path} from the cluster failed with HTTP {status}")
+        message = document.get("message") if isinstance(document, dict) else None
+        raise BCSError(str(message or f"{reason or 'HTTP'} reading {api_path}"), status=status,
+                       code_name="CLUSTER_REFUSED_READ")
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
         document = self._get(cluster_id, f"/api/v1/namespaces/{namespace}")

@@ -64,7 +64,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .. import environ as env
-from .. import metrics
+from .. import metrics, upgrade_request
 from ..bodies import declared_length
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..errors import (
@@ -223,7 +223,7 @@ class UpstreamProxy:
         upstream: env.Upstream | None = None
         try:
             upstream = env.get_upstream(environ) or self._fixed_upstream(environ)
-            protocol = upg.upgrade_protocol(environ)
+            protocol = upgrade_request.upgrade_protocol(environ)
             if protocol is not None:
                 return self._upgrade(environ, start_response, upstream, protocol)
             headers = self._request_headers(environ, upstream)

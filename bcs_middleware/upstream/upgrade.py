@@ -8,10 +8,12 @@ this module, which works with what gunicorn offers: the client socket in
 The sequence (the CVE-2018-1002105 lesson: never splice before the upstream
 has agreed):
 
-1. A request carrying ``Connection: upgrade`` and ``Upgrade: SPDY/3.1`` or
-   ``websocket`` (kubectl's ``v4``/``v5.channel.k8s.io`` subprotocols ride in
-   ``Sec-WebSocket-Protocol``, kept like ``X-Stream-Protocol-Version``) is
-   authenticated, routed and impersonated like any other request.
+1. A request that :func:`bcs_middleware.upgrade_request.upgrade_protocol` calls an
+   upgrade — ``Connection: upgrade`` and ``Upgrade: SPDY/3.1`` or ``websocket``, the
+   same answer the admission layer got (kubectl's ``v4``/``v5.channel.k8s.io``
+   subprotocols ride in ``Sec-WebSocket-Protocol``, kept like
+   ``X-Stream-Protocol-Version``) — is authenticated, routed and impersonated like
+   any other request.
 2. It is sent on a **fresh** upstream connection
    (:meth:`~bcs_middleware.upstream.transport.PooledTransport.open_upgrade`),
    never pooled, never reused.
@@ -80,13 +82,11 @@ from urllib.parse import parse_qs, unquote
 
 from .. import environ as env
 from .. import metrics
-from .transport import HOP_BY_HOP, connection_tokens
+from .transport import HOP_BY_HOP
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
 
-#: ``Upgrade`` values spliced (lower case); anything else is proxied as plain HTTP.
-PROTOCOLS = frozenset({"spdy/3.1", "websocket"})
 DEFAULT_IDLE_TIMEOUT = 3600.0
 DEFAULT_MAX_DURATION = 86400.0
 
@@ -99,15 +99,6 @@ _NOT_FOR_APP_101 = HOP_BY_HOP | {"content-length"}
 _POD_PATH = re.compile(
     r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<pod>[^/]+)/(?P<sub>exec|attach|portforward)/?$"
 )
-
-
-def upgrade_protocol(environ: dict[str, Any]) -> str | None:
-    """The ``Upgrade`` value of a request asking for one this module splices, else ``None``."""
-    connection = environ.get("HTTP_CONNECTION")
-    if not connection or "upgrade" not in connection_tokens(connection):
-        return None
-    value = environ.get("HTTP_UPGRADE", "").strip()
-    return value if value.lower() in PROTOCOLS else None
 
 
 def client_socket(environ: dict[str, Any]) -> socket.socket | None:

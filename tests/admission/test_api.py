@@ -102,6 +102,10 @@ def _set(path: list[Any], value: Any) -> Any:
                           {"operator": "Has", "values": []}),
                      "admissionWebhooks.0.namespaceSelector.operator", id="bad-selector"),
         pytest.param(_set(["apiVersion"], "v1"), "apiVersion", id="bad-api-version"),
+        pytest.param(_set(["admissionWebhooks", 0, "clientConfig", "url"], "https://me:s3cret@hook.example/x"),
+                     "admissionWebhooks.0.clientConfig.url: must not carry user information", id="url-userinfo"),
+        pytest.param(_set(["admissionWebhooks", 0, "clientConfig", "url"], "https://token@hook.example/x"),
+                     "admissionWebhooks.0.clientConfig.url: must not carry user information", id="url-user"),
         pytest.param(_set(["admissionWebhooks"], []), "admissionWebhooks", id="no-webhooks"),
     ],
 )
@@ -112,6 +116,7 @@ def test_schema_errors_are_400_naming_the_field(ca, mutate, field):
     assert response.status_code == 400
     assert response.get_json()["message"].startswith(field)
     assert "not base64!" not in response.get_json()["message"]
+    assert "s3cret" not in response.get_json()["message"]
 
 
 @pytest.mark.parametrize(
@@ -127,6 +132,8 @@ def test_schema_errors_are_400_naming_the_field(ca, mutate, field):
                           {"matchExpressions": [{"key": "a", "operator": "In"}]}),
                      "webhooks.0.namespaceSelector.matchExpressions.0.values", id="in-without-values"),
         pytest.param(_set(["kind"], "Webhook"), "kind", id="bad-kind"),
+        pytest.param(_set(["webhooks", 0, "clientConfig"], {"url": "https://me:s3cret@hook.example/x"}),
+                     "webhooks.0.clientConfig.url: must not carry user information", id="url-userinfo"),
     ],
 )
 def test_kubernetes_configuration_errors_are_400_naming_the_field(ca, mutate, field):

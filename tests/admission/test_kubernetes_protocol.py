@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import jsonpatch
 import pytest
 from werkzeug.test import Client
 
@@ -146,8 +147,6 @@ BAD_ANSWERS = [
     pytest.param(lambda b: {**review_answer(b), "response": {
         "uid": b["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
         "patch": "%%%"}}, True, "not base64", id="patch-not-base64"),
-    pytest.param(lambda b: review_answer(b, patch=[{"op": "remove", "path": "/nope/deeper"}]),
-                 True, "patch does not apply", id="patch-does-not-apply"),
     pytest.param(lambda b: review_answer(b, patch=[{"op": "add", "path": "/x", "value": 1}]),
                  False, "validating webhook may not return response.patch",
                  id="patch-from-validating"),
@@ -174,6 +173,100 @@ def test_responses_are_checked_like_the_apiserver(hooks, ca, answer, mutating, m
     assert status["message"].startswith('failed calling webhook "bad.example.com": ')
     assert message in status["message"]
     assert not tunnel.environs
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+@pytest.mark.parametrize(
+    ("patch", "status", "message"),
+    [pytest.param([{"op": "remove", "path": "/nope/deeper"}], 500, "does not apply", id="not-applying"),
+     pytest.param([{"op": "replace", "path": "/metadata/name", "value": "evil"}], 400,
+                  "may not change metadata.name", id="name"),
+     pytest.param([{"op": "replace", "path": "/metadata/namespace", "value": "kube-system"}], 400,
+                  "may not change metadata.namespace", id="namespace"),
+     pytest.param([{"op": "replace", "path": "/kind", "value": "Secret"}], 400,
+                  "may not change kind", id="kind"),
+     pytest.param([{"op": "replace", "path": "/apiVersion", "value": "v2"}], 400,
+                  "may not change apiVersion", id="apiVersion")],
+)
+def test_a_patch_that_does_not_apply_or_moves_the_object_fails_this_request_only(
+        hooks, ca, policy, patch, status, message):
+    hook = hooks(lambda b: review_answer(b, patch=patch))
+    store = store_of(k8s_configuration("cfg", [k8s_webhook("bad.example.com", "hook-a.webhooks",
+                                                           ca, policy=policy)]))
+    tunnel = Tunnel(store, client_for(("hook-a.webhooks", hook), threshold=1))
+    for _ in range(3):  # more than the breaker's threshold
+        response = tunnel.send("POST", PODS, POD)
+        assert response.status_code == status
+        assert response.get_json()["message"].startswith('admission webhook "bad.example.com" ')
+        assert message in response.get_json()["message"]
+    assert not tunnel.environs and hook.calls == 3
+    hook.behaviour = k8s_add_label("ok", "1")
+    assert tunnel.send("POST", PODS, POD).status_code == 200 and hook.calls == 4
+
+
+@pytest.mark.parametrize(
+    ("answer", "counted"),
+    [pytest.param(lambda b: (400, b'{"message": "cannot parse your object"}'), False, id="4xx"),
+     pytest.param(lambda b: (422, b"{}"), False, id="422"),
+     pytest.param(lambda b: review_answer(b, allowed=False), False, id="denied"),
+     pytest.param(lambda b: (503, b"{}"), True, id="5xx"),
+     pytest.param(lambda b: b"garbage", True, id="malformed")],
+)
+def test_only_faults_of_the_webhook_count_towards_its_breaker(hooks, ca, answer, counted):
+    hook = hooks(answer)
+    store = store_of(k8s_configuration("cfg", [k8s_webhook("w.example.com", "hook-a.webhooks", ca)]))
+    tunnel = Tunnel(store, client_for(("hook-a.webhooks", hook), threshold=2))
+    for _ in range(4):
+        assert tunnel.send("POST", PODS, POD).status_code >= 400
+    assert hook.calls == (2 if counted else 4)
+
+
+DEPLOYMENT = {"kind": "Deployment", "metadata": {"name": "web", "namespace": "prod"},
+              "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "nginx"}]}}}}
+
+
+@pytest.mark.parametrize("group_version", ["apps/v1beta1", "apps/v1beta2", "extensions/v1beta1"])
+@pytest.mark.parametrize("policy", ["Equivalent", None])
+def test_match_policy_equivalent_sends_other_versions_converted_to_the_rules(hooks, ca, group_version,
+                                                                             policy):
+    hook = hooks(k8s_add_label("injected", "true"))
+    extra = {"matchPolicy": policy} if policy else {}  # Equivalent is the default, as in the apiserver
+    webhook = k8s_webhook("d.example.com", "hook-a.webhooks", ca, resources=("deployments",), **extra)
+    webhook["rules"][0]["apiGroups"] = ["apps"]
+    tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])), client_for(("hook-a.webhooks", hook)))
+    response = tunnel.send("POST", f"/tunnels/clusters/c1/apis/{group_version}/namespaces/prod/deployments",
+                           {**DEPLOYMENT, "apiVersion": group_version})
+    assert response.status_code == 200
+    request = hook.bodies[0]["request"]
+    assert request["kind"] == {"group": "apps", "version": "v1", "kind": "Deployment"}
+    assert request["resource"] == {"group": "apps", "version": "v1", "resource": "deployments"}
+    group, version = group_version.split("/")
+    assert request["requestKind"] == {"group": group, "version": version, "kind": "Deployment"}
+    assert request["requestResource"] == {"group": group, "version": version, "resource": "deployments"}
+    assert request["object"]["apiVersion"] == "apps/v1"
+    sent = response.get_json()["body"]
+    assert sent["apiVersion"] == group_version and sent["metadata"]["labels"] == {"injected": "true"}
+
+
+def test_match_policy_exact_matches_the_rules_versions_only(hooks, ca):
+    hook = hooks(k8s_add_label("injected", "true"))
+    webhook = k8s_webhook("d.example.com", "hook-a.webhooks", ca, resources=("deployments",),
+                          matchPolicy="Exact")
+    tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])), client_for(("hook-a.webhooks", hook)))
+    response = tunnel.send("POST", "/tunnels/clusters/c1/apis/apps/v1beta2/namespaces/prod/deployments",
+                           {**DEPLOYMENT, "apiVersion": "apps/v1beta2"})
+    assert response.status_code == 200 and hook.calls == 0
+
+
+def test_match_policy_equivalent_sends_another_version_of_a_custom_resource_as_made(hooks, ca):
+    hook = hooks(k8s_allow)
+    webhook = k8s_webhook("w.example.com", "hook-a.webhooks", ca, resources=("widgets",))
+    webhook["rules"][0]["apiGroups"] = ["example.com"]
+    tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])), client_for(("hook-a.webhooks", hook)))
+    widget = {"apiVersion": "example.com/v2", "kind": "Widget", "metadata": {"name": "w", "namespace": "prod"}}
+    response = tunnel.send("POST", "/tunnels/clusters/c1/apis/example.com/v2/namespaces/prod/widgets", widget)
+    assert response.status_code == 200 and hook.calls == 1
+    assert hook.bodies[0]["request"]["kind"]["version"] == "v2"
 
 
 @pytest.mark.parametrize(
@@ -292,22 +385,27 @@ CURRENT = {**POD, "metadata": {**POD["metadata"], "resourceVersion": "42",
                   {"spec": {"containers": [{"name": "app", "image": "nginx:2"}]}},
                   id="merge-patch")],
 )
-def test_patch_is_resolved_admitted_as_update_and_sent_as_guarded_put(hooks, ca, content_type,
-                                                                      patch):
+def test_patch_is_resolved_admitted_as_update_and_sent_as_a_guarded_json_patch(hooks, ca, content_type,
+                                                                               patch):
     hook = hooks(k8s_add_label("injected", "true"))
     webhook = k8s_webhook("p.example.com", "hook-a.webhooks", ca, operations=("UPDATE",))
     tunnel = Tunnel(store_of(k8s_configuration("cfg", [webhook])),
                     client_for(("hook-a.webhooks", hook)),
                     FakeCluster(objects={"/api/v1/namespaces/prod/pods/web": CURRENT}))
     response = tunnel.send("PATCH", f"{PODS}/web", patch, content_type=content_type,
-                           query="fieldManager=kubectl&force=true")
+                           query="fieldManager=kubectl")
     echoed = response.get_json()
-    assert echoed["method"] == "PUT" and echoed["content_type"] == "application/json"
+    # Still a PATCH (the cluster's RBAC checks "patch"), now the change from the object read
+    # to the admitted one, applying only to the resourceVersion that was admitted.
+    assert echoed["method"] == "PATCH" and echoed["content_type"] == "application/json-patch+json"
     assert echoed["query"] == "fieldManager=kubectl"
     sent = echoed["body"]
-    assert sent["metadata"]["resourceVersion"] == "42"
-    assert sent["spec"]["containers"][0]["image"] == "nginx:2"
-    assert sent["metadata"]["labels"] == {"keep": "me", "injected": "true"}
+    assert sent[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
+    result = jsonpatch.apply_patch(CURRENT, sent)
+    assert result["spec"]["containers"][0]["image"] == "nginx:2"
+    assert result["metadata"]["labels"] == {"keep": "me", "injected": "true"}
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch({**CURRENT, "metadata": {**CURRENT["metadata"], "resourceVersion": "43"}}, sent)
     request = hook.bodies[0]["request"]
     assert request["operation"] == "UPDATE" and request["oldObject"] == CURRENT
 

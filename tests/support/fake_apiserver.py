@@ -44,6 +44,7 @@ import base64
 import builtins
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import hashlib
 import hmac
@@ -735,6 +736,8 @@ class UpgradeRequest:
 
 
 SERVICE_ACCOUNT_USER = "system:serviceaccount:kube-system:bcs-kube-agent"
+#: Resources a PUT creates when they do not exist (the real registries' AllowCreateOnUpdate).
+CREATE_ON_UPDATE = frozenset({"roles", "rolebindings", "clusterroles", "clusterrolebindings", "endpoints"})
 
 
 # --------------------------------------------------------------------------- HTTP handler
@@ -989,6 +992,15 @@ class _Handler(BaseHTTPRequestHandler):
             if obj.get("metadata", {}).get("name") != info.name:
                 raise ApiError(400, "BadRequest", "the name of the object does not match the "
                                "name on the URL")
+            if rt.plural in CREATE_ON_UPDATE:
+                try:
+                    store.get(rt, ns, info.name)
+                except ApiError:
+                    # As the real apiserver: a PUT creates these when absent, and authorizes
+                    # the create too.
+                    self.fake._authorize(dataclasses.replace(info, verb="create"))
+                    self._send_json(201, store.create(rt, obj, ns, dry_run=dry_run))
+                    return
             self._send_json(200, store.replace(rt, obj, ns, dry_run=dry_run))
         elif info.verb == "patch":
             patch_type = (self.req_headers.get("Content-Type") or "").split(";")[0].strip()
