@@ -250,7 +250,8 @@ def test_another_user_cannot_use_the_cluster_through_the_tunnel(world: World, me
                                     body=None if method in ("GET", "DELETE") else body, headers=headers)
         results.append((status, _body(raw)))
     (status, status_doc), (missing_status, missing_doc) = results
-    assert status == 404 and status_doc["kind"] == "Status" and status_doc["reason"] == "NotFound", results
+    assert status == missing_status == 404, results
+    assert status_doc["kind"] == "Status" and status_doc["reason"] == "NotFound", results
     assert json.dumps(status_doc).replace(CLUSTER, MISSING) == json.dumps(missing_doc)
     assert not _bob_reached_apiserver(world)
 
