@@ -537,10 +537,15 @@ class SQLStore:
             if permission is None:
                 conn.execute(delete(table).where(*where))
             elif previous is None:
-                conn.execute(
-                    insert(table).values(cluster_id=cluster_id, user_id=user_id, permission=permission,
-                                         updated_at=_now())
-                )
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(table).values(cluster_id=cluster_id, user_id=user_id, permission=permission,
+                                                 updated_at=_now())
+                        )
+                except IntegrityError:
+                    # A concurrent grant to the same user inserted first: last writer wins.
+                    conn.execute(update(table).where(*where).values(permission=permission, updated_at=_now()))
             else:
                 conn.execute(update(table).where(*where).values(permission=permission, updated_at=_now()))
         return previous
