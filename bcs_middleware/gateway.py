@@ -324,6 +324,7 @@ def build_gateway(
         max_yaml=config.max_yaml,
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
         verify=config.driver_verify,
+        access=tunnel_access,
     )
     rbac_status = RBACStatusApp(store, enabled=rbac_grants)
     if rbac_grants:

@@ -22,9 +22,11 @@ import pytest
 
 from bcs_middleware.store import open_store
 from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import SA_TOKEN, Gateway, register_cluster, served_gateway
 
 CLUSTER = "alice-c1"
+MESOS = "alice-mesos"
 MISSING = "no-such-cluster"
 #: The gateway's cluster/permission cache bound in this module's configuration.
 CACHE_TTL = 1.0
@@ -36,6 +38,7 @@ PROBE = "bob-probe"
 class World:
     gw: Gateway
     api: FakeAPIServer
+    driver: FakeUpstream
     tokens: dict[str, str]
     register_token: str
 
@@ -49,6 +52,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         {"user": "gina", "cluster": "*", "role": "view"},
     ]}))
     data = tmp / "data"
+    driver = FakeUpstream()  # Alice's Mesos cluster's mesos-driver
     ini = tmp / "gateway.ini"
     ini.write_text(textwrap.dedent(f"""
         [app:main]
@@ -61,11 +65,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         rbac_interval = 2s
         cluster_cache_ttl = {CACHE_TTL}s
         token_cache_ttl = 30s
+        static_drivers =
+            {MESOS} = {driver.url}
     """))
     with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
         tokens = {name: gw.user(name) for name in ("alice", "bob", "carol", "dave", "erin", "gina")}
         register_token = register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem, token=tokens["alice"])
-        yield World(gw, api, tokens, register_token)
+        gw.json("POST", "/rest/clusters/bcs", token=tokens["alice"],
+                body={"id": MESOS, "project_id": "p1", "cluster_type": "mesos"})
+        yield World(gw, api, driver, tokens, register_token)
+    driver.stop()
     output = gw.server.output()
     assert register_token not in output and SA_TOKEN not in output
 
@@ -254,6 +263,23 @@ def test_another_user_cannot_use_the_cluster_through_the_tunnel(world: World, me
     assert status_doc["kind"] == "Status" and status_doc["reason"] == "NotFound", results
     assert json.dumps(status_doc).replace(CLUSTER, MISSING) == json.dumps(missing_doc)
     assert not _bob_reached_apiserver(world)
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+def test_another_user_cannot_reach_a_mesos_clusters_drivers(world: World, method: str) -> None:
+    path = f"/bcsapi/v4/scheduler/mesos/namespaces/{PROBE}/applications"
+    body = {"kind": "application", "metadata": {"name": "x", "namespace": PROBE}} if method == "POST" else None
+    answers = []
+    for cluster in (MESOS, MISSING):
+        status, raw = world.gw.call(method, path, token=world.tokens["bob"], body=body,
+                                    headers={"BCS-ClusterID": cluster})
+        answers.append((status, raw.replace(cluster.encode(), b"<id>")))
+    assert answers[0] == answers[1] and answers[0][0] == 404, answers
+    assert not any(PROBE in r.path for r in world.driver.requests)
+    # Alice, who holds edit, reaches her cluster's driver.
+    world.gw.call("GET", "/bcsapi/v4/scheduler/mesos/alice-was-here", token=world.tokens["alice"],
+                  headers={"BCS-ClusterID": MESOS})
+    assert world.driver.requests[-1].path == "/mesosdriver/v4/alice-was-here"
 
 
 def test_a_lookalike_cluster_id_gives_no_access(world: World) -> None:
