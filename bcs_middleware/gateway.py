@@ -38,6 +38,7 @@ from .middleware.client_cert import ClientCertificateAuthenticator, parse_subjec
 from .middleware.context import RequestContextMiddleware
 from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .permissions import ClusterAuthorizer
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
 from .store import SQLStore, open_store
@@ -270,6 +271,12 @@ def build_gateway(
     if not config.upstream_verify:
         log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
     directory = CachedDirectory(store, ttl=config.cluster_cache_ttl)
+    # The subscription's grants give view only where the gateway runs the subscription.
+    rbac_grants = config.rbac and bool(config.rbac_source_file or config.rbac_source_url)
+    # The tunnel asks on every request (cached like the directory); the management
+    # API asks the store every time, so a grant made there is usable at once.
+    tunnel_access = ClusterAuthorizer(store, rbac_grants=rbac_grants, ttl=config.cluster_cache_ttl)
+    api_access = ClusterAuthorizer(store, rbac_grants=rbac_grants)
     definitions = SQLDefinitionStore(store, refresh=config.admission_refresh)
 
     proxy = UpstreamProxy(
@@ -296,6 +303,7 @@ def build_gateway(
     tunnel = ClusterRoutingMiddleware(
         inner,
         directory=directory,
+        access=tunnel_access,
         rbac=config.rbac,
         tls_server_name=config.tls_server_name,
         verify=config.upstream_verify,
@@ -308,7 +316,8 @@ def build_gateway(
             gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body,
             address_policy=address_policy,
         ),
-        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True),
+        access=api_access,
+        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access),
     )
     discovery = _discovery(config)
     if background and hasattr(discovery, "start"):
@@ -322,9 +331,10 @@ def build_gateway(
         max_yaml=config.max_yaml,
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
         verify=config.driver_verify,
+        access=tunnel_access,
     )
-    rbac_status = RBACStatusApp(store, enabled=config.rbac and bool(config.rbac_source_file or config.rbac_source_url))
-    if config.rbac and (config.rbac_source_file or config.rbac_source_url):
+    rbac_status = RBACStatusApp(store, enabled=rbac_grants)
+    if rbac_grants:
         service = build_service(
             store,
             source_file=config.rbac_source_file,

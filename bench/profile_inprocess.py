@@ -222,6 +222,8 @@ def main() -> int:
         tokens = {}
         for name, superuser in (("tunnel", True), ("tunnel_imp", False)):
             user = store.create_user(name, is_superuser=superuser)
+            if not superuser:
+                store.set_cluster_permission(pb.CLUSTER_ID, user.id, "view")  # a user of the cluster, not its manager
             tokens[name] = store.create_token(user.id)[1]
         transport = (canned_transport(_nginx_answer(nginx.url, "/payload.bin", pb.BODY_SIZE))
                      if args.canned else None)

@@ -285,6 +285,8 @@ def _start_gateway(tmp: Path, name: str, upstream_url: str,
         tokens = {}
         for user_name, superuser in (("bench-admin", True), ("bench-user", False)):
             user = store.create_user(user_name, is_superuser=superuser)
+            if not superuser:
+                store.set_cluster_permission(CLUSTER_ID, user.id, "view")  # a user of the cluster, not its manager
             tokens[user_name] = store.create_token(user.id)[1]
     finally:
         store.dispose()

@@ -17,7 +17,10 @@ bcs definition for the same (operation, kind) is a 409.
 
 With ``require_superuser`` (the default) every route needs ``bcs.user`` to be a
 superuser (set by the token auth layer in front): 401 without a user, 403 for
-others.
+others — except that, given ``cluster_access``, a user holding ``edit`` on a
+cluster manages that cluster's Kubernetes configurations (a user who may not see
+the cluster gets the 404 of a cluster that does not exist, one with ``view`` 403).
+The gateway-wide bcs definitions and the review stay superuser-only.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ..errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from ..permissions import EDIT, ClusterAccess
 from .client import WebhookClient
 from .definitions import (
     MUTATING,
@@ -70,6 +74,9 @@ class AdmissionWebhookAPI:
         layer's: ``AdmissionWebhookAPI(store, engine=layer.engine)``); one with a
         default client is made if omitted.
     :param require_superuser: refuse every route to non-superusers.
+    :param cluster_access: with ``require_superuser``, let ``edit`` holders of a
+        cluster manage its Kubernetes configurations (the gateway passes its
+        :class:`~bcs_middleware.permissions.ClusterAuthorizer`).
     :param prefix: mounted under this path prefix (e.g. ``""`` or ``"/bcsapi/v4"``).
     """
 
@@ -79,11 +86,13 @@ class AdmissionWebhookAPI:
         *,
         engine: AdmissionEngine | None = None,
         require_superuser: bool = True,
+        cluster_access: ClusterAccess | None = None,
         prefix: str = "",
     ) -> None:
         self.store = store
         self.engine = engine or AdmissionEngine(store, client=WebhookClient())
         self.require_superuser = require_superuser
+        self.cluster_access = cluster_access
         p = prefix.rstrip("/")
         self.url_map = Map(
             [
@@ -115,21 +124,25 @@ class AdmissionWebhookAPI:
                 if exc.code == 405:
                     raise MethodNotAllowed(f"{request.method} is not allowed here") from None
                 raise NotFound("no such route") from None
-            self._authorize(environ)
+            self._authorize(environ, args.get("cluster_id") if endpoint in ("k8s", "k8s_item") else None)
             handler: Callable[..., Response] = getattr(self, f"_{endpoint}")
             response = handler(request, **args)
         except BCSError as exc:
             return exc(environ, start_response)
         return response(environ, start_response)
 
-    def _authorize(self, environ: dict[str, Any]) -> None:
+    def _authorize(self, environ: dict[str, Any], cluster_id: str | None) -> None:
         if not self.require_superuser:
             return
         user = env.get_user(environ)
         if user is None:
             raise Unauthorized()
-        if not user.is_superuser:
-            raise Forbidden("only superusers manage admission webhooks")
+        if user.is_superuser:
+            return
+        if cluster_id is not None and self.cluster_access is not None:
+            self.cluster_access.require(user, cluster_id, EDIT)
+            return
+        raise Forbidden("only superusers manage admission webhooks")
 
     # -- bcs definitions ----------------------------------------------------------------
 

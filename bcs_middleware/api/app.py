@@ -19,6 +19,7 @@ from werkzeug.wrappers import Request
 
 from .. import converters as conv
 from ..errors import BCSError, InternalError, MethodNotAllowed, NotFound
+from ..permissions import ClusterAccess, ClusterAuthorizer
 from ..store import SQLStore
 from . import endpoints as ep
 from .context import APISettings, Ctx
@@ -36,8 +37,16 @@ ROUTES = Map(
         Rule("/rest/clusters/<cluster_id>", methods=["GET"], endpoint=ep.get_cluster),
         Rule("/rest/clusters/<cluster_id>/register_tokens", methods=["POST"], endpoint=ep.create_register_token),
         Rule("/rest/clusters/<cluster_id>/register_tokens", methods=["GET"], endpoint=ep.get_register_token),
+        Rule("/rest/clusters/<cluster_id>/register_tokens", methods=["DELETE"], endpoint=ep.revoke_register_token),
         Rule("/rest/clusters/<cluster_id>/credentials", methods=["PUT"], endpoint=ep.put_credentials),
         Rule("/clusters/<cluster_id>/credentials", methods=["PUT"], endpoint=ep.put_credentials),
+        Rule("/rest/clusters/<cluster_id>/credentials", methods=["GET"], endpoint=ep.credential_status),
+        Rule("/clusters/<cluster_id>/credentials", methods=["GET"], endpoint=ep.credential_status),
+        Rule("/rest/clusters/<cluster_id>/permissions", methods=["GET"], endpoint=ep.list_permissions),
+        Rule("/rest/clusters/<cluster_id>/permissions/<user_name>", methods=["GET"], endpoint=ep.get_permission),
+        Rule("/rest/clusters/<cluster_id>/permissions/<user_name>", methods=["PUT"], endpoint=ep.put_permission),
+        Rule("/rest/clusters/<cluster_id>/permissions/<user_name>", methods=["DELETE"],
+             endpoint=ep.delete_permission),
         Rule("/rest/clusters/<cluster_id>/client_credentials", methods=["GET"], endpoint=ep.client_credentials),
         Rule("/clusters/<cluster_id>/client_credentials", methods=["GET"], endpoint=ep.client_credentials),
         Rule("/rest/clusters/<cluster_id>/kubeconfig", methods=["GET"], endpoint=ep.kubeconfig),
@@ -52,13 +61,23 @@ class ManagementAPI:
 
     :param store: the :class:`~bcs_middleware.store.SQLStore`.
     :param settings: what the API hands out (gateway CA, public URL) and its body limit.
+    :param access: who may use and manage which cluster; by default the store's
+        permission table, asked on every request.
     :param fallback: a WSGI app for paths this API has no route for (the admission
         definitions API, for example); ``None`` answers 404.
     """
 
-    def __init__(self, store: SQLStore, *, settings: APISettings | None = None, fallback: Any = None) -> None:
+    def __init__(
+        self,
+        store: SQLStore,
+        *,
+        settings: APISettings | None = None,
+        access: ClusterAccess | None = None,
+        fallback: Any = None,
+    ) -> None:
         self.store = store
         self.settings = settings or APISettings()
+        self.access = access or ClusterAuthorizer(store)
         self.fallback = fallback
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -73,7 +92,7 @@ class ManagementAPI:
                 if exc.code == 405:
                     raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}") from None
                 raise NotFound(f"no such API route: {request.path}") from None
-            response = endpoint(Ctx(request, self.store, self.settings), **values)
+            response = endpoint(Ctx(request, self.store, self.settings, self.access), **values)
         except BCSError as exc:
             return exc(environ, start_response)
         except Exception:

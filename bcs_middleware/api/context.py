@@ -11,7 +11,8 @@ from werkzeug.wrappers import Request, Response
 from .. import environ as env
 from ..bodies import read_bounded
 from ..errors import BadRequest, Forbidden, Unauthorized
-from ..store import SQLStore
+from ..permissions import ClusterAccess
+from ..store import ClusterRecord, SQLStore
 
 if TYPE_CHECKING:
     from ..upstream.addresses import AddressPolicy
@@ -39,6 +40,7 @@ class Ctx:
     request: Request
     store: SQLStore
     settings: APISettings
+    access: ClusterAccess
 
     @property
     def environ(self) -> dict[str, Any]:
@@ -68,6 +70,11 @@ class Ctx:
         if not user.is_superuser:
             raise Forbidden(f"user {user.name!r} is not a superuser")
         return user
+
+    def require_cluster(self, cluster_id: str, needed: str) -> tuple[env.User, ClusterRecord]:
+        """The caller and the cluster, if the caller holds ``needed`` on it (404 when it may not see it)."""
+        user = self.require_user()
+        return user, self.access.require(user, cluster_id, needed)
 
     def body(self, *, allow_empty: bool = False) -> Any:
         """The JSON body, read with a hard bound whether sized or chunked."""

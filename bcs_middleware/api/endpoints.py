@@ -17,8 +17,9 @@ from werkzeug.wrappers import Response
 from .. import environ as env
 from ..errors import Forbidden, NotFound, Unauthorized, ValidationError
 from ..middleware.auth import bearer_token
+from ..permissions import EDIT, VIEW
 from ..schemas import validate
-from ..store import ClusterRecord, TokenRecord, UserRecord
+from ..store import ClusterRecord, PermissionRecord, TokenRecord, UserRecord
 from .context import Ctx, json_response
 
 
@@ -103,7 +104,7 @@ def revoke_token(ctx: Ctx, user_id: int, token_id: int) -> Response:
     return json_response(_token_json(token))
 
 
-# -- clusters (any user) ------------------------------------------------------------------
+# -- clusters (any user creates; view to read, edit to manage: see permissions.py) ------
 
 
 def create_cluster(ctx: Ctx) -> Response:
@@ -111,7 +112,7 @@ def create_cluster(ctx: Ctx) -> Response:
     body = ctx.body()
     validate("cluster_create", body)
     cluster = ctx.store.create_cluster(
-        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"]
+        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"], creator_id=actor.id
     )
     ctx.store.record_audit(
         actor.name, "cluster.create", f"cluster:{cluster.id}",
@@ -121,21 +122,118 @@ def create_cluster(ctx: Ctx) -> Response:
 
 
 def get_cluster(ctx: Ctx, cluster_id: str) -> Response:
-    ctx.require_user()
-    return json_response(_cluster_json(ctx.store.get_cluster(cluster_id)))
+    _, cluster = ctx.require_cluster(cluster_id, VIEW)
+    return json_response(_cluster_json(cluster))
 
 
 def create_register_token(ctx: Ctx, cluster_id: str) -> Response:
-    actor = ctx.require_user()
-    value = ctx.store.create_register_token(cluster_id)
-    ctx.store.record_audit(actor.name, "register_token.create", f"cluster:{cluster_id}")
-    return json_response({"cluster_id": cluster_id, "token": value}, 201)
+    # One token per cluster: a second POST is a 409, never a silent rotation that
+    # would cut off the running kube-agent. Rotate with DELETE, then POST.
+    actor, cluster = ctx.require_cluster(cluster_id, EDIT)
+    value = ctx.store.create_register_token(cluster.id)
+    ctx.store.record_audit(actor.name, "register_token.create", f"cluster:{cluster.id}")
+    return json_response({"cluster_id": cluster.id, "token": value}, 201)
 
 
 def get_register_token(ctx: Ctx, cluster_id: str) -> Response:
-    ctx.require_user()
-    value, created_at = ctx.store.get_register_token(cluster_id)
-    return json_response({"cluster_id": cluster_id, "token": value, "created_at": _iso(created_at)})
+    _, cluster = ctx.require_cluster(cluster_id, EDIT)
+    value, created_at = ctx.store.get_register_token(cluster.id)
+    return json_response({"cluster_id": cluster.id, "token": value, "created_at": _iso(created_at)})
+
+
+def revoke_register_token(ctx: Ctx, cluster_id: str) -> Response:
+    actor, cluster = ctx.require_cluster(cluster_id, EDIT)
+    created_at = ctx.store.revoke_register_token(cluster.id)
+    ctx.store.record_audit(
+        actor.name, "register_token.revoke", f"cluster:{cluster.id}", {"created_at": _iso(created_at)}
+    )
+    return json_response({"cluster_id": cluster.id, "revoked": True, "created_at": _iso(created_at)})
+
+
+def credential_status(ctx: Ctx, cluster_id: str) -> Response:
+    """What the kube-agent last reported, without its secrets."""
+    _, cluster = ctx.require_cluster(cluster_id, EDIT)
+    creds = ctx.store.get_credentials(cluster.id)
+    return json_response(
+        {
+            "cluster_id": cluster.id,
+            "reported": creds is not None,
+            "server_addresses": list(creds.server_addresses) if creds else [],
+            "has_ca": bool(creds and creds.cacert_pem),
+            "has_token": bool(creds and creds.user_token),
+            "updated_at": _iso(creds.updated_at) if creds else None,
+        }
+    )
+
+
+# -- cluster permissions (edit) ------------------------------------------------------------
+
+
+def _permission_json(record: PermissionRecord) -> dict[str, Any]:
+    return {
+        "cluster_id": record.cluster_id,
+        "user_name": record.user_name,
+        "user_id": record.user_id,
+        "permission": record.permission,
+        "updated_at": _iso(record.updated_at),
+    }
+
+
+def _permission_target(ctx: Ctx, user_name: str) -> UserRecord:
+    user = ctx.store.find_user(user_name)
+    if user is None:
+        raise NotFound(f"user {user_name!r} not found", code_name="USER_NOT_FOUND")
+    return user
+
+
+def list_permissions(ctx: Ctx, cluster_id: str) -> Response:
+    _, cluster = ctx.require_cluster(cluster_id, EDIT)
+    return json_response([_permission_json(p) for p in ctx.store.list_cluster_permissions(cluster.id)])
+
+
+def get_permission(ctx: Ctx, cluster_id: str, user_name: str) -> Response:
+    _, cluster = ctx.require_cluster(cluster_id, EDIT)
+    target = _permission_target(ctx, user_name)
+    found = ctx.store.list_cluster_permissions(cluster.id, target.id)
+    if not found:
+        raise NotFound(
+            f"user {target.name!r} has no permission on cluster {cluster.id!r}", code_name="PERMISSION_NOT_FOUND"
+        )
+    return json_response(_permission_json(found[0]))
+
+
+def put_permission(ctx: Ctx, cluster_id: str, user_name: str) -> Response:
+    actor, cluster = ctx.require_cluster(cluster_id, EDIT)
+    body = ctx.body()
+    validate("cluster_permission_put", body)
+    target = _permission_target(ctx, user_name)
+    previous = ctx.store.set_cluster_permission(
+        cluster.id, target.id, body["permission"], keep_an_editor=not actor.is_superuser
+    )
+    ctx.store.record_audit(
+        actor.name, "cluster_permission.put", f"cluster:{cluster.id}",
+        {"user_name": target.name, "old": previous, "new": body["permission"]},
+    )
+    record = ctx.store.list_cluster_permissions(cluster.id, target.id)[0]
+    return json_response(_permission_json(record), 200 if previous else 201)
+
+
+def delete_permission(ctx: Ctx, cluster_id: str, user_name: str) -> Response:
+    # Removing the last edit holder is refused to everyone but superusers: it leaves
+    # a cluster that only superusers can manage, never one an edit holder lost by a slip.
+    actor, cluster = ctx.require_cluster(cluster_id, EDIT)
+    target = _permission_target(ctx, user_name)
+    found = ctx.store.list_cluster_permissions(cluster.id, target.id)
+    if not found:
+        raise NotFound(
+            f"user {target.name!r} has no permission on cluster {cluster.id!r}", code_name="PERMISSION_NOT_FOUND"
+        )
+    previous = ctx.store.set_cluster_permission(cluster.id, target.id, None, keep_an_editor=not actor.is_superuser)
+    ctx.store.record_audit(
+        actor.name, "cluster_permission.delete", f"cluster:{cluster.id}",
+        {"user_name": target.name, "old": previous, "new": None},
+    )
+    return json_response(_permission_json(found[0]))
 
 
 def _check_pem(field: str, text: str) -> None:
@@ -156,6 +254,11 @@ def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
         raise Forbidden(f"this register token does not belong to cluster {cluster_id!r}")
     if agent is None and user is not None and not user.is_superuser:
         raise Forbidden("only the cluster's register token or a superuser may report credentials")
+    token = bearer_token(ctx.environ)
+    if agent is not None and token and ctx.store.authenticate_register_token(token) != cluster_id:
+        # The auth layer caches principals for a few seconds; a revoked or rotated
+        # register token must not re-point a cluster in that window.
+        raise Unauthorized("invalid, expired or revoked token")
     ctx.store.get_cluster(cluster_id)
     body = ctx.body()
     validate("credentials_put", body)
@@ -173,15 +276,17 @@ def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
         if refused:
             raise ValidationError(f"server_addresses: the gateway does not connect to {refused}")
     _check_pem("cacert_data", body["cacert_data"])
-    record = ctx.store.put_credentials(
+    previous, record = ctx.store.report_credentials(
         cluster_id,
         server_addresses=[a.rstrip("/") for a in addresses],
         cacert_pem=body["cacert_data"],
         user_token=body["user_token"],
     )
+    # Addresses only: the CA and the service-account token never enter the audit trail.
     ctx.store.record_audit(
         ctx.actor, "credentials.put", f"cluster:{cluster_id}",
-        {"server_addresses": list(record.server_addresses)},
+        {"old_server_addresses": list(previous) if previous is not None else None,
+         "server_addresses": list(record.server_addresses)},
     )
     return json_response(
         {"cluster_id": cluster_id, "server_addresses": ";".join(record.server_addresses),
@@ -215,8 +320,7 @@ def _tunnel_path(cluster_id: str) -> str:
 
 
 def client_credentials(ctx: Ctx, cluster_id: str) -> Response:
-    ctx.require_user()
-    cluster = ctx.store.get_cluster(cluster_id)
+    _, cluster = ctx.require_cluster(cluster_id, VIEW)
     path = _tunnel_path(cluster.id)
     return json_response(
         {
@@ -230,8 +334,7 @@ def client_credentials(ctx: Ctx, cluster_id: str) -> Response:
 
 
 def kubeconfig(ctx: Ctx, cluster_id: str) -> Response:
-    user = ctx.require_user()
-    cluster = ctx.store.get_cluster(cluster_id)
+    user, cluster = ctx.require_cluster(cluster_id, VIEW)
     name = f"bcs-{cluster.id}"
     cluster_entry: dict[str, Any] = {"server": _gateway_base(ctx) + _tunnel_path(cluster.id)}
     if ctx.settings.gateway_ca_pem:

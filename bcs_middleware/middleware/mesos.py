@@ -14,7 +14,9 @@ beyond), and must be a mapping or a list (400 otherwise), so drivers and
 schedulers only ever see JSON.
 
 Errors (API JSON shape): no ``bcs.user`` → 401 (403 for a register token);
-missing ``BCS-ClusterID`` → 400; no live driver → 503 naming the cluster; an
+missing ``BCS-ClusterID`` → 400; given ``access``, a user without ``view`` on the
+cluster (:mod:`bcs_middleware.permissions`) → the 404 of a cluster that does not
+exist, before anything else is said about it; no live driver → 503 naming the cluster; an
 unsafe path (``..``, encoded ``/``) → 400.
 
 Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``,
@@ -46,6 +48,7 @@ from ..bodies import read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import BadRequest, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
+from ..permissions import VIEW, ClusterAccess, cluster_not_found
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,9 @@ class MesosRoutingMiddleware:
     :param ca_pem: PEM bundle ``https`` drivers must chain to (``None``: system store).
     :param verify: ``False`` turns TLS verification towards drivers off —
         explicit, and logged by the factory; never the default.
+    :param access: who may use which cluster (the gateway passes its cached
+        :class:`~bcs_middleware.permissions.ClusterAuthorizer`); ``None`` lets
+        every authenticated user reach every cluster's drivers.
     """
 
     def __init__(
@@ -118,6 +124,7 @@ class MesosRoutingMiddleware:
         max_yaml: int = 1024 * 1024,
         ca_pem: str | None = None,
         verify: bool = True,
+        access: ClusterAccess | None = None,
     ) -> None:
         if not prefix.startswith("/") or not driver_path.startswith("/"):
             raise ValueError("prefix and driver_path must start with '/'")
@@ -131,6 +138,7 @@ class MesosRoutingMiddleware:
         self.max_yaml = max_yaml
         self.ca_pem = ca_pem
         self.verify = verify
+        self.access = access
         # Round-robin start offsets: a process-wide counter is enough to spread
         # load evenly, and next() on itertools.count is atomic under the GIL.
         self._turn = itertools.count()
@@ -145,13 +153,16 @@ class MesosRoutingMiddleware:
         return self.app(environ, start_response)
 
     def route(self, environ: dict[str, Any]) -> None:
-        if env.get_user(environ) is None:
+        user = env.get_user(environ)
+        if user is None:
             if env.get_agent(environ) is not None:
                 raise Forbidden("a register token cannot be used to reach a cluster")
             raise Unauthorized("a gateway token is required")
         raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
         uri = safe_subpath(environ.get("PATH_INFO", ""), self.prefix, raw_uri)
         cluster_id = cluster_header(environ)
+        if self.access is not None and not self.access.allows(user, cluster_id, VIEW):
+            raise cluster_not_found(cluster_id)
         drivers = self.discovery.drivers(cluster_id)
         if not drivers:
             raise ServiceUnavailable(

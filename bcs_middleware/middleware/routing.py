@@ -14,7 +14,11 @@ Security notes:
 * the client's ``Authorization`` is replaced by the cluster's credential (the
   proxy drops it; this layer supplies ``Upstream.bearer_token``);
 * a path that would leave the cluster's prefix (``..``, ``.``, encoded ``/`` or
-  ``\\``) is refused with 400 before anything is looked up.
+  ``\\``) is refused with 400 before anything is looked up;
+* a user without ``view`` on the cluster (:mod:`bcs_middleware.permissions`) gets
+  the very 404 a cluster that does not exist gets, before anything else is said
+  about the cluster (its type, whether it has credentials) and before anything
+  is sent upstream.
 
 Errors are Kubernetes ``Status`` objects so kubectl prints them.
 
@@ -26,18 +30,18 @@ sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream) and
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import converters as conv
 from .. import environ as env
-from ..errors import BadRequest, BCSError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
+from ..errors import BadRequest, BCSError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
+from ..permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..shapes import ShapeCache
 from ..store import ClusterRecord, CredentialRecord
+from ..ttlcache import TTLCache
 
 TUNNEL_PREFIX = "/tunnels/clusters/"
 
@@ -60,21 +64,14 @@ class CachedDirectory:
     def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0) -> None:
         self.inner = inner
         self.ttl = ttl
-        self._cache: dict[str, tuple[float, ClusterRecord | None, CredentialRecord | None]] = {}
-        self._lock = threading.Lock()
+        self._cache: TTLCache[str, tuple[ClusterRecord | None, CredentialRecord | None]] = TTLCache(ttl=ttl)
 
     def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
-        now = time.monotonic()
-        hit = self._cache.get(cluster_id)  # one dict read is atomic: no lock on the hot path
-        if hit is not None and hit[0] > now:
-            return hit[1], hit[2]
+        return self._cache.get(cluster_id, self._load)
+
+    def _load(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
         cluster = self.inner.find_cluster(cluster_id)
-        creds = self.inner.get_credentials(cluster_id) if cluster is not None else None
-        with self._lock:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[cluster_id] = (now + self.ttl, cluster, creds)
-        return cluster, creds
+        return cluster, self.inner.get_credentials(cluster_id) if cluster is not None else None
 
 
 @dataclass(frozen=True)
@@ -134,6 +131,8 @@ class ClusterRoutingMiddleware:
 
     :param app: the next layer (admission, then the upstream proxy).
     :param directory: clusters and credentials (the store, usually cached).
+    :param access: who may use which cluster; a cached
+        :class:`~bcs_middleware.permissions.ClusterAuthorizer` (the tunnel is the hot path).
     :param rbac: add ``Impersonate-User``/``Impersonate-Group`` for non-superusers,
         so the cluster's RBAC decides. Off, every user acts with the credential's
         own rights (the source system's ``turn_on_rbac: false``).
@@ -148,12 +147,14 @@ class ClusterRoutingMiddleware:
         app: Any,
         *,
         directory: ClusterDirectory | CachedDirectory,
+        access: ClusterAccess,
         rbac: bool = True,
         tls_server_name: str | None = None,
         verify: bool = True,
     ) -> None:
         self.app = app
         self.directory = directory if isinstance(directory, CachedDirectory) else CachedDirectory(directory)
+        self.access = access
         self.rbac = rbac
         self.tls_server_name = tls_server_name or None
         self.verify = verify
@@ -183,8 +184,8 @@ class ClusterRoutingMiddleware:
                 raise Forbidden("a register token cannot be used to reach a cluster")
             raise Unauthorized("a gateway token is required")
         cluster, creds = self.directory.lookup(tunnel.cluster_id)
-        if cluster is None:
-            raise NotFound(f"cluster {tunnel.cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
+        if cluster is None or not self.access.allows(user, cluster.id, VIEW):
+            raise cluster_not_found(tunnel.cluster_id)
         if cluster.cluster_type != "k8s":
             raise BadRequest(f"cluster {cluster.id!r} is not a Kubernetes cluster", code_name="NOT_KUBERNETES")
         if creds is None or not creds.server_addresses:
@@ -217,6 +218,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "tls_server_name": conv.text,
     "verify": conv.asbool,
     "cache_ttl": conv.seconds,
+    "rbac_grants": conv.asbool,
 }
 
 
@@ -228,6 +230,8 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         database_url = postgresql://bcs@db/bcs
         rbac = true
         tls_server_name = kubernetes
+        # also give view to users the RBAC subscription grants something on a cluster
+        rbac_grants = false
     """
     import logging
 
@@ -244,11 +248,13 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
             "TLS verification towards cluster apiservers is OFF (verify = false)"
         )
     directory = CachedDirectory(store, ttl=opts.get("cache_ttl", 5.0))
+    access = ClusterAuthorizer(store, rbac_grants=opts.get("rbac_grants", False), ttl=opts.get("cache_ttl", 5.0))
 
     def make(app: Any) -> ClusterRoutingMiddleware:
         return ClusterRoutingMiddleware(
             app,
             directory=directory,
+            access=access,
             rbac=opts.get("rbac", True),
             tls_server_name=opts.get("tls_server_name"),
             verify=opts.get("verify", True),

@@ -8,7 +8,10 @@ seconds the service
 2. polls its source; new valid data replaces the grants, bad data is logged
    (naming the field) and the previous grants stay in force — if no valid data
    was ever loaded, nothing is applied at all (an empty start never revokes);
-3. lists the Kubernetes clusters that have credentials and hands the due ones
+3. publishes which clusters each subject is granted anything on to the store,
+   where every process's :class:`~bcs_middleware.permissions.ClusterAuthorizer`
+   reads it (a grant gives ``view`` on the cluster);
+4. lists the Kubernetes clusters that have credentials and hands the due ones
    to the :class:`~.reconciler.Reconciler` (at start, on change, periodically,
    failing ones with backoff) without waiting for them.
 
@@ -118,6 +121,7 @@ class RBACService:
         self.loaded_at: datetime | None = None
         self.source_error: str | None = None
         self.outcomes: dict[str, ClusterOutcome] = {}
+        self._published: str | None = None  # digest of the grants last written to the store
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,6 +184,8 @@ class RBACService:
         self._poll_source(force=not was_leader)
         if self.permissions is None:
             return []
+        if self._published != self.permissions.digest or not was_leader:
+            self._publish_grants(self.permissions)
         return self.reconciler.schedule(self.permissions, self._clusters())
 
     def _poll_source(self, *, force: bool) -> None:
@@ -200,6 +206,14 @@ class RBACService:
         log.info("rbac: loaded %d grants from %s (was %s)", len(fresh.grants), self.source.name,
                  len(previous.grants) if previous else "none")
         self._write_source_status()
+
+    def _publish_grants(self, permissions: Permissions) -> None:
+        try:
+            self.store.replace_rbac_grants({(g.subject_kind, g.subject, g.cluster) for g in permissions.grants})
+        except BCSError:
+            log.warning("rbac: cannot publish the grants (database unavailable); retrying at the next tick")
+            return
+        self._published = permissions.digest
 
     def _source_failed(self, cause: str, message: str) -> None:
         RBAC_SOURCE_REJECTED.labels(cause).inc()

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .crypto import SecretBox, load_keys
-from .records import AuditRecord, ClusterRecord, CredentialRecord, TokenRecord, UserRecord
+from .records import AuditRecord, ClusterRecord, CredentialRecord, PermissionRecord, TokenRecord, UserRecord
 from .sql import SQLStore, normalize_url, sqlite_url
 
 __all__ = [
     "AuditRecord",
     "ClusterRecord",
     "CredentialRecord",
+    "PermissionRecord",
     "SQLStore",
     "SecretBox",
     "TokenRecord",

@@ -104,6 +104,28 @@ webhook_definitions = Table(
     UniqueConstraint("flavor", "cluster_id", "match_key", name="uq_webhook_definitions_match"),
 )
 
+# The source system's user_cluster_permissions: what a gateway user may do with a
+# cluster ("view" to use it, "edit" to manage it); one row per (cluster, user).
+cluster_permissions = Table(
+    "cluster_permissions",
+    metadata,
+    Column("cluster_id", String(128), ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True),
+    Column("user_id", Integer, ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True),
+    Column("permission", String(8), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+# Which clusters the RBAC subscription grants each subject something on (the leader
+# writes it from the grants it loaded), so every process can answer "may this user
+# see this cluster" without loading the subscription itself. cluster "*" = all.
+rbac_cluster_grants = Table(
+    "rbac_cluster_grants",
+    metadata,
+    Column("subject_kind", String(8), primary_key=True),
+    Column("subject", String(253), primary_key=True),
+    Column("cluster", String(128), primary_key=True),
+)
+
 audit_log = Table(
     "audit_log",
     metadata,

@@ -42,6 +42,17 @@ class ClusterRecord:
 
 
 @dataclass(frozen=True)
+class PermissionRecord:
+    """A user's permission on a cluster: ``"view"`` (use it) or ``"edit"`` (also manage it)."""
+
+    cluster_id: str
+    user_id: int
+    user_name: str
+    permission: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class CredentialRecord:
     """What a cluster's kube-agent reported. ``user_token`` is a secret: never log it."""
 

@@ -21,14 +21,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
+from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, or_, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.sql import ColumnElement
 
 from ..errors import Conflict, NotFound, ServiceUnavailable
 from . import models as m
 from .crypto import SecretBox, digests_equal, new_token, token_digest
-from .records import AuditRecord, ClusterRecord, CredentialRecord, TokenRecord, UserRecord
+from .records import AuditRecord, ClusterRecord, CredentialRecord, PermissionRecord, TokenRecord, UserRecord
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
@@ -311,14 +312,24 @@ class SQLStore:
     def _cluster(row: Any) -> ClusterRecord:
         return ClusterRecord(row.id, row.project_id, row.cluster_type, _aware(row.created_at))  # type: ignore[arg-type]
 
-    def create_cluster(self, cluster_id: str, *, project_id: str, cluster_type: str) -> ClusterRecord:
+    def create_cluster(
+        self, cluster_id: str, *, project_id: str, cluster_type: str, creator_id: int | None = None
+    ) -> ClusterRecord:
+        """Create a cluster; its creator (a user id) gets ``edit`` in the same transaction."""
         try:
             with self.transaction() as conn:
+                now = _now()
                 conn.execute(
                     insert(m.clusters).values(
-                        id=cluster_id, project_id=project_id, cluster_type=cluster_type, created_at=_now()
+                        id=cluster_id, project_id=project_id, cluster_type=cluster_type, created_at=now
                     )
                 )
+                if creator_id is not None:
+                    conn.execute(
+                        insert(m.cluster_permissions).values(
+                            cluster_id=cluster_id, user_id=creator_id, permission="edit", updated_at=now
+                        )
+                    )
                 row = conn.execute(select(m.clusters).where(m.clusters.c.id == cluster_id)).one()
         except IntegrityError:
             raise Conflict(f"cluster {cluster_id!r} already exists", code_name="CLUSTER_EXISTS") from None
@@ -366,6 +377,24 @@ class SQLStore:
             )
         return self.secrets.decrypt(row.token_encrypted), _aware(row.created_at)  # type: ignore[return-value]
 
+    def revoke_register_token(self, cluster_id: str) -> datetime:
+        """Delete the cluster's register token (its creation time is returned); 404 if none.
+
+        The token stops authenticating credential reports at once; a new one can
+        then be created.
+        """
+        self.get_cluster(cluster_id)
+        with self.transaction() as conn:
+            row = conn.execute(
+                select(m.register_tokens.c.created_at).where(m.register_tokens.c.cluster_id == cluster_id)
+            ).first()
+            if row is None:
+                raise NotFound(
+                    f"cluster {cluster_id!r} has no register token", code_name="REGISTER_TOKEN_NOT_FOUND"
+                )
+            conn.execute(delete(m.register_tokens).where(m.register_tokens.c.cluster_id == cluster_id))
+        return _aware(row.created_at)  # type: ignore[return-value]
+
     def authenticate_register_token(self, token: str) -> str | None:
         """The cluster id a register token belongs to, if any."""
         digest = token_digest(token)
@@ -382,6 +411,14 @@ class SQLStore:
     def put_credentials(
         self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str
     ) -> CredentialRecord:
+        return self.report_credentials(
+            cluster_id, server_addresses=server_addresses, cacert_pem=cacert_pem, user_token=user_token
+        )[1]
+
+    def report_credentials(
+        self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str
+    ) -> tuple[tuple[str, ...] | None, CredentialRecord]:
+        """Store a kube-agent's report; also the addresses it replaced (``None``: first report)."""
         self.get_cluster(cluster_id)
         blob = self.secrets.encrypt(
             json.dumps(
@@ -389,7 +426,15 @@ class SQLStore:
             )
         )
         now = _now()
+        previous: tuple[str, ...] | None = None
         with self.transaction() as conn:
+            old = conn.execute(
+                select(m.cluster_credentials.c.secret_encrypted).where(
+                    m.cluster_credentials.c.cluster_id == cluster_id
+                )
+            ).first()
+            if old is not None:
+                previous = tuple(json.loads(self.secrets.decrypt(old.secret_encrypted))["server_addresses"])
             changed = conn.execute(
                 update(m.cluster_credentials)
                 .where(m.cluster_credentials.c.cluster_id == cluster_id)
@@ -410,7 +455,7 @@ class SQLStore:
                         .where(m.cluster_credentials.c.cluster_id == cluster_id)
                         .values(secret_encrypted=blob, updated_at=now)
                     )
-        return CredentialRecord(cluster_id, tuple(server_addresses), cacert_pem, user_token, now)
+        return previous, CredentialRecord(cluster_id, tuple(server_addresses), cacert_pem, user_token, now)
 
     def get_credentials(self, cluster_id: str) -> CredentialRecord | None:
         with self.connection() as conn:
@@ -427,6 +472,108 @@ class SQLStore:
             data["user_token"],
             _aware(row.updated_at),
         )
+
+    # -- cluster permissions ------------------------------------------------------------
+
+    def cluster_permission(self, cluster_id: str, user_id: int) -> str | None:
+        """``"view"``, ``"edit"`` or ``None``: what the permission table says (superusers aside)."""
+        with self.connection() as conn:
+            value = conn.execute(
+                select(m.cluster_permissions.c.permission).where(
+                    m.cluster_permissions.c.cluster_id == cluster_id, m.cluster_permissions.c.user_id == user_id
+                )
+            ).scalar()
+        return str(value) if value is not None else None
+
+    def list_cluster_permissions(self, cluster_id: str, user_id: int | None = None) -> list[PermissionRecord]:
+        query = (
+            select(m.cluster_permissions, m.users.c.name)
+            .join(m.users, m.users.c.id == m.cluster_permissions.c.user_id)
+            .where(m.cluster_permissions.c.cluster_id == cluster_id)
+            .order_by(m.users.c.name)
+        )
+        if user_id is not None:
+            query = query.where(m.cluster_permissions.c.user_id == user_id)
+        with self.connection() as conn:
+            rows = conn.execute(query).all()
+        return [
+            PermissionRecord(r.cluster_id, r.user_id, r.name, r.permission, _aware(r.updated_at))  # type: ignore[arg-type]
+            for r in rows
+        ]
+
+    def set_cluster_permission(
+        self, cluster_id: str, user_id: int, permission: str | None, *, keep_an_editor: bool = True
+    ) -> str | None:
+        """Give ``user_id`` ``permission`` on the cluster (``None`` removes it); the previous one.
+
+        With ``keep_an_editor`` a change that would leave the cluster without any
+        ``edit`` holder is refused (409 ``LAST_EDIT_HOLDER``); the check and the
+        change are one transaction, so two holders removing each other cannot both win.
+        """
+        self.get_cluster(cluster_id)
+        table = m.cluster_permissions
+        with self.transaction() as conn:
+            editors = {
+                row.user_id: row.permission
+                for row in conn.execute(
+                    select(table.c.user_id, table.c.permission)
+                    .where(table.c.cluster_id == cluster_id)
+                    .with_for_update()
+                )
+            }
+            previous = editors.get(user_id)
+            if (
+                keep_an_editor
+                and previous == "edit"
+                and permission != "edit"
+                and not any(uid != user_id and p == "edit" for uid, p in editors.items())
+            ):
+                raise Conflict(
+                    f"this would leave cluster {cluster_id!r} without an edit holder: grant edit to another "
+                    "user first (a superuser may do it; the cluster is then managed by superusers only)",
+                    code_name="LAST_EDIT_HOLDER",
+                )
+            where = (table.c.cluster_id == cluster_id, table.c.user_id == user_id)
+            if permission is None:
+                conn.execute(delete(table).where(*where))
+            elif previous is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(table).values(cluster_id=cluster_id, user_id=user_id, permission=permission,
+                                                 updated_at=_now())
+                        )
+                except IntegrityError:
+                    # A concurrent grant to the same user inserted first: last writer wins.
+                    conn.execute(update(table).where(*where).values(permission=permission, updated_at=_now()))
+            else:
+                conn.execute(update(table).where(*where).values(permission=permission, updated_at=_now()))
+        return previous
+
+    # -- RBAC subscription grants (which clusters a subject has anything on) ---------------
+
+    def replace_rbac_grants(self, entries: set[tuple[str, str, str]]) -> None:
+        """Make the table hold exactly ``(subject_kind, subject, cluster)`` ``entries``."""
+        table = m.rbac_cluster_grants
+        with self.transaction() as conn:
+            conn.execute(delete(table))
+            if entries:
+                conn.execute(
+                    insert(table),
+                    [{"subject_kind": k, "subject": s, "cluster": c} for k, s, c in sorted(entries)],
+                )
+
+    def rbac_grants_cluster(self, user_name: str, groups: tuple[str, ...], cluster_id: str) -> bool:
+        """Whether the subscription grants the user (or one of ``groups``) anything on the cluster."""
+        table = m.rbac_cluster_grants
+        subject: ColumnElement[bool] = (table.c.subject_kind == "User") & (table.c.subject == user_name)
+        if groups:
+            subject = or_(subject, (table.c.subject_kind == "Group") & table.c.subject.in_(groups))
+        with self.connection() as conn:
+            row = conn.execute(
+                select(table.c.cluster).where(subject, table.c.cluster.in_((cluster_id, "*"))).limit(1)
+            ).first()
+        return row is not None
 
     # -- secrets rotation -------------------------------------------------------------
 

@@ -42,6 +42,7 @@ def test_user_granted_view_reaches_the_cluster_with_the_bound_name(
     apiserver.create("pods", {"metadata": {"name": "web", "namespace": "default"},
                               "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
     token = gateway.user("viewer")
+    gateway.grant("viewer")  # the gateway lets them use the cluster; the cluster's RBAC decides what for
     try:
         status, _ = gateway.call("GET", PODS, token=token)
         assert status == 403  # no binding yet: the cluster's RBAC says no

@@ -40,3 +40,18 @@ def test_every_revision_downgrades_cleanly(database_url: str) -> None:
         tables = set(inspect(conn).get_table_names()) - {"alembic_version"}
     assert tables == set()
     store.dispose()
+
+
+def test_clusters_created_before_permissions_existed_keep_their_creator_as_editor(database_url: str) -> None:
+    store = SQLStore(database_url, secrets=SecretBox([Fernet.generate_key()]))
+    upgrade(store, "0002_rbac")
+    alice = store.create_user("alice")
+    store.create_user("bob")
+    store.create_cluster("alices", project_id="p", cluster_type="k8s")
+    store.record_audit("alice", "cluster.create", "cluster:alices")
+    store.record_audit("ghost", "cluster.create", "cluster:alices")  # a user since deleted
+    store.record_audit("alice", "cluster.create", "cluster:gone")  # a cluster since deleted
+    upgrade(store)
+    assert [(p.user_name, p.permission) for p in store.list_cluster_permissions("alices")] == [("alice", "edit")]
+    assert store.cluster_permission("alices", alice.id) == "edit"
+    store.dispose()

@@ -64,6 +64,10 @@ class Gateway:
         user = self.json("POST", "/rest/users/", body={"user_name": name})
         return str(self.json("POST", f"/rest/users/{user['id']}/tokens")["user_token"])
 
+    def grant(self, user_name: str, permission: str = "view", cluster: str = CLUSTER) -> None:
+        """Give ``user_name`` ``permission`` (``view``: use, ``edit``: manage) on ``cluster``, as the admin."""
+        self.json("PUT", f"/rest/clusters/{cluster}/permissions/{user_name}", body={"permission": permission})
+
     def kubeconfig(self, token: str, path: Path, cluster: str = CLUSTER) -> Path:
         status, body = self.call("GET", f"/rest/clusters/{cluster}/kubeconfig", token=token)
         assert status == 200, body

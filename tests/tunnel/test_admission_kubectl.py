@@ -82,6 +82,7 @@ def test_kubectl_apply_gets_a_sidecar_from_a_kubernetes_webhook(
 ) -> None:
     port, ca_bundle = injector
     alice = gateway.user("alice-admission")
+    gateway.grant("alice-admission")
     kubeconfig = gateway.kubeconfig(alice, tmp_path / "kc")
     status, body = gateway.call("POST", CONFIGS, body=_configuration("sidecar", f"https://localhost:{port}/",
                                                                        ca_bundle))
@@ -102,6 +103,7 @@ def test_failing_webhook_with_fail_policy_blocks_and_names_itself(
 ) -> None:
     _, ca_bundle = injector
     alice = gateway.user("alice-admission-2")
+    gateway.grant("alice-admission-2")
     kubeconfig = gateway.kubeconfig(alice, tmp_path / "kc")
     dead = f"https://localhost:{free_port()}/"
     status, body = gateway.call("POST", CONFIGS, body=_configuration("broken", dead, ca_bundle))
@@ -121,6 +123,10 @@ def test_configuration_changes_are_refused_for_ordinary_users(gateway: Gateway, 
     alice = gateway.user("alice-admission-3")
     status, body = gateway.call("POST", CONFIGS, token=alice,
                                 body=_configuration("x", "https://localhost:1/", ca_bundle))
+    assert status == 404, body  # without view the cluster does not exist for her
+    gateway.grant("alice-admission-3")  # view: she may use the cluster, not manage it
+    status, body = gateway.call("POST", CONFIGS, token=alice,
+                                body=_configuration("x", "https://localhost:1/", ca_bundle))
     assert status == 403, body
     assert json.loads(body)["code_name"]
 
@@ -132,6 +138,7 @@ def test_namespace_selector_and_updates_read_the_cluster_with_its_credentials(
     port, ca_bundle = injector
     apiserver.store.create("namespaces", {"metadata": {"name": "inject-me", "labels": {"sidecar": "on"}}})
     alice = gateway.user("alice-admission-4")
+    gateway.grant("alice-admission-4")
     kubeconfig = gateway.kubeconfig(alice, tmp_path / "kc")
     config = _configuration("selective", f"https://localhost:{port}/", ca_bundle)
     config["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"sidecar": "on"}}

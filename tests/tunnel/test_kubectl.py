@@ -19,7 +19,9 @@ VERSIONS = [v for v in ("1.27", None, "1.33") if v is None or v in kubectl_versi
 
 @pytest.fixture(scope="module")
 def alice(gateway: Gateway) -> str:
-    return gateway.user("alice")
+    token = gateway.user("alice")
+    gateway.grant("alice")  # view: use the cluster (its RBAC decides the rest)
+    return token
 
 
 @pytest.fixture

@@ -75,7 +75,17 @@ def test_routing_fills_every_upstream_field_from_the_cluster_and_its_credentials
         seen.append(environ)
         return []
 
-    layer = ClusterRoutingMiddleware(app, directory=Directory(), tls_server_name="kubernetes", verify=True)
+    class Access:
+        """Alice may use BCS-K8S-1 and nothing else."""
+
+        def allows(self, user: env.User, cluster_id: str, needed: str) -> bool:
+            return (user.name, cluster_id, needed) == ("alice", "BCS-K8S-1", "view")
+
+        def require(self, user: env.User, cluster_id: str, needed: str) -> ClusterRecord:
+            raise AssertionError("routing only asks allows()")
+
+    layer = ClusterRoutingMiddleware(app, directory=Directory(), access=Access(), tls_server_name="kubernetes",
+                                     verify=True)
     alice = env.User(7, "alice", False, ("dev",))
     environ = {"PATH_INFO": f"{PREFIX}/api/v1/pods", "QUERY_STRING": "watch=true", env.USER: alice}
     layer(environ, lambda status, headers: None)

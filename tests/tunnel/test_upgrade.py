@@ -179,7 +179,9 @@ def echo(handlers: Handlers) -> Iterator[Handlers]:
 
 @pytest.fixture(scope="module")
 def alice(gateway: Gateway) -> str:
-    return gateway.user("alice-upgrade")
+    token = gateway.user("alice-upgrade")
+    gateway.grant("alice-upgrade")
+    return token
 
 
 @pytest.fixture()

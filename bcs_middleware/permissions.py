@@ -1,0 +1,115 @@
+"""Per-cluster permissions: who may use a cluster (``view``) and who may manage it (``edit``).
+
+The vocabulary is the source system's ``user_cluster_permissions``:
+
+* ``view`` — use the cluster: read it, get a kubeconfig or client credentials for it,
+  send requests through the tunnel (where the cluster's own RBAC then decides, via
+  impersonation, what the user may do inside it);
+* ``edit`` — implies ``view``, and manage it: its register token (read, create,
+  revoke), its credential status, its Kubernetes admission webhook configurations
+  and its permissions;
+* superusers have ``edit`` on every cluster.
+
+The creator of a cluster gets ``edit``. With a permission subscription configured
+(:mod:`bcs_middleware.rbac`), a user whom the subscription grants anything on a
+cluster (by name, by one of their groups, or with cluster ``"*"``) has ``view`` on it.
+
+A user without ``view`` gets the same 404 as for a cluster that does not exist —
+everywhere, the tunnel included — so cluster ids do not leak; a user with ``view``
+who tries to manage gets 403.
+
+The tunnel asks through a :class:`~bcs_middleware.ttlcache.TTLCache`: a granted or
+revoked permission takes effect there within its ``ttl`` (the gateway's
+``cluster_cache_ttl``, 5 s by default). The management API asks the store every time.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from . import environ as env
+from .errors import Forbidden, NotFound
+from .store import ClusterRecord
+from .ttlcache import TTLCache
+
+VIEW = "view"
+EDIT = "edit"
+#: Every permission, weakest first.
+PERMISSIONS = (VIEW, EDIT)
+_RANK = {None: 0, VIEW: 1, EDIT: 2}
+
+
+def cluster_not_found(cluster_id: str) -> NotFound:
+    """The one answer for a cluster that does not exist and for one the caller may not see."""
+    return NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
+
+
+class PermissionStore(Protocol):
+    """What :class:`ClusterAuthorizer` reads (``SQLStore`` has it)."""
+
+    def find_cluster(self, cluster_id: str) -> ClusterRecord | None: ...
+
+    def cluster_permission(self, cluster_id: str, user_id: int) -> str | None: ...
+
+    def rbac_grants_cluster(self, user_name: str, groups: tuple[str, ...], cluster_id: str) -> bool: ...
+
+
+class ClusterAccess(Protocol):
+    """The question every part of the gateway asks before it touches a cluster for a user."""
+
+    def allows(self, user: env.User, cluster_id: str, needed: str) -> bool: ...
+
+    def require(self, user: env.User, cluster_id: str, needed: str) -> ClusterRecord: ...
+
+
+class ClusterAuthorizer:
+    """Decides a user's permission on a cluster (see the module docstring).
+
+    :param store: the permission table and the subscription's grants.
+    :param rbac_grants: honour the permission subscription's grants (``view``);
+        on only when the gateway runs the subscription, so stale rows of a removed
+        subscription grant nothing.
+    :param ttl: cache answers this many seconds (the tunnel); ``0`` asks the store
+        every time (the management API).
+    """
+
+    def __init__(self, store: PermissionStore, *, rbac_grants: bool = False, ttl: float = 0.0) -> None:
+        self.store = store
+        self.rbac_grants = rbac_grants
+        self._cache: TTLCache[tuple[env.User, str], str | None] = TTLCache(ttl=ttl)
+
+    def permission(self, user: env.User, cluster_id: str) -> str | None:
+        """``"edit"``, ``"view"`` or ``None`` (the cluster's existence is not checked)."""
+        if user.is_superuser:
+            return EDIT
+        return self._cache.get((user, cluster_id), self._load)
+
+    def _load(self, key: tuple[env.User, str]) -> str | None:
+        user, cluster_id = key
+        found = self.store.cluster_permission(cluster_id, user.id)
+        if found is None and self.rbac_grants and self.store.rbac_grants_cluster(
+            user.name, ("system:authenticated", *user.groups), cluster_id
+        ):
+            # The groups are those the tunnel impersonates, so a grant means here
+            # what it means to the cluster's RBAC.
+            return VIEW
+        return found if found in _RANK else None
+
+    def allows(self, user: env.User, cluster_id: str, needed: str) -> bool:
+        return _RANK[self.permission(user, cluster_id)] >= _RANK[needed]
+
+    def require(self, user: env.User, cluster_id: str, needed: str) -> ClusterRecord:
+        """The cluster, if ``user`` holds ``needed`` on it.
+
+        :raises NotFound: no such cluster, or the user may not even see it (same answer).
+        :raises Forbidden: the user may see it but not manage it.
+        """
+        cluster = self.store.find_cluster(cluster_id)
+        if cluster is None or not self.allows(user, cluster.id, VIEW):
+            raise cluster_not_found(cluster_id)
+        if not self.allows(user, cluster.id, needed):
+            raise Forbidden(
+                f"user {user.name!r} needs the {needed!r} permission on cluster {cluster.id!r}",
+                code_name="CLUSTER_PERMISSION_REQUIRED",
+            )
+        return cluster
