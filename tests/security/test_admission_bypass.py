@@ -177,7 +177,12 @@ def gateway(apiserver: FakeAPIServer, webhook: Webhook, tmp_path_factory: pytest
 
 @pytest.fixture(scope="module")
 def tokens(gateway: Gateway) -> dict[str, str]:
-    return {name: gateway.user(f"{name}-sec") for name in ("alice", "mallory", "bob", "carol")}
+    """Users of the admin's cluster: each may use it (``view``), and no more."""
+    tokens = {}
+    for name in ("alice", "mallory", "bob", "carol"):
+        tokens[name] = gateway.user(f"{name}-sec")
+        gateway.grant(f"{name}-sec")
+    return tokens
 
 
 def send(gw: Gateway, method: str, path: str, token: str, body: Any = None,
