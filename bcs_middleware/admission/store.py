@@ -137,8 +137,8 @@ def load_definitions_file(path: str | Path) -> MemoryDefinitionStore:
     """
     path = Path(path)
     try:
-        text = path.read_bytes()
-        data: Any = parse_json(text, what=str(path)) if path.suffix == ".json" else parse_yaml(text, what=str(path))
+        raw = path.read_bytes()
+        data: Any = parse_json(raw, what=str(path)) if path.suffix == ".json" else parse_yaml(raw, what=str(path))
     except OSError as exc:
         raise ConfigError(f"cannot read admission definitions {path}: {exc}") from None
     except BadRequest as exc:
