@@ -46,6 +46,8 @@ def _admin_token_source(data_dir: Path) -> tuple[str, str | None]:
         return "env:BCS_ADMIN_TOKEN", None
     path = data_dir / "admin.token"
     if path.exists():
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)  # left readable to others by hand or by a restored backup
         return f"file:{path}", None
     from .store.crypto import new_token
 
@@ -185,6 +187,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,
         errorlog="-",
+        # gunicorn believes X-Forwarded-Proto (and SCRIPT_NAME/PATH_INFO headers) from
+        # 127.0.0.1 by default: any local client could change the scheme and path the
+        # gateway sees. Trusted only when the operator names the proxies.
+        forwarded_allow_ips=",".join(args.forwarded_allow_ips),
         control_socket_disable=True,
         child_exit=_child_exit,
         post_fork=_post_fork,
@@ -236,6 +242,9 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["gateway_cert_file"] = str(cert_for_api)
     if args.public_url:
         options["public_url"] = args.public_url
+    if args.forwarded_allow_ips:
+        # The proxies gunicorn believes are the ones whose X-Forwarded-For the proxy extends.
+        options["trusted_proxies"] = ",".join(args.forwarded_allow_ips)
     if args.no_access_log:
         options["access_log"] = "false"
     if args.zookeeper:
@@ -259,12 +268,16 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
     store.dispose()
-    if new_admin_token:
+    # The value goes to a person at a terminal, never to stdout (the access log's stream,
+    # usually collected): piped or under a supervisor, only the file is named.
+    if new_admin_token and sys.stderr.isatty():
         print(
             "\n  Generated the bootstrap admin token (shown only this once; also in "
             f"{data_dir / 'admin.token'}, mode 0600):\n\n    {new_admin_token}\n",
-            flush=True,
+            file=sys.stderr, flush=True,
         )
+    elif new_admin_token:
+        print(f"Generated the bootstrap admin token in {data_dir / 'admin.token'} (mode 0600)", flush=True)
     elif token_source.startswith("file:"):
         print(f"Admin token: {data_dir / 'admin.token'}", flush=True)
 
@@ -391,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--scheduler", action="append", default=[], metavar="URL",
                        help="driver without ZooKeeper: the scheduler (first = master; repeatable)")
     serve.add_argument("--scheduler-ca-file", help="driver: the CA an https scheduler's certificate chains to")
+    serve.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP|CIDR",
+                       help="a TLS-terminating proxy in front of the gateway whose X-Forwarded-Proto "
+                            "(https) is believed (repeatable, comma-separated; default: none — "
+                            "gunicorn's own default trusts 127.0.0.1)")
     serve.add_argument("--graceful-timeout", type=int, default=30)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")

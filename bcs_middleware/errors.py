@@ -125,6 +125,18 @@ class ValidationError(BadRequest):
     code_name = "VALIDATION_ERROR"
 
 
+class MalformedBody(BadRequest):
+    """A body that does not parse as the JSON or YAML it claims to be."""
+
+    code_name = "INVALID_JSON"
+
+
+class BodyTooDeep(BadRequest):
+    """A JSON or YAML document nested deeper than :data:`bcs_middleware.bodies.MAX_DEPTH`."""
+
+    code_name = "BODY_TOO_DEEP"
+
+
 class Unauthorized(BCSError):
     status = 401
     code_name = "UNAUTHORIZED"

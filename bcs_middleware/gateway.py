@@ -94,7 +94,8 @@ def parse_bootstrap_users(spec: Mapping[str, str]) -> list[BootstrapUser]:
 def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
     for user in users:
         record = store.ensure_user(user.name, is_superuser=True)
-        store.add_token_hash(record.id, user.token_digest, token_type="bootstrap")
+        # The configured token is the user's one bootstrap token: a changed one replaces it.
+        store.add_token_hash(record.id, user.token_digest, token_type="bootstrap", replace=True)
 
 
 @dataclass(frozen=True)

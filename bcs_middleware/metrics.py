@@ -17,7 +17,8 @@ from .batching import BatchQueue
 
 REQUESTS = Counter(
     "bcs_api_request_count",
-    "Requests handled, by route kind (rest, tunnel, mesos, other), cluster, method and code.",
+    "Requests handled, by route kind (rest, tunnel, mesos, other), cluster (empty when none "
+    "was routed to), method (other for an unknown one) and code.",
     ["kind", "cluster", "method", "code"],
 )
 LATENCY = Histogram(
@@ -79,6 +80,23 @@ UPGRADES = Counter(
 # The item MetricBatch.request queues: both per-request metrics for one ``put``.
 _REQUEST = object()
 
+# Label values a client chooses are mapped onto a fixed set: every distinct value
+# is a new time series (one counter and a whole histogram), kept for the process's
+# life, and a client needs no token to invent methods.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+_CODES = frozenset(str(code) for code in range(100, 600))
+OTHER = "other"
+
+
+def method_label(method: str) -> str:
+    """``method`` when it is a standard HTTP method, else ``"other"``."""
+    return method if method in _METHODS else OTHER
+
+
+def code_label(code: str) -> str:
+    """A status code ``100``..``599``, else ``"other"`` (an upstream's status is relayed as is)."""
+    return code if code in _CODES else OTHER
+
 
 class MetricBatch:
     """Per-request metric updates, applied to ``prometheus_client`` a few times a second.
@@ -109,7 +127,13 @@ class MetricBatch:
         self._queue.put((metric, labels, value))
 
     def request(self, kind: str, cluster: str, method: str, code: str, seconds: float) -> None:
-        """One request: :data:`REQUESTS` ``+1`` and :data:`LATENCY` ``seconds``, in one item."""
+        """One request: :data:`REQUESTS` ``+1`` and :data:`LATENCY` ``seconds``, in one item.
+
+        ``method`` and ``code`` may be anything a client or upstream sent: they are
+        bounded (:func:`method_label`, :func:`code_label`) when applied, off the
+        request's thread. ``kind`` and ``cluster`` must already be bounded (a route
+        kind; a cluster the store or discovery knows, else ``""``).
+        """
         self._queue.put((_REQUEST, (kind, cluster, method, code), seconds))
 
     def flush(self) -> None:
@@ -122,6 +146,8 @@ def _apply(updates: list[tuple[Any, tuple[str, ...], float | None]]) -> None:
     observed: dict[tuple[Any, tuple[str, ...]], list[float]] = {}
     for metric, labels, value in updates:
         if metric is _REQUEST:
+            kind, cluster, method, code = labels
+            labels = (kind, cluster, method_label(method), code_label(code))
             counts[REQUESTS, labels] = counts.get((REQUESTS, labels), 0) + 1
             observed.setdefault((LATENCY, (labels[0], labels[2])), []).append(value)  # type: ignore[arg-type]
         elif value is None:

@@ -1,7 +1,7 @@
 """A gunicorn configuration for the gateway: gunicorn --paste examples/gateway.ini -c examples/gunicorn.conf.py
 
 Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
-BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP).
+BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS).
 
 Worker class: long watch, ``logs -f`` and exec streams hold a worker thread each for as long as
 the client keeps them open, so the gateway runs the **gthread** worker with many threads. Threads
@@ -31,6 +31,10 @@ graceful_timeout = 30
 keepalive = 75
 # gunicorn 27 opens a control socket at one fixed path by default; one per server here.
 control_socket_disable = True
+# gunicorn believes X-Forwarded-Proto (https or not) and SCRIPT_NAME/PATH_INFO headers from
+# 127.0.0.1 by default, i.e. from any local client. Name the TLS-terminating proxies in front of
+# the gateway, if any (comma-separated IPs/CIDRs); no one by default.
+forwarded_allow_ips = os.environ.get("BCS_FORWARDED_ALLOW_IPS", "")
 
 certfile = os.environ.get("BCS_CERTFILE") or None
 keyfile = os.environ.get("BCS_KEYFILE") or None

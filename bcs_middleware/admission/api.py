@@ -34,6 +34,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from .. import environ as env
+from ..bodies import parse_json
 from ..errors import (
     BadRequest,
     BCSError,
@@ -236,10 +237,7 @@ def _body(request: Request) -> Any:
     data = request.stream.read(MAX_BODY + 1)
     if len(data) > MAX_BODY:
         raise PayloadTooLarge(f"body larger than {MAX_BODY} bytes")
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise BadRequest("(body): must be JSON") from None
+    return parse_json(data, what="(body)")
 
 
 def _json(data: Any, status: int = 200) -> Response:

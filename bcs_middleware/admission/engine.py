@@ -36,8 +36,9 @@ from typing import Any, Literal, NoReturn
 import jsonpatch
 
 from .. import metrics
+from ..bodies import parse_json
 from ..environ import AdmissionResult, User
-from ..errors import BCSError, ValidationError
+from ..errors import BadRequest, BCSError, ValidationError
 from .client import WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
 from .equivalence import convertible, equivalents
@@ -600,9 +601,9 @@ class AdmissionEngine:
 
 def _bcs_answer(data: bytes, before: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        answer = json.loads(data)
-    except ValueError:
-        raise WebhookCallError("malformed", "answer is not JSON") from None
+        answer = parse_json(data, what="answer")
+    except BadRequest as exc:
+        raise WebhookCallError("malformed", exc.message) from None
     if not isinstance(answer, dict):
         raise WebhookCallError("malformed", "answer is not a JSON object")
     return answer

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,9 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
+from ..bodies import parse_json
 from ..environ import User
+from ..errors import BadRequest
 from .client import WebhookCallError
 
 ADMISSION_GROUP = "admission.k8s.io"
@@ -158,9 +159,9 @@ class ReviewResponse:
 def parse_review_response(data: bytes, *, version: str, uid: str, mutating: bool) -> ReviewResponse:
     """Check a webhook's answer like the apiserver does; :class:`WebhookCallError` if not."""
     try:
-        review = json.loads(data)
-    except ValueError:
-        raise WebhookCallError("malformed", "answer is not JSON") from None
+        review = parse_json(data, what="answer")
+    except BadRequest as exc:
+        raise WebhookCallError("malformed", exc.message) from None
     if not isinstance(review, dict):
         raise WebhookCallError("malformed", "answer is not a JSON object")
     expected = f"{ADMISSION_GROUP}/{version}"
@@ -219,9 +220,11 @@ def parse_review_response(data: bytes, *, version: str, uid: str, mutating: bool
 
 def decode_patch(raw: Any) -> tuple[dict[str, Any], ...]:
     try:
-        operations = json.loads(base64.b64decode(str(raw), validate=True))
-    except (binascii.Error, ValueError):
+        operations = parse_json(base64.b64decode(str(raw), validate=True), what="response.patch")
+    except binascii.Error:
         raise WebhookCallError("malformed", "response.patch is not base64 JSON") from None
+    except BadRequest as exc:
+        raise WebhookCallError("malformed", exc.message) from None
     if not isinstance(operations, list) or not all(isinstance(op, dict) for op in operations):
         raise WebhookCallError("malformed", "response.patch is not a JSON Patch")
     return tuple(operations)

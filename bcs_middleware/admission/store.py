@@ -12,16 +12,14 @@ process, or definitions loaded from a file with :func:`load_definitions_file`).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import yaml
-
+from ..bodies import parse_json, parse_yaml
 from ..environ import Upstream
-from ..errors import ConfigError, Conflict, ValidationError
+from ..errors import BadRequest, ConfigError, Conflict, ValidationError
 from .definitions import (
     BcsDefinition,
     K8sConfiguration,
@@ -140,10 +138,12 @@ def load_definitions_file(path: str | Path) -> MemoryDefinitionStore:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-        data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raw = path.read_bytes()
+        data: Any = parse_json(raw, what=str(path)) if path.suffix == ".json" else parse_yaml(raw, what=str(path))
+    except OSError as exc:
         raise ConfigError(f"cannot read admission definitions {path}: {exc}") from None
+    except BadRequest as exc:
+        raise ConfigError(f"cannot read admission definitions: {exc.message}") from None
     if isinstance(data, list):
         data = {"admissionwebhooks": data}
     if not isinstance(data, dict):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from werkzeug.wrappers import Request, Response
 
 from .. import environ as env
-from ..bodies import read_bounded
+from ..bodies import parse_json, read_bounded
 from ..errors import BadRequest, Forbidden, Unauthorized
 from ..permissions import ClusterAccess
 from ..store import ClusterRecord, SQLStore
@@ -83,10 +83,7 @@ class Ctx:
             if allow_empty:
                 return {}
             raise BadRequest("request body is empty; expected a JSON object", code_name="INVALID_JSON")
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest("request body is not valid JSON", code_name="INVALID_JSON") from None
+        return parse_json(raw)
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from ..bodies import parse_json
+from ..errors import BadRequest
+
 DEFAULT_ROOT = "/bcs/services/endpoints"
 DRIVER_DIR = "mesosdriver"
 SCHEDULER_DIR = "scheduler"
@@ -68,7 +71,10 @@ class Endpoint:
 
         :raises ValueError: not a JSON object, or no usable ``ip``/``port``.
         """
-        raw = json.loads(data) if isinstance(data, bytes | str) else data
+        try:
+            raw = parse_json(data, what="endpoint data") if isinstance(data, bytes | str) else data
+        except BadRequest as exc:
+            raise ValueError(exc.message) from None
         if not isinstance(raw, dict):
             raise ValueError("endpoint data is not a JSON object")
         values: dict[str, Any] = {}

@@ -78,7 +78,6 @@ from typing import Any, Literal
 from urllib.parse import parse_qs
 
 import jsonpatch
-import yaml
 
 from .. import environ as env
 from ..admission.client import CircuitBreaker, WebhookClient
@@ -95,13 +94,14 @@ from ..admission.store import (
     MemoryDefinitionStore,
     load_definitions_file,
 )
-from ..bodies import read_bounded, replace_body
+from ..bodies import parse_json, parse_yaml, read_bounded, replace_body
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
     BadRequest,
     BCSError,
     ConfigError,
+    MalformedBody,
     NotFound,
     UnsupportedMediaType,
 )
@@ -233,9 +233,9 @@ class AdmissionMiddleware:
             replace_body(environ, body)
             return None
         try:
-            obj = yaml.safe_load(body) if is_yaml else json.loads(body)
-        except (ValueError, yaml.YAMLError):
-            obj = None
+            obj = parse_yaml(body) if is_yaml else parse_json(body)
+        except MalformedBody:
+            obj = None  # the upstream answers what it cannot parse; too deep or aliased is refused
         outcome = self.engine.admit_bcs(operation, obj, env.get_user(environ))
         if not outcome.webhooks and not outcome.steps:
             replace_body(environ, body)
@@ -303,10 +303,7 @@ class AdmissionMiddleware:
                 "send application/json"
             )
         body = self._read_body(environ)
-        try:
-            document = json.loads(body)
-        except ValueError:
-            raise BadRequest("request body is not valid JSON") from None
+        document = parse_json(body)
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         dry_run = "All" in query.get("dryRun", [])
         old: Any = None

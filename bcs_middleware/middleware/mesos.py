@@ -40,11 +40,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .. import converters as conv
 from .. import environ as env
-from ..bodies import read_bounded, replace_body
+from ..bodies import parse_yaml, read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import BadRequest, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
@@ -79,12 +77,7 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     if content_type not in _YAML_TYPES:
         return
     data = read_bounded(environ, max_yaml, what="a YAML body")
-    try:
-        document = yaml.safe_load(data) if data else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise BadRequest(f"the YAML body does not parse{where}", code_name="BAD_YAML") from None
+    document = parse_yaml(data, what="the YAML body") if data else None
     if not isinstance(document, dict | list):
         raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML")
     try:

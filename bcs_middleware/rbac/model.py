@@ -34,9 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import yaml
-
-from ..errors import ValidationError
+from ..bodies import parse_yaml
+from ..errors import BadRequest, ValidationError
 from ..schemas import validate
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -134,13 +133,9 @@ def load_permissions(data: bytes) -> Permissions:
     if len(data) > MAX_DOCUMENT:
         raise PermissionsError(f"permission data is larger than {MAX_DOCUMENT} bytes")
     try:
-        document = yaml.safe_load(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise PermissionsError("permission data is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PermissionsError(f"permission data is neither valid JSON nor YAML{where}") from None
+        document = parse_yaml(data, what="permission data")
+    except BadRequest as exc:
+        raise PermissionsError(exc.message) from None
     return parse_permissions(document)
 
 

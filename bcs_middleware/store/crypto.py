@@ -106,6 +106,12 @@ def load_keys(configured: str | None, data_dir: Path | None) -> list[str]:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(key + b"\n")
             log.info("generated a new secret key in %s", path)
+    elif path.stat().st_mode & 0o077:
+        # An older version, or a restored backup, left it readable to others.
+        try:
+            path.chmod(0o600)
+        except PermissionError:
+            log.warning("secret key file %s is readable by other users and not ours to chmod", path)
     text = ""
     for _ in range(100):  # bounded: the winning worker writes 45 bytes right after creating
         text = path.read_text().strip()

@@ -9,6 +9,7 @@ others wait and then find nothing left to do.
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,7 +51,7 @@ def current_revision(store: SQLStore) -> str | None:
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

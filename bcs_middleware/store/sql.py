@@ -60,9 +60,38 @@ def _aware(value: datetime | None) -> datetime | None:
     return value
 
 
+# The database and the files SQLite keeps beside it (same content, in pieces).
+_SQLITE_FILES = ("", "-wal", "-shm", "-journal", ".migrate.lock")
+
+
+def _private_sqlite_files(database: str) -> None:
+    """Make a SQLite database and its companion files readable by this user only.
+
+    They hold every token hash and the encrypted cluster credentials. The database
+    is created 0600 before SQLite opens it — SQLite gives the ``-wal``/``-shm``/
+    ``-journal`` files it creates the database's mode — and files left with a
+    looser mode (an older version, a copied backup) are tightened.
+    """
+    try:
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
+    except FileNotFoundError:
+        return  # no such directory: SQLite's own error says so
+    for suffix in _SQLITE_FILES:
+        path = database + suffix
+        try:
+            if os.stat(path).st_mode & 0o077:
+                os.chmod(path, 0o600)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            log.warning("%s is readable by other users and not ours to chmod", path)
+
+
 def _create_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+            _private_sqlite_files(parsed.database)
         engine = create_engine(
             url,
             # Several gunicorn workers share the file: wait for the lock instead of
@@ -244,17 +273,32 @@ class SQLStore:
             row = conn.execute(select(m.user_tokens).where(m.user_tokens.c.id == token_id)).one()
         return self._token(row), value
 
-    def add_token_hash(self, user_id: int, digest: str, *, token_type: str) -> None:
-        """Register a token whose value came from configuration (bootstrap users)."""
+    def add_token_hash(self, user_id: int, digest: str, *, token_type: str, replace: bool = False) -> None:
+        """Register a token whose value came from configuration (bootstrap users).
+
+        ``replace``: this becomes the user's only usable token of ``token_type`` — the
+        others are revoked (a changed bootstrap token must not leave the old one valid)
+        and this one, if it had been revoked that way before, is usable again.
+        """
+        tokens = m.user_tokens.c
         with self.transaction() as conn:
             row = conn.execute(
-                select(m.user_tokens.c.user_id).where(m.user_tokens.c.token_hash == digest)
+                select(tokens.id, tokens.user_id, tokens.token_type).where(tokens.token_hash == digest)
             ).first()
             if row is None:
                 conn.execute(
                     insert(m.user_tokens).values(
                         user_id=user_id, token_hash=digest, token_type=token_type, created_at=_now()
                     )
+                )
+            elif replace and row.user_id == user_id and row.token_type == token_type:
+                conn.execute(update(m.user_tokens).where(tokens.id == row.id).values(revoked_at=None))
+            if replace:
+                conn.execute(
+                    update(m.user_tokens)
+                    .where(tokens.user_id == user_id, tokens.token_type == token_type,
+                           tokens.token_hash != digest, tokens.revoked_at.is_(None))
+                    .values(revoked_at=_now())
                 )
 
     def list_tokens(self, user_id: int) -> list[TokenRecord]:

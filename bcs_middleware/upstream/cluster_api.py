@@ -18,7 +18,8 @@ import json
 from typing import Any
 
 from .. import environ as env
-from ..errors import BadGateway, BCSError, ServiceUnavailable
+from ..bodies import parse_json
+from ..errors import BadGateway, BadRequest, BCSError, ServiceUnavailable
 from ..middleware.routing import CachedDirectory
 from ..store import CredentialRecord
 from .transport import Transport
@@ -87,8 +88,8 @@ def upstream_request(
         raise
     response.release_conn()
     try:
-        document = json.loads(b"".join(chunks)) if chunks else None
-    except ValueError:
+        document = parse_json(b"".join(chunks), what="the apiserver's answer") if chunks else None
+    except BadRequest:
         document = None
     return response.status, response.reason, document
 

@@ -17,7 +17,10 @@ What it does to the request:
 * The client's ``Authorization`` is **never** forwarded; the upstream's own
   ``bearer_token`` is sent instead, then ``Upstream.set_headers`` are set.
   A client's ``Impersonate-*`` headers are always stripped (the routing layer
-  refuses them outright; this is the backstop when it did not run).
+  refuses them outright; this is the backstop when it did not run), and so are
+  identity headers an upstream may believe: ``X-Remote-*`` (kube-apiserver's
+  front-proxy ``X-Remote-User``/``-Group``/``-Uid``/``-Extra-*``),
+  ``X-Auth-Request-*`` and ``Remote-User``.
 * ``X-Forwarded-For``/``-Proto``/``-Host`` are built from ``REMOTE_ADDR``; the
   client's own ``X-Forwarded-*``/``Forwarded`` headers are kept (and appended
   to) only when ``REMOTE_ADDR`` is one of ``trusted_proxies``.
@@ -86,7 +89,10 @@ log = logging.getLogger(__name__)
 # Never forwarded from the client, whatever else happens: framing is ours,
 # Host is the upstream's, credentials are replaced, and Expect would make the
 # upstream wait for a 100 we already answered.
-_REQUEST_DROP = HOP_BY_HOP | {"host", "authorization", "content-length", "expect"}
+_REQUEST_DROP = HOP_BY_HOP | {"host", "authorization", "content-length", "expect", "remote-user"}
+# Identity a server behind us may believe from whoever connects to it: Kubernetes'
+# impersonation and front-proxy (requestheader) headers, and the auth-proxy ones.
+_IDENTITY_PREFIXES = ("impersonate-", "x-remote-", "x-auth-request-")
 _PIECE = 64 * 1024
 # Bodies up to this size are read before the status line goes out, so an
 # upstream failing mid-body still becomes a clean 502 and the connection is
@@ -103,7 +109,7 @@ def _header_info(environ_key: str) -> tuple[str, str, int]:
     """``HTTP_X_FOO`` → (``X-Foo``, ``x-foo``, what to do with it)."""
     name = environ_key[5:].replace("_", "-")
     lower = name.lower()
-    if lower in _REQUEST_DROP or lower.startswith("impersonate-"):
+    if lower in _REQUEST_DROP or lower.startswith(_IDENTITY_PREFIXES):
         kind = _DROP
     elif lower.startswith("x-forwarded-") or lower == "forwarded":
         kind = _FORWARDED
