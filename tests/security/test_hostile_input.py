@@ -328,6 +328,7 @@ _IDENTITY = {
 
 def test_front_proxy_identity_headers_never_reach_the_apiserver(stack: Stack) -> None:
     alice = stack.gw.user("alice-hostile")
+    stack.gw.grant("alice-hostile")
     for token in (None, alice):  # the superuser (no impersonation) and an impersonated user
         stack.api.requests.clear()
         status, _ = stack.gw.call("GET", PODS, token=token, headers=_IDENTITY)
@@ -350,6 +351,7 @@ def test_every_client_impersonation_header_is_refused(stack: Stack, name: str) -
 
 def test_an_underscore_spelling_never_reaches_the_apiserver(stack: Stack) -> None:
     alice = stack.gw.user("alice-underscore")
+    stack.gw.grant("alice-underscore")
     stack.api.requests.clear()
     status, _ = stack.gw.call("GET", PODS, token=alice,
                               headers={"Impersonate_User": "system:admin", "X_Remote_User": "system:admin"})
