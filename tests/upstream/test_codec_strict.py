@@ -235,7 +235,7 @@ MALFORMED = [
                          b"5\r\nhello\r\n0\r\n\r\n"),
     ("te-in-http10", b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
     ("status-2000", b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n"),
-    ("status-non-ascii-digits", "HTTP/1.1 2٠٠ OK\r\nContent-Length: 0\r\n\r\n".encode()),
+    ("status-non-ascii-digits", "HTTP/1.1 2\u0660\u0660 OK\r\nContent-Length: 0\r\n\r\n".encode()),
     ("status-superscript-digits", "HTTP/1.1 2²² OK\r\nContent-Length: 0\r\n\r\n".encode()),
     ("status-099", b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n"),
     ("status-600", b"HTTP/1.1 600 Odd\r\nContent-Length: 0\r\n\r\n"),
