@@ -95,6 +95,10 @@ class LRUCache(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
+    def prune(self) -> None:
+        """Drop what is over a bound now (``get`` and ``put`` also do, as they go)."""
+        self._prune(self._clock())
+
     def _prune(self, now: float) -> None:
         # Entries are in recency order: the expired and the surplus ones are at the front.
         entries = self._entries

@@ -184,6 +184,11 @@ class IdlePool:
         if stale is not None:
             stale.close()
 
+    def prune(self) -> None:
+        """Close what has been idle too long, for every key."""
+        with self._lock:
+            self._idle.prune()
+
     def drop(self, key: PoolKey) -> None:
         """Close every idle connection of ``key`` (the upstream closed them: a restart)."""
         with self._lock:

@@ -56,6 +56,11 @@ class TLSContexts:
             sock, server_hostname=key.server_name or key.host  # type: ignore[arg-type]
         )
 
+    def prune(self) -> None:
+        """Drop the contexts unused for ``ttl`` (lookups only happen on new connections)."""
+        with self._lock:
+            self._contexts.prune()
+
     def clear(self) -> None:
         with self._lock:
             self._contexts.clear()

@@ -86,6 +86,9 @@ __all__ = [
 
 Body = Iterable[bytes] | None
 
+# Seconds between sweeps of the per-upstream tables: some are only looked at when a
+# connection is made, and would otherwise keep what a burst left behind.
+_SWEEP_EVERY = 5.0
 # Methods that may be replayed when a pooled keep-alive connection turned out
 # to be closed by the upstream just as we reused it (RFC 9110 §9.2.2).
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -312,6 +315,7 @@ class PooledTransport:
         # A mark older than the cooldown means nothing: that is its ttl.
         self._failed: LRUCache[str, float] = LRUCache(
             max_entries=self.max_upstreams, ttl=self.failure_cooldown)
+        self._next_sweep = 0.0
 
     @property
     def connections_opened(self) -> int:
@@ -368,6 +372,8 @@ class PooledTransport:
         *,
         upgrade: bool,
     ) -> UpstreamResponse:
+        if time.monotonic() >= self._next_sweep:
+            self._sweep()
         target = upstream.path or "/"
         if upstream.query:
             target = f"{target}?{upstream.query}"
@@ -484,6 +490,14 @@ class PooledTransport:
             with self._lock:
                 self._origins.put(base, origin)
         return origin
+
+    def _sweep(self) -> None:
+        self._next_sweep = time.monotonic() + min(_SWEEP_EVERY, self.idle_timeout / 2)
+        self._pool.prune()
+        self._tls.prune()
+        with self._lock:
+            self._origins.prune()
+            self._failed.prune()
 
     def close(self) -> None:
         """Close every idle connection; the transport stays usable."""
