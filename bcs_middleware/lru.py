@@ -68,6 +68,15 @@ class LRUCache(Generic[K, V]):
         value: V = entry[1]
         return value
 
+    def peek(self, key: K) -> V | None:
+        """The value for ``key`` without marking it used: one dict read, safe without a lock.
+
+        For values that are cheap to rebuild: an entry only peeked at ages out after
+        ``ttl`` and is put again by its user.
+        """
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
     def put(self, key: K, value: V) -> None:
         """Set ``key`` (most recently used), then drop what is over a bound."""
         now = self._clock()

@@ -36,6 +36,9 @@ class TLSContexts:
             ctx = self._contexts.get(key)
         if ctx is not None:
             return ctx
+        if key.ca_pem and not key.ca_pem.isascii():
+            # ssl raises TypeError for it; a PEM bundle is ASCII, so this one is simply bad.
+            raise ValueError("the CA bundle is not PEM")
         ctx = ssl.create_default_context(cadata=key.ca_pem) if key.ca_pem else (
             ssl.create_default_context()
         )

@@ -483,8 +483,9 @@ class PooledTransport:
         return fresh or list(base_urls)
 
     def _origin(self, base: str) -> tuple[str, str, int, str, str]:
-        with self._lock:
-            origin = self._origins.get(base)
+        # Peeked, not looked up: re-parsing an address once per state_ttl costs less
+        # than keeping its recency on every request.
+        origin = self._origins.peek(base)
         if origin is None:
             origin = _parse_origin(base)
             with self._lock:

@@ -135,3 +135,27 @@ def test_random_lines_are_read_the_same_the_second_time_or_refused_every_time() 
         assert value == line.split(b":", 1)[1].strip(b" \t").decode()
         assert not any(c in value for c in "\r\n\x00")
     assert accepted > 20  # some lines were well formed
+
+
+@pytest.mark.parametrize("base, ca_pem", [
+    pytest.param("http://127.0.0.1:99999", None, id="port-out-of-range"),
+    pytest.param("http://[::1", None, id="bad-ipv6-literal"),
+    pytest.param("http://exa\x00mple", None, id="nul-in-host"),
+    pytest.param("https://{server}", "not a certificate", id="garbage-ca"),
+    pytest.param("https://{server}", "caf\u00e9 \u2603", id="non-ascii-ca"),
+])
+def test_foreign_errors_become_a_502_never_anything_else(base: str, ca_pem: str | None) -> None:
+    transport = PooledTransport(read_timeout=5, connect_timeout=2)
+    with _stalling(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") as server:
+        url = base.replace("{server}", f"127.0.0.1:{server.port}")
+        with pytest.raises(BadGateway):
+            transport.send(Upstream(base_urls=(url,), path="/x", ca_pem=ca_pem), "GET", [], None, None)
+
+
+def test_a_header_value_outside_latin_1_is_sent_as_utf_8() -> None:
+    transport = PooledTransport(read_timeout=5)
+    with _stalling(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") as server:
+        resp = transport.send(Upstream(base_urls=(server.url,), path="/x"), "GET",
+                              [("Impersonate-User", "\u7528\u6237")], None, None)
+        assert resp.status == 200
+    transport.close()
