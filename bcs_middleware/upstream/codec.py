@@ -202,10 +202,12 @@ class ResponseReader:
 
     def feed(self, data: bytes) -> None:
         """Parse received bytes (callbacks fill the head and ``pieces``)."""
-        parser = self._parser
-        if parser is None or self.complete:
+        if self.complete:
             self.reusable = False  # bytes after the answer: not ours to relay
             return
+        parser = self._parser
+        if parser is None:  # after a 101, or released
+            raise UpstreamProtocolError("no answer is being read")
         if not self.head_complete:
             self._fed += len(data)
         try:
