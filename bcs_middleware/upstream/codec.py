@@ -205,11 +205,27 @@ class ResponseReader:
         if self.complete:
             self.reusable = False  # bytes after the answer: not ours to relay
             return
+        if not self.head_complete:
+            # The head (interim answers included) must end within MAX_HEAD bytes.
+            room = MAX_HEAD - self._fed
+            if len(data) > room:
+                self._parse(data[:room])
+                if not self.head_complete:
+                    raise UpstreamProtocolError("response head too large")
+                if self._parser is None:  # a 101: the rest is the other protocol's
+                    self.leftover += data[room:]
+                    return
+                data = data[room:]
+            self._fed += len(data)
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
         parser = self._parser
         if parser is None:  # after a 101, or released
             raise UpstreamProtocolError("no answer is being read")
-        if not self.head_complete:
-            self._fed += len(data)
+        if self.complete:
+            self.reusable = False
+            return
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -223,8 +239,6 @@ class ResponseReader:
             raise UpstreamProtocolError(
                 str(cause) if isinstance(cause, UpstreamProtocolError) else str(exc) or "malformed"
             ) from None
-        if not self.head_complete and self._fed > MAX_HEAD:
-            raise UpstreamProtocolError("response head too large")
 
     def end_of_input(self) -> None:
         """The upstream closed the connection: the end of a body read until close, else an error."""

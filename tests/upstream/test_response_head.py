@@ -159,3 +159,20 @@ def test_a_header_value_outside_latin_1_is_sent_as_utf_8() -> None:
                               [("Impersonate-User", "\u7528\u6237")], None, None)
         assert resp.status == 200
     transport.close()
+
+
+@pytest.mark.parametrize("pieces", [1, 7, 64])
+def test_a_head_is_refused_past_256_kib_wherever_the_reads_end(pieces: int) -> None:
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-P%d: %s\r\n" % (i, b"b" * 4000) for i in range(64))
+    near_limit = head + b"X-Last: " + b"c" * (256 * 1024 - len(head) - 30) + b"\r\n\r\n"
+    too_large = head + b"".join(b"X-Q%d: %s\r\n" % (i, b"b" * 4000) for i in range(64)) + b"\r\n"
+    for answer, refused in ((near_limit, False), (too_large, True)):
+        reader = ResponseReader()
+        size = -(-len(answer) // pieces)
+        try:
+            for start in range(0, len(answer), size):
+                reader.feed(answer[start:start + size])
+        except UpstreamProtocolError as exc:
+            assert refused and "too large" in str(exc)
+        else:
+            assert not refused and reader.head_complete
