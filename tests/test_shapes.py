@@ -62,17 +62,17 @@ def test_ordinary_shapes_are_remembered() -> None:
 
 
 def test_long_connection_values_and_header_names_are_not_remembered() -> None:
-    from bcs_middleware.upstream import transport
+    from bcs_middleware.upstream import codec
 
-    tokens_before = transport._tokens.cache_info().currsize
-    named_before = transport._named.cache_info().currsize
+    tokens_before = codec._tokens.cache_info().currsize
+    named_before = codec._named.cache_info().currsize
     info_before = proxy._header_info.cache_info().currsize
     for n in range(50):
         value = f"keep-alive, X-{n}-" + "a" * 5000
-        assert transport.named_by_connection(value) == {f"x-{n}-" + "a" * 5000}
-        assert transport.connection_tokens(value) == {"keep-alive", f"x-{n}-" + "a" * 5000}
+        assert codec.named_by_connection(value) == {f"x-{n}-" + "a" * 5000}
+        assert codec.connection_tokens(value) == {"keep-alive", f"x-{n}-" + "a" * 5000}
         proxy._header_plan(tuple(_environ(f"LONG_{n}_" + "N" * 200)))
-    assert transport._tokens.cache_info().currsize == tokens_before
-    assert transport._named.cache_info().currsize == named_before
+    assert codec._tokens.cache_info().currsize == tokens_before
+    assert codec._named.cache_info().currsize == named_before
     assert proxy._header_info.cache_info().currsize == info_before
-    assert transport.named_by_connection("keep-alive, X-Private") == {"x-private"}  # short: cached
+    assert codec.named_by_connection("keep-alive, X-Private") == {"x-private"}  # short: cached

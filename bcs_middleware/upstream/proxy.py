@@ -71,7 +71,6 @@ from .. import metrics, upgrade_request
 from ..bodies import declared_length
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..errors import (
-    BadGateway,
     BadRequest,
     BCSError,
     ConfigError,
@@ -298,10 +297,9 @@ class UpstreamProxy:
         if remaining is not None and remaining <= _PRELOAD_LIMIT:
             try:
                 data = resp.read()
-            except OSError:
+            except BCSError as broken:  # broke off, stalled or broke the framing
                 resp.close()
                 resp.release_conn()
-                broken = BadGateway(f"upstream {upstream.name or '?'} broke off its answer")
                 _count_error(upstream, broken)
                 return _unreachable(environ, upstream, broken)(environ, start_response)
             resp.release_conn()
@@ -516,10 +514,10 @@ class _StreamedBody:
                 if not piece:
                     break
                 yield piece
-        except OSError as exc:
+        except BCSError as exc:
             if self._ending:
                 return  # shutting down: end the response cleanly (the connection is not reused)
-            cause = "timeout" if isinstance(exc, TimeoutError) else "protocol"
+            cause = "timeout" if isinstance(exc, GatewayTimeout) else "protocol"
             metrics.UPSTREAM_ERRORS.labels(self._label or "?", cause).inc()
             log.info("upstream %s: response body broke off (%s)", self._label, cause)
             # Ending normally would send the last chunk and make a truncated

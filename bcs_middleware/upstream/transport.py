@@ -1,156 +1,98 @@
-"""Pooled, verified, time-bounded HTTP/1.1 connections to upstreams — the only module that opens them.
+"""Pooled, verified, time-bounded HTTP/1.1 exchanges with upstreams — the only code that opens connections.
 
-:class:`PooledTransport` keeps idle keep-alive connections per upstream
-*identity* — scheme, host, port and every TLS setting (CA bundle, server name,
-verification, client certificate) — so two clusters that happen to share an
-address never share a connection verified against the other's CA.
+:class:`PooledTransport` sends a request and hands back the answer's head with its
+body unread. Its parts, one module each:
+
+* :mod:`.codec` — the request head we write and the strict reading of answers
+  (llhttp through ``httptools``): every malformed or ambiguous frame is refused;
+* :mod:`.pool` — connections, their timeouts, and the bounded pool of idle ones,
+  keyed by upstream *identity* (scheme, host, port and every TLS setting), so two
+  clusters sharing an address never share a connection verified against the
+  other's CA;
+* :mod:`.tls_contexts` — one client TLS context per identity, in a bounded table;
+* :mod:`.failures` — the one translation of foreign exceptions into ours.
 
 Why not urllib3 or requests: measured on the proxy's hot path (bench/README.md),
 urllib3's ``urlopen`` plus ``http.client``'s e-mail based header parser cost
-about 350 µs of CPU per request — more than gunicorn spends serving it — and
-the proxy needs none of their features (it never decodes, redirects, retries
-on its own or buffers). This module speaks just the HTTP/1.1 a proxy needs,
-over the stdlib's ``socket`` and ``ssl``, at a fraction of that cost.
+about 350 µs of CPU per request — more than gunicorn spends serving it — and the
+proxy needs none of their features (it never decodes, redirects, retries on its
+own or buffers).
 
 Behaviour of :meth:`PooledTransport.send`:
 
-* The response is returned with its headers parsed and its body unread; the
-  body is relayed raw (``Content-Encoding`` untouched). Redirects are never
-  followed. ``1xx`` interim responses are skipped.
+* The answer is returned with its head parsed and its body unread; the body is
+  relayed raw (``Content-Encoding`` untouched). Redirects are never followed;
+  interim ``1xx`` answers are skipped; a ``101`` is refused (only
+  :meth:`~PooledTransport.open_upgrade` accepts one).
+* A connection goes back to the pool only after a complete, well framed answer
+  that allows keep-alive, with nothing after it.
 * **Failover**: ``Upstream.base_urls`` are tried in order. An address whose
-  connection failed less than ``failure_cooldown`` seconds ago is skipped
-  (unless every address did). The next address is tried only when connecting
-  failed — before a single request byte left — so a request is never sent
-  twice. One exception: a body-less ``GET``/``HEAD``/``OPTIONS`` that found a
-  pooled connection closed by the upstream is retried once on a fresh one.
-* **Errors** are translated into the project's errors at this boundary:
-  connection refused/unreachable on every address → :class:`BadGateway`;
-  connect timeout or a read timeout before the response headers →
-  :class:`GatewayTimeout`; a certificate that does not verify →
-  :class:`BadGateway` saying so and naming the upstream host; a reset or a
-  malformed answer → :class:`BadGateway`. Messages carry host names only,
-  never a credential. (All addresses down is a 502, as nginx answers, not a 503.)
+  connection failed less than ``failure_cooldown`` seconds ago is skipped (unless
+  every address did). The next address is tried only when connecting failed —
+  before a single request byte left — so a request is never sent twice. One
+  exception: a body-less ``GET``/``HEAD``/``OPTIONS`` that found a pooled
+  connection closed by the upstream is retried once on a fresh one.
+* **Errors**: only :class:`BadGateway` and :class:`GatewayTimeout` (and
+  :class:`BadRequest` for a header that cannot be sent), from
+  :func:`.failures.translate`; body reads raise them too. Messages carry the
+  upstream's label and host, never a credential.
 * **Timeouts**: ``connect_timeout`` to connect and finish the TLS handshake,
-  ``read_timeout`` between bytes until the headers arrive and within bodies
-  that have a ``Content-Length``; a body *without* ``Content-Length`` (a watch,
-  a log follow) switches its socket to ``stream_idle_timeout`` once the
-  headers are in, because such streams may legitimately stay quiet for long.
-  On a plain ``http://`` connection the timeouts are the kernel's
-  (``SO_RCVTIMEO``/``SO_SNDTIMEO`` on a blocking socket): a Python socket
-  timeout ``poll()``s before every ``send``/``recv``, and under gunicorn's
-  threads each of those syscalls is one more GIL hand-off per request. TLS
-  sockets keep Python's timeout: CPython's ``SSLSocket`` retries a read that
-  the kernel timed out on a blocking socket, so the kernel's timeout would
-  never end it (and ``ssl`` already tries ``SSL_read`` before it polls).
+  ``read_timeout`` between bytes until the head arrives and within bodies that
+  have a ``Content-Length``; a body *without* ``Content-Length`` (a watch, a log
+  follow) switches its socket to ``stream_idle_timeout`` once the head is in,
+  because such streams may legitimately stay quiet for long.
+* **Bounded state**: idle connections, TLS contexts, parsed addresses and
+  failure marks are kept per upstream in tables bounded by count
+  (``max_upstreams``) and by idle time, so a worker that served 10,000 clusters
+  once holds no more than a busy one (bench/pool_memory_bench.py).
 
-**Upgrades** (:meth:`PooledTransport.open_upgrade`): the same connect,
-failover, TLS and error rules, but always on a fresh connection that is never
-pooled; a ``101`` answer's socket is handed to the caller (``detach()``).
+**Upgrades** (:meth:`PooledTransport.open_upgrade`): the same connect, failover,
+TLS and error rules, but always on a fresh connection that is never pooled; a
+``101`` answer's socket is handed to the caller (``detach()``).
 
-**Fork safety**: nothing is opened at import or construction; pools fill on
-first use. A transport that has been *used* must not be shared across a fork:
-call :meth:`PooledTransport.reset` in gunicorn's ``post_fork``.
+**Fork safety**: nothing is opened at import or construction; pools fill on first
+use. A transport that has been *used* must not be shared across a fork: call
+:meth:`PooledTransport.reset` in gunicorn's ``post_fork``.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import select
 import socket
-import ssl
-import struct
-import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import NamedTuple, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from ..environ import Upstream
-from ..errors import BadGateway, BadRequest, BCSError, GatewayTimeout
+from ..errors import BadGateway, BCSError
+from ..lru import LRUCache
 from .addresses import DEFAULT_POLICY, AddressPolicy
+from .codec import (
+    HOP_BY_HOP,
+    ResponseReader,
+    UpstreamProtocolError,
+    connection_tokens,
+    named_by_connection,
+    request_head,
+)
+from .failures import FOREIGN, TLS_ERROR, translate
+from .pool import RECV, Connection, IdlePool, PoolKey
+from .tls_contexts import TLSContexts
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "HOP_BY_HOP", "PooledTransport", "Response", "Transport", "UpgradeResponse", "UpgradeTransport",
+    "UpstreamProtocolError", "UpstreamResponse", "connection_tokens", "named_by_connection",
+]
 
 Body = Iterable[bytes] | None
 
+# Seconds between sweeps of the per-upstream tables: some are only looked at when a
+# connection is made, and would otherwise keep what a burst left behind.
+_SWEEP_EVERY = 5.0
 # Methods that may be replayed when a pooled keep-alive connection turned out
 # to be closed by the upstream just as we reused it (RFC 9110 §9.2.2).
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
-_MAX_HEAD = 256 * 1024
-_MAX_LINE = 8 * 1024
-# Below glibc's mmap threshold (128 KiB): recv(n) allocates an n-byte buffer first, and a
-# 256 KiB one costs an mmap/munmap pair per call — measured 17 µs against 3.6 µs for a
-# 2 KiB answer (bench/README.md). Bodies are relayed in 64 KiB pieces anyway.
-_RECV = 64 * 1024
-_CHECK_AFTER_IDLE = 1.0
-# Header fields that concern one connection only, never relayed by a proxy (RFC 9110 §7.6.1);
-# so are the fields a ``Connection`` header names.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
-})
-# Kernel timeouts for plain connections (see the module docs); elsewhere Python's.
-_KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
-
-
-def connection_tokens(value: str | None) -> frozenset[str]:
-    """The lower-cased options of a ``Connection`` header value."""
-    if not value:
-        return frozenset()
-    # The same few values ("keep-alive", "close") every time: remembered, unless long (a
-    # client's value can be 8 KiB, and a cache of those would hold megabytes).
-    return _tokens(value) if len(value) <= _CACHED_LINE else _tokens.__wrapped__(value)
-
-
-def named_by_connection(value: str) -> frozenset[str]:
-    """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
-    return _named(value) if len(value) <= _CACHED_LINE else connection_tokens(value) - HOP_BY_HOP
-
-
-@functools.lru_cache(maxsize=256)
-def _tokens(value: str) -> frozenset[str]:
-    return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
-
-
-@functools.lru_cache(maxsize=256)
-def _named(value: str) -> frozenset[str]:
-    return _tokens(value) - HOP_BY_HOP
-
-
-# What a response header field is to the head parser.
-_END_TO_END, _CONTENT_LENGTH, _CONNECTION, _TRANSFER_ENCODING, _HOP = range(5)
-_KINDS = {"content-length": _CONTENT_LENGTH, "connection": _CONNECTION,
-          "transfer-encoding": _TRANSFER_ENCODING}
-# Lines up to this long are remembered parsed (see _field); longer ones are parsed each time.
-_CACHED_LINE = 256
-
-
-def _parse_field(line: str) -> tuple[tuple[str, str], int]:
-    """``Name: value`` → ((name, value), what kind of field it is)."""
-    name, sep, value = line.partition(":")
-    if not sep or not name or name[0] in " \t" or name[-1] in " \t":
-        raise UpstreamProtocolError("malformed header line")
-    lower = name.lower()
-    kind = _KINDS.get(lower, _HOP if lower in HOP_BY_HOP else _END_TO_END)
-    return (name, value.strip(" \t")), kind
-
-
-# An upstream repeats most of its header lines byte for byte from one answer to the next
-# (Server, Content-Type, Connection, its flow-schema ids...; Date changes once a second):
-# a parsed line is looked up instead of parsed again — about half the head's cost. Bounded
-# in count and, through _CACHED_LINE, in size (at most 512 x 256 characters).
-_field = functools.lru_cache(maxsize=512)(_parse_field)
-
-
-def _timeval(seconds: float | None) -> bytes:
-    """A ``struct timeval``; ``None`` (no timeout) is zero, as the kernel reads it."""
-    if not seconds:
-        return struct.pack("@ll", 0, 0)
-    whole = int(seconds)
-    # Never round a tiny positive timeout down to 0, which would mean "forever".
-    return struct.pack("@ll", whole, max(int((seconds - whole) * 1e6), 0 if whole else 1))
 
 
 class Response(Protocol):
@@ -204,152 +146,27 @@ class UpgradeResponse(Response, Protocol):
     def detach(self) -> tuple[socket.socket, bytes]: ...
 
 
-class UpstreamProtocolError(ConnectionError):
-    """The upstream broke the HTTP/1.1 framing or closed the connection mid-message."""
-
-
-class _PoolKey(NamedTuple):
-    # A tuple, not a frozen dataclass: built and looked up on every request, and a
-    # tuple's hash and equality are the C ones (a dataclass's build tuples to compare).
-    scheme: str
-    host: str
-    port: int
-    ca_pem: str | None
-    server_name: str | None
-    verify: bool
-    client_cert: tuple[str, str] | None
-
-
-class _Conn:
-    __slots__ = ("buf", "idle_since", "kernel_timeouts", "key", "reused", "sock", "timeout")
-
-    def __init__(self, sock: socket.socket, key: _PoolKey) -> None:
-        self.sock = sock
-        self.key = key
-        self.buf = b""
-        self.reused = False
-        self.idle_since = 0.0
-        # Not under gevent either: its sockets are non-blocking underneath and wait in
-        # its hub, where only Python's timeout applies.
-        self.kernel_timeouts = (_KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
-                                and not type(sock).__module__.startswith("gevent"))
-        self.timeout: float | None = sock.gettimeout()
-        if self.kernel_timeouts:
-            sock.settimeout(None)  # blocking: the kernel's timeouts below apply
-            self.timeout = -1.0  # forces set_timeout to program them
-
-    def set_timeout(self, seconds: float | None) -> None:
-        """Bound every later send and receive, re-programming the socket only on a change.
-
-        ``settimeout`` is an ``ioctl`` (a GIL release) even when nothing changes.
-        """
-        if seconds == self.timeout:
-            return
-        self.timeout = seconds
-        if self.kernel_timeouts:
-            value = _timeval(seconds)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
-        else:
-            self.sock.settimeout(seconds)
-
-    def sendall(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except BlockingIOError:  # the kernel's SO_SNDTIMEO on a blocking socket
-            raise TimeoutError("send timed out") from None
-
-    def fill(self, limit: int = _RECV) -> bool:
-        try:
-            data = self.sock.recv(limit)
-        except BlockingIOError:  # the kernel's SO_RCVTIMEO on a blocking socket
-            raise TimeoutError("receive timed out") from None
-        if not data:
-            return False
-        self.buf = self.buf + data if self.buf else data
-        return True
-
-    def line(self) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n")
-            if end >= 0:
-                line, self.buf = self.buf[:end], self.buf[end + 2:]
-                return line
-            if len(self.buf) > _MAX_LINE:
-                raise UpstreamProtocolError("line too long")
-            if not self.fill():
-                raise UpstreamProtocolError("connection closed mid-message")
-
-    def take(self, amt: int) -> bytes:
-        """Up to ``amt`` bytes: what is buffered, else one receive."""
-        if not self.buf and not self.fill(max(amt, 1)):
-            raise UpstreamProtocolError("connection closed mid-body")
-        piece, self.buf = self.buf[:amt], self.buf[amt:]
-        return piece
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-class _Head(NamedTuple):
-    """A parsed response head; the framing fields are picked out in the same pass."""
-
-    status: int
-    reason: str
-    headers: list[tuple[str, str]]
-    end_to_end: list[tuple[str, str]]
-    transfer_encoding: str | None
-    content_length: str | None
-    keep_alive: bool
-
-
 class UpstreamResponse:
-    """An upstream response whose body is read on demand, raw.
+    """An upstream answer whose body is read on demand, raw.
 
-    ``release_conn()`` returns a fully read keep-alive connection to its pool
-    and closes any other; ``close()`` abandons the body and the connection.
+    ``read1``/``read`` raise :class:`BadGateway` or :class:`GatewayTimeout` when the
+    upstream breaks off, stalls or breaks the framing. ``release_conn()`` returns a
+    fully read keep-alive connection to its pool and closes any other; ``close()``
+    abandons the body and the connection.
     """
 
-    def __init__(self, transport: PooledTransport, conn: _Conn, method: str, head: _Head,
-                 reusable: bool = True) -> None:
-        self.status = head.status
-        self.reason = head.reason
-        self.headers = head.headers
-        self.end_to_end_headers = head.end_to_end
+    def __init__(self, transport: PooledTransport, conn: Connection, reader: ResponseReader,
+                 label: str, reusable: bool = True) -> None:
+        self.status = reader.status
+        self.reason = reader.reason
+        self.headers = reader.headers
+        self.end_to_end_headers = reader.end_to_end
+        self.length_remaining: int | None = reader.length
         self._transport = transport
-        self._conn: _Conn | None = conn
-        self._keep_alive = head.keep_alive and reusable
-        self._chunked = False
-        self._chunk_left = 0
-        self._done = False
-        self.length_remaining: int | None = None
-        status = head.status
-        if method == "HEAD" or status in (204, 304) or status < 200:
-            self.length_remaining = 0
-            self._done = True
-            return
-        framing = head.transfer_encoding
-        if framing is not None:
-            if framing.lower().rsplit(",", 1)[-1].strip() != "chunked":
-                self._keep_alive = False  # only a close delimits a non-chunked coding
-            else:
-                self._chunked = True
-            return
-        length = head.content_length
-        if length is None:
-            self._keep_alive = False  # read until the upstream closes
-            return
-        try:
-            value = int(length)
-        except ValueError:
-            raise UpstreamProtocolError("bad Content-Length") from None
-        if value < 0:
-            raise UpstreamProtocolError("bad Content-Length")
-        self.length_remaining = value
-        self._done = value == 0
+        self._conn: Connection | None = conn
+        self._reader = reader
+        self._label = label
+        self._reusable = reusable and reader.keep_alive
 
     def header(self, name: str) -> str | None:
         """The first value of the field ``name`` (lower case), or ``None``."""
@@ -360,56 +177,45 @@ class UpstreamResponse:
 
     @property
     def complete(self) -> bool:
-        return self._done
+        """The whole body has been read."""
+        return self._reader.complete and not self._reader.pieces
 
-    def read1(self, amt: int = _RECV) -> bytes:
+    def read1(self, amt: int = RECV) -> bytes:
         """Up to ``amt`` body bytes as soon as any arrive; ``b""`` at the end."""
-        conn = self._conn
-        if self._done or conn is None:
-            return b""
-        if self._chunked:
-            return self._read1_chunked(conn, amt)
-        if self.length_remaining is None:
-            if not conn.buf and not conn.fill(amt):
-                self._done = True
+        reader = self._reader
+        pieces = reader.pieces
+        if not pieces:
+            conn = self._conn
+            if reader.complete or conn is None:
                 return b""
-            piece, conn.buf = conn.buf[:amt], conn.buf[amt:]
-            return piece
-        piece = conn.take(min(amt, self.length_remaining))
-        self.length_remaining -= len(piece)
-        if not self.length_remaining:
-            self._done = True
-        return piece
-
-    def _read1_chunked(self, conn: _Conn, amt: int) -> bytes:
-        if not self._chunk_left:
-            size_line = conn.line().split(b";", 1)[0].strip()
             try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise UpstreamProtocolError("bad chunk size") from None
-            if size < 0:
-                raise UpstreamProtocolError("bad chunk size")
-            if size == 0:
-                while conn.line():  # trailers are hop-by-hop for us: dropped
-                    pass
-                self._done = True
+                while not pieces and not reader.complete:
+                    data = conn.recv(RECV)
+                    if data:
+                        reader.feed(data)
+                    else:
+                        reader.end_of_input()
+            except FOREIGN as exc:
+                raise translate(exc, "body", self._label, conn.key.host) from None
+            if not pieces:
                 return b""
-            self._chunk_left = size
-        piece = conn.take(min(amt, self._chunk_left))
-        self._chunk_left -= len(piece)
-        if not self._chunk_left and conn.line():
-            raise UpstreamProtocolError("chunk not followed by CRLF")
+        piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        if len(piece) > amt:
+            pieces.append(piece[amt:])
+            piece = piece[:amt]
+        if self.length_remaining is not None:
+            self.length_remaining -= len(piece)
         return piece
 
     def read(self) -> bytes:
         """The whole remaining body (callers bound it by ``length_remaining``)."""
-        first = self.read1(_RECV)
-        if self._done or not first:
+        first = self.read1(RECV)
+        if not first or self.complete:
             return first  # the usual small answer: one piece, no list to join
         pieces = [first]
         while True:
-            piece = self.read1(_RECV)
+            piece = self.read1(RECV)
             if not piece:
                 return b"".join(pieces)
             pieces.append(piece)
@@ -418,13 +224,16 @@ class UpstreamResponse:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._done and self._keep_alive and not conn.buf:
-            self._transport._put(conn)
+        reader = self._reader
+        reader.release()
+        if reader.complete and not reader.pieces and reader.reusable and self._reusable:
+            self._transport._pool.put(conn)
         else:
             conn.close()
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
+        self._reader.release()
         if conn is not None:
             conn.close()
 
@@ -448,21 +257,16 @@ class UpstreamResponse:
         """
         conn, self._conn = self._conn, None
         if conn is None or self.status != 101:
-            raise UpstreamProtocolError("only a 101 answer's connection can be detached")
-        if conn.kernel_timeouts:
-            # Hand over an ordinary Python socket: the kernel's timeouts off, Python's on.
-            timeout = conn.timeout
-            conn.set_timeout(None)
-            conn.sock.settimeout(timeout)
-        return conn.sock, conn.buf
+            raise RuntimeError("only a 101 answer's connection can be detached")
+        return conn.take_socket(), self._reader.leftover
 
 
 class PooledTransport:
-    """Keep-alive connections to upstreams, with failover, TLS and timeouts.
+    """Keep-alive connections to upstreams, with failover, TLS, timeouts and bounded state.
 
     :param connect_timeout: seconds to establish a connection (TCP and TLS).
     :param read_timeout: seconds of silence tolerated until the response
-        headers arrive, and within bodies that have a ``Content-Length``.
+        head arrives, and within bodies that have a ``Content-Length``.
     :param stream_idle_timeout: seconds of silence tolerated within a response
         body without ``Content-Length`` (watches); ``None`` waits forever.
     :param pool_maxsize: idle connections kept per upstream identity; more are
@@ -472,6 +276,11 @@ class PooledTransport:
     :param address_policy: where connections may go, checked on every resolved
         address (:mod:`bcs_middleware.upstream.addresses`); default the built-in
         refusals (link-local, multicast, ... and this process's listeners).
+    :param max_upstreams: upstream identities (and addresses) whose idle
+        connections, TLS context and parsed address are kept; the least recently
+        used beyond it are dropped.
+    :param idle_timeout: seconds an idle connection is kept.
+    :param state_ttl: seconds a TLS context or parsed address is kept unused.
 
     ``connections_opened`` counts every upstream connection established, so
     tests and benchmarks can check keep-alive works (connections per request).
@@ -486,6 +295,9 @@ class PooledTransport:
         pool_maxsize: int = 32,
         failure_cooldown: float = 10.0,
         address_policy: AddressPolicy | None = None,
+        max_upstreams: int = 512,
+        idle_timeout: float = 55.0,
+        state_ttl: float = 600.0,
     ) -> None:
         self.address_policy = address_policy or DEFAULT_POLICY
         self.connect_timeout = connect_timeout
@@ -493,13 +305,23 @@ class PooledTransport:
         self.stream_idle_timeout = stream_idle_timeout
         self.pool_maxsize = pool_maxsize
         self.failure_cooldown = failure_cooldown
-        self._lock = threading.Lock()
-        self._idle: dict[_PoolKey, list[_Conn]] = {}
-        self._contexts: dict[_PoolKey, ssl.SSLContext] = {}
-        self._origins: dict[str, tuple[str, str, int, str, str]] = {}
-        self._failed: dict[str, float] = {}
-        self._warned_unverified: set[str] = set()
+        self.max_upstreams = max_upstreams
+        self.idle_timeout = idle_timeout
+        self.state_ttl = state_ttl
         self._opened = 0
+        self._start()
+
+    def _start(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = IdlePool(per_key=self.pool_maxsize, max_keys=self.max_upstreams,
+                              idle_timeout=self.idle_timeout)
+        self._tls = TLSContexts(max_entries=self.max_upstreams, ttl=self.state_ttl)
+        self._origins: LRUCache[str, tuple[str, str, int, str, str]] = LRUCache(
+            max_entries=self.max_upstreams, ttl=self.state_ttl)
+        # A mark older than the cooldown means nothing: that is its ttl.
+        self._failed: LRUCache[str, float] = LRUCache(
+            max_entries=self.max_upstreams, ttl=self.failure_cooldown)
+        self._next_sweep = 0.0
 
     @property
     def connections_opened(self) -> int:
@@ -529,13 +351,14 @@ class PooledTransport:
     def open_upgrade(
         self, upstream: Upstream, method: str, headers: list[tuple[str, str]]
     ) -> UpstreamResponse:
-        """Send a body-less connection-upgrade request on a **fresh** connection.
+        """Send a body-less request that asked to upgrade, on a **fresh** connection.
 
-        The connection never comes from the pool and never goes back to it,
-        whatever the answer: after an upgrade the bytes on it are another
-        protocol, and after a refused upgrade it is closed so nothing the
-        client sends later can ride on it (CVE-2018-1002105). Failover,
-        timeouts, TLS and error translation are those of :meth:`send`.
+        The caller has decided the request asks to upgrade; only here is a ``101``
+        accepted. The connection never comes from the pool and never goes back to
+        it, whatever the answer: after an upgrade the bytes on it are another
+        protocol, and after a refused upgrade it is closed so nothing the client
+        sends later can ride on it (CVE-2018-1002105). Failover, timeouts, TLS and
+        error translation are those of :meth:`send`.
 
         :param headers: as for :meth:`send`, including ``Connection`` and
             ``Upgrade``.
@@ -555,22 +378,11 @@ class PooledTransport:
         *,
         upgrade: bool,
     ) -> UpstreamResponse:
+        if time.monotonic() >= self._next_sweep:
+            self._sweep()
         target = upstream.path or "/"
         if upstream.query:
             target = f"{target}?{upstream.query}"
-        tail = "".join([f"{name}: {value}\r\n" for name, value in headers])
-        # One count over the joined head instead of two tests per field: a line break
-        # inside a name or value would start a header (or a request) of its own.
-        if tail.count("\n") != len(headers) or tail.count("\r") != len(headers):
-            bad = next(name for name, value in headers if "\n" in name + value or "\r" in name + value)
-            raise BadRequest(f"header {bad} contains a line break")
-        if content_length is not None:
-            tail = f"{tail}Content-Length: {content_length}\r\n\r\n"
-        elif body is not None:
-            tail = f"{tail}Transfer-Encoding: chunked\r\n\r\n"
-        else:
-            tail += "\r\n"
-
         candidates = self._candidates(upstream.base_urls)
         if not candidates:
             raise BadGateway(f"upstream {upstream.name or '?'} has no address")
@@ -579,33 +391,35 @@ class PooledTransport:
         for base in candidates:
             scheme, host, port, prefix, host_header = self._origin(base)
             label = upstream.name or host
-            key = _PoolKey(
+            key = PoolKey(
                 scheme, host, port,
                 *((upstream.ca_pem, upstream.server_name, upstream.verify, upstream.client_cert)
                   if scheme == "https" else (None, None, True, None)),
             )
-            head = f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}\r\n{tail}"
+            head = request_head(method, f"{prefix}{target}", host_header, headers,
+                                content_length, body is not None)
             for _attempt in range(2):
-                conn = None if upgrade else self._get(key)
+                conn = None if upgrade else self._pool.get(key)
                 if conn is None:
                     try:
                         conn = self._connect(key, label)
                     except BCSError as exc:
-                        if exc.code_name == "UPSTREAM_TLS_ERROR":
+                        if exc.code_name == TLS_ERROR:
                             raise
-                        self._failed[base] = time.monotonic()
+                        with self._lock:
+                            self._failed.put(base, time.monotonic())
                         last_error = exc
                         break  # next address: nothing was sent
                 try:
-                    return self._exchange(conn, method, head, body, content_length, upgrade)
-                except OSError as exc:  # UpstreamProtocolError and timeouts included
+                    return self._exchange(conn, label, method, head, body, content_length, upgrade)
+                except FOREIGN as exc:
                     conn.close()
-                    if conn.reused and replayable and not isinstance(exc, TimeoutError):
+                    if conn.reused and replayable and isinstance(exc, ConnectionError):
                         # The upstream closed idle connections (a restart, its
                         # keep-alive timeout): drop the rest, retry on a fresh one.
-                        self._drop_idle(key)
+                        self._pool.drop(key)
                         continue
-                    raise self._translate(exc, label, host) from None
+                    raise translate(exc, "response", label, host) from None
                 except BaseException:
                     conn.close()  # e.g. the client's body broke off: never reuse
                     raise
@@ -614,10 +428,10 @@ class PooledTransport:
         assert last_error is not None
         raise last_error
 
-    def _exchange(self, conn: _Conn, method: str, head: str, body: Body,
-                  content_length: int | None, upgrade: bool = False) -> UpstreamResponse:
+    def _exchange(self, conn: Connection, label: str, method: str, head: bytes, body: Body,
+                  content_length: int | None, upgrade: bool) -> UpstreamResponse:
         conn.set_timeout(self.read_timeout)
-        conn.sendall(head.encode("latin-1"))
+        conn.sendall(head)
         if body is not None:
             chunked = content_length is None
             for piece in body:
@@ -629,13 +443,20 @@ class PooledTransport:
                     conn.sendall(piece)
             if chunked:
                 conn.sendall(b"0\r\n\r\n")
-        while True:
-            answer = self._read_head(conn)
-            if answer.status >= 200 or answer.status == 101:
-                break  # skip 100 Continue, 103 Early Hints
+        reader = ResponseReader(head_request=method == "HEAD", upgrade_requested=upgrade)
+        try:
+            while not reader.head_complete:
+                data = conn.recv(RECV)
+                if data:
+                    reader.feed(data)
+                else:
+                    reader.end_of_input()
+        except BaseException:
+            reader.release()
+            raise
         # An upgrade's connection is never pooled, refused or not.
-        resp = UpstreamResponse(self, conn, method, answer, reusable=not upgrade)
-        if upgrade and answer.status == 101:
+        resp = UpstreamResponse(self, conn, reader, label, reusable=not upgrade)
+        if reader.status == 101:
             return resp  # the caller detaches the socket; nothing to release
         if resp.length_remaining is None:
             conn.set_timeout(self.stream_idle_timeout)
@@ -643,200 +464,76 @@ class PooledTransport:
             resp.release_conn()
         return resp
 
-    @staticmethod
-    def _read_head(conn: _Conn) -> _Head:
-        while True:
-            end = conn.buf.find(b"\r\n\r\n")
-            if end >= 0:
-                break
-            if len(conn.buf) > _MAX_HEAD:
-                raise UpstreamProtocolError("response head too large")
-            if not conn.fill():
-                raise UpstreamProtocolError("connection closed before the response")
-        raw, conn.buf = conn.buf[:end], conn.buf[end + 4:]
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise UpstreamProtocolError("malformed status line")
-        # One pass: every field for the caller, the relayable ones for a proxy, and
-        # the framing fields.
-        headers = []
-        end_to_end = []
-        connection = framing = length = None
-        for line in lines[1:]:
-            field, kind = _field(line) if len(line) <= _CACHED_LINE else _parse_field(line)
-            headers.append(field)
-            if kind == _END_TO_END:
-                end_to_end.append(field)
-            elif kind == _CONTENT_LENGTH:
-                if length is not None and length != field[1]:
-                    # Two different lengths: where the body ends is anyone's guess.
-                    raise UpstreamProtocolError("conflicting Content-Length")
-                length = field[1]
-                end_to_end.append(field)
-            elif kind == _CONNECTION:
-                connection = f"{connection}, {field[1]}" if connection else field[1]
-            elif kind == _TRANSFER_ENCODING:
-                framing = f"{framing}, {field[1]}" if framing else field[1]
-        keep_alive = parts[0] == "HTTP/1.1"
-        if connection:
-            options = connection_tokens(connection)
-            keep_alive = keep_alive and "close" not in options
-            named = named_by_connection(connection)
-            if named:
-                end_to_end = [f for f in end_to_end if f[0].lower() not in named]
-        return _Head(int(parts[1]), parts[2] if len(parts) > 2 else "", headers, end_to_end,
-                     framing, length, keep_alive)
-
-    def _get(self, key: _PoolKey) -> _Conn | None:
-        idle = self._idle.get(key)
-        while idle:
-            try:
-                conn = idle.pop()
-            except IndexError:
-                return None
-            # A readable idle socket means the upstream closed it (or sent
-            # garbage): either way it cannot carry our request. Checked only
-            # after a pause: every syscall releases the GIL, and under load a
-            # hot connection was in use a moment ago (a stale one is still
-            # caught by the retry of replayable requests).
-            sock = conn.sock
-            if time.monotonic() - conn.idle_since > _CHECK_AFTER_IDLE and (
-                (isinstance(sock, ssl.SSLSocket) and sock.pending())
-                or select.select([sock], [], [], 0)[0]
-            ):
-                conn.close()
-                continue
-            conn.reused = True
-            return conn
-        return None
-
-    def _drop_idle(self, key: _PoolKey) -> None:
-        for conn in self._idle.pop(key, []):
-            conn.close()
-
-    def _put(self, conn: _Conn) -> None:
-        idle = self._idle.get(conn.key)
-        if idle is None:
-            with self._lock:
-                idle = self._idle.setdefault(conn.key, [])
-        if len(idle) < self.pool_maxsize:
-            conn.idle_since = time.monotonic()
-            idle.append(conn)
-        else:
-            conn.close()
-
-    def _connect(self, key: _PoolKey, label: str) -> _Conn:
+    def _connect(self, key: PoolKey, label: str) -> Connection:
+        """The one place a connection to an upstream is made (TCP, then TLS for https)."""
         try:
             # The address policy resolves and checks every address, and connects only to an
             # allowed one (AddressRefused, a BCSError, passes through to the failover).
             sock = self.address_policy.connect(key.host, key.port, self.connect_timeout, label=label)
-        except TimeoutError:
-            raise GatewayTimeout(f"upstream {label}: connecting to {key.host} timed out") from None
-        except OSError:
-            raise BadGateway(
-                f"upstream {label}: cannot connect to {key.host} (connection refused or "
-                "unreachable)"
-            ) from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except FOREIGN as exc:
+            raise translate(exc, "connect", label, key.host) from None
         if key.scheme == "https":
             try:
-                sock = self._context(key, label).wrap_socket(
-                    sock, server_hostname=key.server_name or key.host
-                )
-            except ssl.SSLCertVerificationError as exc:
+                sock = self._tls.wrap(sock, key, label)
+            except FOREIGN as exc:
                 sock.close()
-                reason = exc.verify_message or "certificate verify failed"
-                raise BadGateway(
-                    f"upstream {label}: the TLS certificate of {key.host} did not verify "
-                    f"({reason})",
-                    code_name="UPSTREAM_TLS_ERROR",
-                ) from None
-            except TimeoutError:
-                sock.close()
-                raise GatewayTimeout(
-                    f"upstream {label}: TLS handshake with {key.host} timed out"
-                ) from None
-            except (ssl.SSLError, OSError):
-                sock.close()
-                raise BadGateway(
-                    f"upstream {label}: TLS handshake with {key.host} failed",
-                    code_name="UPSTREAM_TLS_ERROR",
-                ) from None
+                raise translate(exc, "tls", label, key.host) from None
         with self._lock:
             self._opened += 1
-        return _Conn(sock, key)
-
-    def _context(self, key: _PoolKey, label: str) -> ssl.SSLContext:
-        ctx = self._contexts.get(key)
-        if ctx is not None:
-            return ctx
-        ctx = ssl.create_default_context(cadata=key.ca_pem) if key.ca_pem else (
-            ssl.create_default_context()
-        )
-        if not key.verify:
-            if label not in self._warned_unverified:
-                self._warned_unverified.add(label)
-                log.warning(
-                    "TLS verification is OFF for upstream %s (explicitly configured); "
-                    "its identity is not checked", label,
-                )
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if key.client_cert:
-            ctx.load_cert_chain(*key.client_cert)
-        self._contexts[key] = ctx
-        return ctx
+        return Connection(sock, key)
 
     def _candidates(self, base_urls: tuple[str, ...]) -> list[str]:
-        if not self._failed:
+        if not len(self._failed):
             return list(base_urls)
-        now = time.monotonic()
-        fresh = [
-            base for base in base_urls
-            if now - self._failed.get(base, -self.failure_cooldown) >= self.failure_cooldown
-        ]
+        with self._lock:
+            fresh = [base for base in base_urls if self._failed.get(base) is None]
         return fresh or list(base_urls)
 
     def _origin(self, base: str) -> tuple[str, str, int, str, str]:
-        origin = self._origins.get(base)
+        # Peeked, not looked up: re-parsing an address once per state_ttl costs less
+        # than keeping its recency on every request.
+        origin = self._origins.peek(base)
         if origin is None:
-            parts = urlsplit(base)
-            scheme = parts.scheme.lower()
-            if scheme not in ("http", "https") or not parts.hostname:
-                raise BadGateway("upstream address is not an http(s) URL")
-            default = 443 if scheme == "https" else 80
-            port = parts.port or default
-            host = parts.hostname
-            shown = f"[{host}]" if ":" in host else host
-            host_header = shown if port == default else f"{shown}:{port}"
-            origin = (scheme, host, port, parts.path.rstrip("/"), host_header)
-            self._origins[base] = origin
+            origin = _parse_origin(base)
+            with self._lock:
+                self._origins.put(base, origin)
         return origin
 
-    @staticmethod
-    def _translate(exc: BaseException, label: str, host: str) -> BCSError:
-        if isinstance(exc, TimeoutError):
-            return GatewayTimeout(f"upstream {label}: no response from {host} in time")
-        if isinstance(exc, UpstreamProtocolError):
-            return BadGateway(f"upstream {label}: {host} sent a malformed answer or closed "
-                              "the connection")
-        return BadGateway(f"upstream {label}: {host} closed or reset the connection")
+    def _sweep(self) -> None:
+        self._next_sweep = time.monotonic() + min(_SWEEP_EVERY, self.idle_timeout / 2)
+        self._pool.prune()
+        self._tls.prune()
+        with self._lock:
+            self._origins.prune()
+            self._failed.prune()
 
     def close(self) -> None:
         """Close every idle connection; the transport stays usable."""
-        with self._lock:
-            idle, self._idle = self._idle, {}
-        for conns in idle.values():
-            for conn in conns:
-                conn.close()
+        self._pool.close()
 
     def reset(self) -> None:
         """Forget connections inherited from a parent process (call in ``post_fork``).
 
         Their sockets belong to the parent; they are dropped, not shut down.
         """
-        self._idle = {}
-        self._contexts = {}
-        self._failed = {}
-        self._lock = threading.Lock()
+        self._pool.forget()
+        self._start()
+
+
+def _parse_origin(base: str) -> tuple[str, str, int, str, str]:
+    """``scheme://host[:port][/prefix]`` → (scheme, host, port, prefix, Host header)."""
+    try:
+        parts = urlsplit(base)
+        scheme = parts.scheme.lower()
+        host = parts.hostname
+        port = parts.port
+    except ValueError:  # a port out of range, a bad IPv6 literal
+        host = None
+    if host is None or scheme not in ("http", "https"):
+        raise BadGateway("upstream address is not an http(s) URL")
+    default = 443 if scheme == "https" else 80
+    port = port or default
+    shown = f"[{host}]" if ":" in host else host
+    host_header = shown if port == default else f"{shown}:{port}"
+    return scheme, host, port, parts.path.rstrip("/"), host_header

@@ -1,0 +1,124 @@
+"""A least-recently-used table bounded in count and in idle time.
+
+For per-process state keyed by something outside our control (one entry per
+upstream, per cluster, per credential rotation): without a bound such a table
+grows for as long as the process lives. An entry is dropped when it has not been
+used for ``ttl`` seconds, or when it is the least recently used one and the table
+is over ``max_entries``; ``on_evict`` is told, so a value holding a resource
+(idle sockets) can release it.
+
+Not thread-safe on its own: callers hold their own lock, because their updates
+usually span more than one call (take a connection from a list, put one back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+# Expired entries are looked for at most this often (seconds) when nothing is inserted.
+_PRUNE_EVERY = 1.0
+_RECENT = 1.0
+
+
+class LRUCache(Generic[K, V]):
+    """``get``/``put``/``pop`` over an insertion-ordered dict kept in recency order.
+
+    :param max_entries: entries kept at most; the least recently used go first.
+    :param ttl: seconds an entry may go unused before it is dropped; ``None`` never.
+    :param on_evict: called with ``(key, value)`` for every entry dropped by a bound
+        (not for :meth:`pop`, whose caller has the value).
+    """
+
+    def __init__(self, *, max_entries: int, ttl: float | None = None,
+                 on_evict: Callable[[K, V], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self.ttl = ttl
+        self._on_evict = on_evict
+        self._clock = clock
+        # key -> [last use, value]; a list so a hit updates the time in place.
+        self._entries: OrderedDict[K, list] = OrderedDict()
+        self._next_prune = 0.0
+        self._recent = _RECENT if ttl is None else min(_RECENT, ttl / 2)
+
+    def get(self, key: K) -> V | None:
+        """The value for ``key`` (now the most recently used), or ``None``."""
+        now = self._clock()
+        if now >= self._next_prune:
+            self._prune(now)
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        # Recency to the second is enough to choose what to drop: a hot key is not
+        # moved on every use.
+        if now - entry[0] > self._recent:
+            if self.ttl is not None and now - entry[0] > self.ttl:
+                self._evict(key)
+                return None
+            entry[0] = now
+            self._entries.move_to_end(key)
+        value: V = entry[1]
+        return value
+
+    def peek(self, key: K) -> V | None:
+        """The value for ``key`` without marking it used: one dict read, safe without a lock.
+
+        For values that are cheap to rebuild: an entry only peeked at ages out after
+        ``ttl`` and is put again by its user.
+        """
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
+    def put(self, key: K, value: V) -> None:
+        """Set ``key`` (most recently used), then drop what is over a bound."""
+        now = self._clock()
+        self._entries[key] = [now, value]
+        self._entries.move_to_end(key)
+        self._prune(now)
+
+    def pop(self, key: K) -> V | None:
+        """Remove ``key`` and return its value (``on_evict`` is not called)."""
+        entry = self._entries.pop(key, None)
+        return None if entry is None else entry[1]
+
+    def clear(self) -> list[V]:
+        """Remove every entry and return the values (``on_evict`` is not called)."""
+        values = [entry[1] for entry in self._entries.values()]
+        self._entries.clear()
+        return values
+
+    def values(self) -> Iterator[V]:
+        return (entry[1] for entry in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def prune(self) -> None:
+        """Drop what is over a bound now (``get`` and ``put`` also do, as they go)."""
+        self._prune(self._clock())
+
+    def _prune(self, now: float) -> None:
+        # Entries are in recency order: the expired and the surplus ones are at the front.
+        entries = self._entries
+        while entries:
+            key, entry = next(iter(entries.items()))
+            if len(entries) <= self.max_entries and (self.ttl is None or now - entry[0] <= self.ttl):
+                break
+            self._evict(key)
+        self._next_prune = now + _PRUNE_EVERY
+
+    def _evict(self, key: K) -> None:
+        entry = self._entries.pop(key)
+        if self._on_evict is not None:
+            self._on_evict(key, entry[1])

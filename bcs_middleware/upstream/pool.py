@@ -1,0 +1,218 @@
+"""Upstream connections and the bounded pool of idle keep-alive ones.
+
+A :class:`Connection` is one socket to an upstream with its timeouts. On a plain
+``http://`` connection the timeouts are the kernel's (``SO_RCVTIMEO``/
+``SO_SNDTIMEO`` on a blocking socket): a Python socket timeout ``poll()``s before
+every ``send``/``recv``, and under gunicorn's threads each of those syscalls is one
+more GIL hand-off per request. TLS sockets keep Python's timeout: CPython's
+``SSLSocket`` retries a read that the kernel timed out on a blocking socket, so the
+kernel's timeout would never end it (and ``ssl`` already tries ``SSL_read`` before it
+polls). Under gevent, sockets are non-blocking underneath and wait in its hub, where
+only Python's timeout applies.
+
+:class:`IdlePool` keeps idle connections per upstream identity (:class:`PoolKey`),
+bounded three ways, so a worker that talked to 10,000 clusters once does not keep
+10,000 sockets and TLS sessions: at most ``per_key`` connections per identity, at
+most ``max_keys`` identities (the least recently used go first), and a connection
+idle for ``idle_timeout`` seconds is closed — shorter than the keep-alive timeout of
+common servers (nginx 75 s, Go 90 s+), so we rarely reuse one the upstream is
+closing.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+from ..lru import LRUCache
+
+# Below glibc's mmap threshold (128 KiB): recv(n) allocates an n-byte buffer first, and a
+# 256 KiB one costs an mmap/munmap pair per call (bench/README.md). Bodies are relayed in
+# 64 KiB pieces anyway.
+RECV = 64 * 1024
+# Kernel timeouts for plain connections (see the module docs); elsewhere Python's.
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
+# A pooled connection idle longer than this is checked for a close by the upstream
+# before reuse. Not sooner: every syscall releases the GIL, and under load a hot
+# connection was in use a moment ago (a stale one is still caught by the retry of
+# replayable requests).
+_CHECK_AFTER_IDLE = 1.0
+
+
+class PoolKey(NamedTuple):
+    """An upstream identity: address and every TLS setting. Connections are never shared across keys."""
+
+    # A tuple, not a frozen dataclass: built and looked up on every request, and a
+    # tuple's hash and equality are the C ones.
+    scheme: str
+    host: str
+    port: int
+    ca_pem: str | None
+    server_name: str | None
+    verify: bool
+    client_cert: tuple[str, str] | None
+
+
+def _timeval(seconds: float | None) -> bytes:
+    """A ``struct timeval``; ``None`` (no timeout) is zero, as the kernel reads it."""
+    if not seconds:
+        return struct.pack("@ll", 0, 0)
+    whole = int(seconds)
+    # Never round a tiny positive timeout down to 0, which would mean "forever".
+    return struct.pack("@ll", whole, max(int((seconds - whole) * 1e6), 0 if whole else 1))
+
+
+class Connection:
+    """One socket to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when a timeout fires."""
+
+    __slots__ = ("idle_since", "kernel_timeouts", "key", "reused", "sock", "timeout")
+
+    def __init__(self, sock: socket.socket, key: PoolKey) -> None:
+        self.sock = sock
+        self.key = key
+        self.reused = False
+        self.idle_since = 0.0
+        self.kernel_timeouts = (_KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
+                                and not type(sock).__module__.startswith("gevent"))
+        self.timeout: float | None = sock.gettimeout()
+        if self.kernel_timeouts:
+            sock.settimeout(None)  # blocking: the kernel's timeouts below apply
+            self.timeout = -1.0  # forces set_timeout to program them
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """Bound every later send and receive, re-programming the socket only on a change.
+
+        ``settimeout`` is an ``ioctl`` (a GIL release) even when nothing changes.
+        """
+        if seconds == self.timeout:
+            return
+        self.timeout = seconds
+        if self.kernel_timeouts:
+            value = _timeval(seconds)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        else:
+            self.sock.settimeout(seconds)
+
+    def sendall(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError:  # the kernel's SO_SNDTIMEO on a blocking socket
+            raise TimeoutError("send timed out") from None
+
+    def recv(self, limit: int = RECV) -> bytes:
+        try:
+            return self.sock.recv(limit)
+        except BlockingIOError:  # the kernel's SO_RCVTIMEO on a blocking socket
+            raise TimeoutError("receive timed out") from None
+
+    def take_socket(self) -> socket.socket:
+        """The socket as an ordinary Python one (the kernel's timeouts off, Python's on)."""
+        if self.kernel_timeouts:
+            timeout = self.timeout
+            self.set_timeout(None)
+            self.sock.settimeout(timeout)
+        return self.sock
+
+    def looks_closed(self) -> bool:
+        """After a pause: is the idle socket readable (the upstream closed it, or sent garbage)?"""
+        if time.monotonic() - self.idle_since <= _CHECK_AFTER_IDLE:
+            return False
+        sock = self.sock
+        return bool((isinstance(sock, ssl.SSLSocket) and sock.pending())
+                    or select.select([sock], [], [], 0)[0])
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _close_all(_key: PoolKey, conns: list[Connection]) -> None:
+    for conn in conns:
+        conn.close()
+
+
+class IdlePool:
+    """Idle keep-alive connections per :class:`PoolKey`, bounded (see the module docs)."""
+
+    def __init__(self, *, per_key: int, max_keys: int, idle_timeout: float) -> None:
+        self.per_key = per_key
+        self.idle_timeout = idle_timeout
+        self._lock = threading.Lock()
+        self._idle: LRUCache[PoolKey, list[Connection]] = LRUCache(
+            max_entries=max_keys, ttl=idle_timeout, on_evict=_close_all)
+
+    def get(self, key: PoolKey) -> Connection | None:
+        """The most recently used idle connection for ``key`` that still looks usable."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                if not idle:
+                    return None
+                conn = idle.pop()
+            if conn.looks_closed():
+                conn.close()
+                continue
+            conn.reused = True
+            return conn
+
+    def put(self, conn: Connection) -> None:
+        """Keep a connection whose last answer was complete and well framed (else close it)."""
+        now = time.monotonic()
+        conn.idle_since = now
+        stale: Connection | None = None
+        with self._lock:
+            idle = self._idle.get(conn.key)
+            if idle is None:
+                self._idle.put(conn.key, [conn])
+                return
+            if len(idle) >= self.per_key:
+                stale = conn
+            else:
+                idle.append(conn)
+                # The oldest is at the bottom (the top is reused first): close it once idle too long.
+                if now - idle[0].idle_since > self.idle_timeout:
+                    stale = idle.pop(0)
+        if stale is not None:
+            stale.close()
+
+    def prune(self) -> None:
+        """Close what has been idle too long, for every key."""
+        with self._lock:
+            self._idle.prune()
+
+    def drop(self, key: PoolKey) -> None:
+        """Close every idle connection of ``key`` (the upstream closed them: a restart)."""
+        with self._lock:
+            idle = self._idle.pop(key)
+        for conn in idle or ():
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            lists = self._idle.clear()
+        for conns in lists:
+            _close_all(None, conns)  # type: ignore[arg-type]
+
+    def forget(self) -> None:
+        """Drop everything without closing (sockets inherited from a parent process)."""
+        self._lock = threading.Lock()
+        self._idle.clear()
+
+    def __len__(self) -> int:
+        """Idle connections held."""
+        with self._lock:
+            return sum(len(conns) for conns in self._idle.values())
+
+    @property
+    def keys(self) -> int:
+        """Upstream identities with an entry."""
+        return len(self._idle)
