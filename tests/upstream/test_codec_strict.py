@@ -196,6 +196,16 @@ def proxy_tls(raw_tls: RawUpstream, ca: trustme.CA,
     server.stop()
 
 
+def _logged(proxy: ServerProcess, text: str, times: int = 1, timeout: float = 5.0) -> bool:
+    """Whether the proxy's log holds ``text`` (the detail of a refused answer) ``times`` times."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proxy.output().count(text) >= times:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _get(proxy: ServerProcess, path: str, method: str = "GET",
          conn: http.client.HTTPConnection | None = None) -> tuple[int, dict[str, str], bytes]:
     own = conn is None
@@ -265,13 +275,16 @@ def test_a_malformed_answer_is_a_well_framed_502_and_its_connection_is_discarded
 ) -> None:
     raw.answers[case] = answer
     client = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=15)
+    refusals = proxy.output().count("sent a malformed answer")
     try:
         status, headers, body = _get(proxy, f"/{case}/x", conn=client)
         assert status == 502, body
         assert int(headers["content-length"]) == len(body)
         message = json.loads(body)["message"]
-        assert message.startswith("upstream 127.0.0.1:"), message
+        # The client reads the one message every upstream failure gets; the log names the upstream.
+        assert message == "cannot reach the upstream", message
         assert "X-Injected" not in json.dumps(headers) and "hello" not in message
+        assert _logged(proxy, "sent a malformed answer", refusals + 1), proxy.output()
         carried = raw.connection_of(f"/{case}/x")
         assert raw.wait_closed(carried), "the proxy kept the connection of a refused answer"
         # The same client connection still works: the 502 was well framed.
@@ -288,7 +301,7 @@ def test_a_malformed_chunked_answer_over_tls_is_refused_too(raw_tls: RawUpstream
     raw_tls.answers["smuggle"] = MALFORMED[0][1]
     status, _, body = _get(proxy_tls, "/smuggle/x")
     assert status == 502
-    assert "malformed" in json.loads(body)["message"]
+    assert _logged(proxy_tls, "malformed"), proxy_tls.output()
     assert raw_tls.wait_closed(raw_tls.connection_of("/smuggle/x"))
     raw_tls.answers["unsolicited"] = dict(MALFORMED)["unsolicited-101"]
     status, _, _ = _get(proxy_tls, "/unsolicited/x")
@@ -379,9 +392,11 @@ def test_expect_100_continue_uploads_reach_the_upstream(raw: RawUpstream, proxy:
 def test_a_short_body_cut_by_the_upstream_is_a_502(raw: RawUpstream, proxy: ServerProcess) -> None:
     raw.answers["short"] = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
     raw.close_after.add("short")
+    broken = proxy.output().count("broke off its answer")
     status, _, body = _get(proxy, "/short/x")
     assert status == 502
-    assert "broke off" in json.loads(body)["message"]
+    assert json.loads(body)["message"] == "cannot reach the upstream"
+    assert _logged(proxy, "broke off its answer", broken + 1), proxy.output()
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked"])
