@@ -317,13 +317,11 @@ class SQLStore:
                 )
             ]
             now = _now()
-            usable = sum(
-                1
-                for r in conn.execute(
-                    select(tokens.c.revoked_at, tokens.c.expires_at).where(tokens.c.user_id == user.id)
-                )
-                if r.revoked_at is None and (r.expires_at is None or _aware(r.expires_at) > now)  # type: ignore[operator]
-            )
+            usable = len([
+                r
+                for r in conn.execute(select(m.user_tokens).where(tokens.c.user_id == user.id))
+                if self._token(r).usable(now)
+            ])
             # Explicit rather than left to ON DELETE CASCADE, which SQLite honours
             # only with its foreign_keys pragma on.
             conn.execute(delete(perms).where(perms.c.user_id == user.id))
