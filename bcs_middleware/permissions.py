@@ -119,7 +119,7 @@ class ClusterAuthorizer:
         found: list[tuple[ClusterRecord, str]] = []
         for cluster in clusters:
             permission = held.get(cluster.id)
-            if permission not in _RANK and ("*" in granted or cluster.id in granted):
+            if permission is None and ("*" in granted or cluster.id in granted):
                 permission = VIEW
             if permission in (VIEW, EDIT):
                 found.append((cluster, permission))

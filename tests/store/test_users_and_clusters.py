@@ -7,7 +7,9 @@ import threading
 import pytest
 from cryptography.fernet import Fernet
 
+from bcs_middleware import environ as env
 from bcs_middleware.errors import Conflict
+from bcs_middleware.permissions import EDIT, VIEW, ClusterAuthorizer
 from bcs_middleware.store import SecretBox, SQLStore
 from bcs_middleware.store.migrate import upgrade
 
@@ -66,3 +68,24 @@ def test_deleting_a_cluster_leaves_other_clusters_alone(stores) -> None:  # type
     assert [c.id for c in store.list_clusters()] == ["c2"]
     assert store.get_credentials("c2") is not None and store.get_register_token("c2")
     assert store.user_cluster_permissions(alice.id) == {"c2": "edit"}
+
+
+@pytest.mark.parametrize("rbac_grants", [True, False])
+def test_the_cluster_list_agrees_with_the_per_cluster_decision(stores, rbac_grants: bool) -> None:  # type: ignore[no-untyped-def]
+    store, _ = stores
+    users = {name: store.create_user(name) for name in ("u1", "u2", "u3", "u4", "u5")}
+    for cluster in ("c1", "c2", "c3"):
+        store.create_cluster(cluster, project_id="p", cluster_type="k8s", creator_id=users["u5"].id)
+    store.set_cluster_permission("c2", users["u1"].id, VIEW)
+    store.set_cluster_permission("c3", users["u4"].id, EDIT)
+    store.replace_rbac_grants({("User", "u1", "c1"), ("Group", "ops", "c2"), ("User", "u3", "*"),
+                               ("User", "u4", "c3")})
+    authorizer = ClusterAuthorizer(store, rbac_grants=rbac_grants)
+    principals = [env.User(u.id, u.name) for u in users.values()] + [
+        env.User(users["u2"].id, "u2", groups=("ops",)), env.User(0, "root", is_superuser=True)]
+    for user in principals:
+        listed = {c.id: p for c, p in authorizer.visible(user)}
+        expected = {c: authorizer.permission(user, c) for c in ("c1", "c2", "c3")
+                    if authorizer.allows(user, c, VIEW)}
+        assert listed == expected, user
+    assert {c.id for c, _ in authorizer.visible(principals[2])} == ({"c1", "c2", "c3"} if rbac_grants else set())
