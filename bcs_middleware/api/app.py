@@ -1,7 +1,8 @@
 """The management REST API as a terminal WSGI app (paste app ``management_api``).
 
 Routes (werkzeug ``Map``), who may call them, and what they do are in DESIGN §4;
-each route maps to one function in :mod:`.endpoints`. Authentication is the token
+each route maps to one function in :mod:`.endpoints` (listing and deleting
+users and clusters, and the superuser flag: :mod:`.inventory`). Authentication is the token
 auth layer's job (it must run in front); this app only reads ``bcs.user`` /
 ``bcs.agent`` and decides what the caller may do.
 """
