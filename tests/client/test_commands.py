@@ -288,3 +288,18 @@ def test_kubeconfig_honours_the_first_kubeconfig_file(world: World, tmp_path: Pa
     assert got.returncode == 0 and got.stdout.split() == ["pod/web"], got.stderr
     assert run(world, "kubeconfig", "no-such-cluster", token=world.alice,
                env={"KUBECONFIG": str(first)}).returncode == 5
+
+
+def test_transport_failures_exit_1_and_never_skip_tls_verification(world: World, tmp_path: Path) -> None:
+    from tests.support.servers import free_port
+
+    wrong_ca = tmp_path / "wrong-ca.pem"
+    wrong_ca.write_text(world.api.ca_pem)
+    for env, said in (
+        ({"BCS_CA_FILE": str(wrong_ca)}, "TLS verification"),
+        ({"BCS_CA_FILE": ""}, "TLS verification"),  # the system CAs do not know the gateway's
+        ({"BCS_SERVER": f"https://127.0.0.1:{free_port()}"}, "cannot connect"),
+    ):
+        done = run(world, "clusters", "list", token=world.alice, env=env)
+        assert done.returncode == 1 and said in done.stderr, (env, done.stderr)
+        assert world.alice not in done.stderr + done.stdout
