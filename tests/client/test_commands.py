@@ -113,6 +113,8 @@ def test_users_and_tokens_round_trip_with_json_output(world: World) -> None:
     assert created["name"] == "carl" and created["is_super_user"] is False
     assert ok_json(world, "users", "get", "carl")["id"] == created["id"]
     assert "carl" in [u["name"] for u in ok_json(world, "users", "list")]
+    as_yaml = run(world, "users", "get", "carl", "-o", "yaml")
+    assert as_yaml.returncode == 0 and yaml.safe_load(as_yaml.stdout) == created
     table = run(world, "users", "list")
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["NAME", "ID"]
 
