@@ -427,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)")
     keygen.set_defaults(func=cmd_keygen)
+
+    from .client import commands as client_commands
+
+    client_commands.register(sub)
     return parser
 
 

@@ -53,6 +53,12 @@ class PermissionStore(Protocol):
 
     def rbac_grants_cluster(self, user_name: str, groups: tuple[str, ...], cluster_id: str) -> bool: ...
 
+    def list_clusters(self) -> list[ClusterRecord]: ...
+
+    def user_cluster_permissions(self, user_id: int) -> dict[str, str]: ...
+
+    def rbac_granted_clusters(self, user_name: str, groups: tuple[str, ...]) -> set[str]: ...
+
 
 class ClusterAccess(Protocol):
     """The question every part of the gateway asks before it touches a cluster for a user."""
@@ -60,6 +66,8 @@ class ClusterAccess(Protocol):
     def allows(self, user: env.User, cluster_id: str, needed: str) -> bool: ...
 
     def require(self, user: env.User, cluster_id: str, needed: str) -> ClusterRecord: ...
+
+    def visible(self, user: env.User) -> list[tuple[ClusterRecord, str]]: ...
 
 
 class ClusterAuthorizer:
@@ -94,6 +102,28 @@ class ClusterAuthorizer:
             # what it means to the cluster's RBAC.
             return VIEW
         return found if found in _RANK else None
+
+    def visible(self, user: env.User) -> list[tuple[ClusterRecord, str]]:
+        """Every cluster ``user`` holds ``view`` on, with their permission, by cluster id.
+
+        The same rules as :meth:`permission`, answered for all clusters with a
+        bounded number of queries (listing must not cost one query per cluster).
+        """
+        clusters = self.store.list_clusters()
+        if user.is_superuser:
+            return [(c, EDIT) for c in clusters]
+        held = self.store.user_cluster_permissions(user.id)
+        granted: set[str] = set()
+        if self.rbac_grants:
+            granted = self.store.rbac_granted_clusters(user.name, ("system:authenticated", *user.groups))
+        found: list[tuple[ClusterRecord, str]] = []
+        for cluster in clusters:
+            permission = held.get(cluster.id)
+            if permission is None and ("*" in granted or cluster.id in granted):
+                permission = VIEW
+            if permission in (VIEW, EDIT):
+                found.append((cluster, permission))
+        return found
 
     def allows(self, user: env.User, cluster_id: str, needed: str) -> bool:
         return _RANK[self.permission(user, cluster_id)] >= _RANK[needed]

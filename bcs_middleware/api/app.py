@@ -1,7 +1,8 @@
 """The management REST API as a terminal WSGI app (paste app ``management_api``).
 
 Routes (werkzeug ``Map``), who may call them, and what they do are in DESIGN §4;
-each route maps to one function in :mod:`.endpoints`. Authentication is the token
+each route maps to one function in :mod:`.endpoints` (listing and deleting
+users and clusters, and the superuser flag: :mod:`.inventory`). Authentication is the token
 auth layer's job (it must run in front); this app only reads ``bcs.user`` /
 ``bcs.agent`` and decides what the caller may do.
 """
@@ -22,6 +23,7 @@ from ..errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ..permissions import ClusterAccess, ClusterAuthorizer
 from ..store import SQLStore
 from . import endpoints as ep
+from . import inventory
 from .context import APISettings, Ctx
 
 log = logging.getLogger(__name__)
@@ -29,12 +31,17 @@ log = logging.getLogger(__name__)
 ROUTES = Map(
     [
         Rule("/rest/users/", methods=["POST"], endpoint=ep.create_user),
+        Rule("/rest/users/", methods=["GET"], endpoint=inventory.list_users),
         Rule("/rest/users/<user_name>", methods=["GET"], endpoint=ep.get_user),
+        Rule("/rest/users/<user_name>", methods=["PUT"], endpoint=inventory.update_user),
+        Rule("/rest/users/<user_name>", methods=["DELETE"], endpoint=inventory.delete_user),
         Rule("/rest/users/<int:user_id>/tokens", methods=["POST"], endpoint=ep.create_token),
         Rule("/rest/users/<int:user_id>/tokens", methods=["GET"], endpoint=ep.list_tokens),
         Rule("/rest/users/<int:user_id>/tokens/<int:token_id>", methods=["DELETE"], endpoint=ep.revoke_token),
         Rule("/rest/clusters/bcs", methods=["POST"], endpoint=ep.create_cluster),
+        Rule("/rest/clusters/", methods=["GET"], endpoint=inventory.list_clusters),
         Rule("/rest/clusters/<cluster_id>", methods=["GET"], endpoint=ep.get_cluster),
+        Rule("/rest/clusters/<cluster_id>", methods=["DELETE"], endpoint=inventory.delete_cluster),
         Rule("/rest/clusters/<cluster_id>/register_tokens", methods=["POST"], endpoint=ep.create_register_token),
         Rule("/rest/clusters/<cluster_id>/register_tokens", methods=["GET"], endpoint=ep.get_register_token),
         Rule("/rest/clusters/<cluster_id>/register_tokens", methods=["DELETE"], endpoint=ep.revoke_register_token),

@@ -27,7 +27,7 @@ def _iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
 
 
-def _user_json(user: UserRecord) -> dict[str, Any]:
+def user_json(user: UserRecord) -> dict[str, Any]:
     return {
         "id": user.id,
         "name": user.name,
@@ -48,7 +48,7 @@ def _token_json(token: TokenRecord) -> dict[str, Any]:
     }
 
 
-def _cluster_json(cluster: ClusterRecord) -> dict[str, Any]:
+def cluster_json(cluster: ClusterRecord) -> dict[str, Any]:
     return {
         "id": cluster.id,
         "project_id": cluster.project_id,
@@ -66,7 +66,7 @@ def create_user(ctx: Ctx) -> Response:
     validate("user_create", body)
     user = ctx.store.create_user(body["user_name"])
     ctx.store.record_audit(actor.name, "user.create", f"user:{user.name}", {"user_id": user.id})
-    return json_response(_user_json(user), 201)
+    return json_response(user_json(user), 201)
 
 
 def get_user(ctx: Ctx, user_name: str) -> Response:
@@ -74,7 +74,7 @@ def get_user(ctx: Ctx, user_name: str) -> Response:
     user = ctx.store.find_user(user_name)
     if user is None:
         raise NotFound(f"user {user_name!r} not found", code_name="USER_NOT_FOUND")
-    return json_response(_user_json(user))
+    return json_response(user_json(user))
 
 
 def create_token(ctx: Ctx, user_id: int) -> Response:
@@ -118,12 +118,12 @@ def create_cluster(ctx: Ctx) -> Response:
         actor.name, "cluster.create", f"cluster:{cluster.id}",
         {"project_id": cluster.project_id, "cluster_type": cluster.cluster_type},
     )
-    return json_response(_cluster_json(cluster), 201)
+    return json_response(cluster_json(cluster), 201)
 
 
 def get_cluster(ctx: Ctx, cluster_id: str) -> Response:
     _, cluster = ctx.require_cluster(cluster_id, VIEW)
-    return json_response(_cluster_json(cluster))
+    return json_response(cluster_json(cluster))
 
 
 def create_register_token(ctx: Ctx, cluster_id: str) -> Response:

@@ -25,9 +25,9 @@ from ..admission.definitions import (
 )
 from ..errors import Conflict
 from . import models as m
+from .sql import WEBHOOKS_TOPIC as TOPIC
 from .sql import SQLStore
 
-TOPIC = "webhooks"
 _BCS = "bcs"
 _K8S = "k8s"
 

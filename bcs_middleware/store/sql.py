@@ -34,6 +34,9 @@ from .records import AuditRecord, ClusterRecord, CredentialRecord, PermissionRec
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
 
+#: The revision topic bumped on every change to admission webhook definitions.
+WEBHOOKS_TOPIC = "webhooks"
+
 
 def normalize_url(url: str) -> str:
     """Pick drivers we ship extras for when the URL names none."""
@@ -253,6 +256,79 @@ class SQLStore:
             raise NotFound(f"user {user_id} not found", code_name="USER_NOT_FOUND")
         return self._user(row)
 
+    def list_users(self) -> list[UserRecord]:
+        with self.connection() as conn:
+            rows = conn.execute(select(m.users).order_by(m.users.c.name)).all()
+        return [self._user(r) for r in rows]
+
+    def _lock_superusers(self, conn: Connection) -> set[int]:
+        # Locked so two superusers demoting or deleting each other are serialised:
+        # one of them always remains.
+        return {
+            row.id
+            for row in conn.execute(
+                select(m.users.c.id).where(m.users.c.is_superuser.is_(True)).with_for_update()
+            )
+        }
+
+    def _refuse_last_superuser(self, conn: Connection, user: UserRecord, doing: str) -> None:
+        if user.is_superuser and self._lock_superusers(conn) <= {user.id}:
+            raise Conflict(
+                f"cannot {doing} user {user.name!r}: it is the last superuser (promote another user first)",
+                code_name="LAST_SUPERUSER",
+            )
+
+    def set_superuser(self, name: str, is_superuser: bool) -> tuple[UserRecord, bool]:
+        """Make ``name`` a superuser or not; the updated user and the previous flag.
+
+        Demoting the last superuser is refused (409 ``LAST_SUPERUSER``), in the same
+        transaction as the change.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
+            if row is None:
+                raise NotFound(f"user {name!r} not found", code_name="USER_NOT_FOUND")
+            user = self._user(row)
+            if not is_superuser:
+                self._refuse_last_superuser(conn, user, "demote")
+            conn.execute(update(m.users).where(m.users.c.id == user.id).values(is_superuser=is_superuser))
+        return UserRecord(user.id, user.name, is_superuser, user.created_at), user.is_superuser
+
+    def delete_user(self, name: str) -> tuple[UserRecord, list[tuple[str, str]], int]:
+        """Delete a user with their tokens and cluster permissions, in one transaction.
+
+        Returns the user, the ``(cluster_id, permission)`` pairs removed and how many
+        usable tokens stopped working. The last superuser is never deleted
+        (409 ``LAST_SUPERUSER``).
+        """
+        tokens, perms = m.user_tokens, m.cluster_permissions
+        with self.transaction() as conn:
+            row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
+            if row is None:
+                raise NotFound(f"user {name!r} not found", code_name="USER_NOT_FOUND")
+            user = self._user(row)
+            self._refuse_last_superuser(conn, user, "delete")
+            removed = [
+                (str(r.cluster_id), str(r.permission))
+                for r in conn.execute(
+                    select(perms.c.cluster_id, perms.c.permission)
+                    .where(perms.c.user_id == user.id)
+                    .order_by(perms.c.cluster_id)
+                )
+            ]
+            now = _now()
+            usable = len([
+                r
+                for r in conn.execute(select(m.user_tokens).where(tokens.c.user_id == user.id))
+                if self._token(r).usable(now)
+            ])
+            # Explicit rather than left to ON DELETE CASCADE, which SQLite honours
+            # only with its foreign_keys pragma on.
+            conn.execute(delete(perms).where(perms.c.user_id == user.id))
+            conn.execute(delete(tokens).where(tokens.c.user_id == user.id))
+            conn.execute(delete(m.users).where(m.users.c.id == user.id))
+        return user, removed, usable
+
     def create_token(
         self, user_id: int, *, token_type: str = "user", expires_at: datetime | None = None
     ) -> tuple[TokenRecord, str]:
@@ -378,6 +454,58 @@ class SQLStore:
         except IntegrityError:
             raise Conflict(f"cluster {cluster_id!r} already exists", code_name="CLUSTER_EXISTS") from None
         return self._cluster(row)
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        with self.connection() as conn:
+            rows = conn.execute(select(m.clusters).order_by(m.clusters.c.id)).all()
+        return [self._cluster(r) for r in rows]
+
+    def delete_cluster(self, cluster_id: str) -> dict[str, Any]:
+        """Delete a cluster and everything hanging off it, in one transaction.
+
+        Its register token (which stops authenticating at once), the credentials its
+        kube-agent reported, every user's permission on it and its Kubernetes
+        admission configurations go with it. Returns what was removed, free of secrets.
+        """
+        perms, webhooks = m.cluster_permissions, m.webhook_definitions
+        with self.transaction() as conn:
+            if conn.execute(select(m.clusters.c.id).where(m.clusters.c.id == cluster_id)).first() is None:
+                raise NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
+            permissions = {
+                str(r.name): str(r.permission)
+                for r in conn.execute(
+                    select(m.users.c.name, perms.c.permission)
+                    .join(m.users, m.users.c.id == perms.c.user_id)
+                    .where(perms.c.cluster_id == cluster_id)
+                )
+            }
+            configurations = [
+                f"{r.kind}/{r.name}"
+                for r in conn.execute(
+                    select(webhooks.c.kind, webhooks.c.name)
+                    .where(webhooks.c.flavor == "k8s", webhooks.c.cluster_id == cluster_id)
+                    .order_by(webhooks.c.kind, webhooks.c.name)
+                )
+            ]
+            register_token = conn.execute(
+                delete(m.register_tokens).where(m.register_tokens.c.cluster_id == cluster_id)
+            ).rowcount
+            credentials = conn.execute(
+                delete(m.cluster_credentials).where(m.cluster_credentials.c.cluster_id == cluster_id)
+            ).rowcount
+            conn.execute(delete(perms).where(perms.c.cluster_id == cluster_id))
+            if configurations:
+                conn.execute(
+                    delete(webhooks).where(webhooks.c.flavor == "k8s", webhooks.c.cluster_id == cluster_id)
+                )
+                self.bump_revision(conn, WEBHOOKS_TOPIC)
+            conn.execute(delete(m.clusters).where(m.clusters.c.id == cluster_id))
+        return {
+            "register_token": bool(register_token),
+            "credentials": bool(credentials),
+            "permissions": permissions,
+            "admission_configurations": configurations,
+        }
 
     def find_cluster(self, cluster_id: str) -> ClusterRecord | None:
         with self.connection() as conn:
@@ -545,6 +673,13 @@ class SQLStore:
             for r in rows
         ]
 
+    def user_cluster_permissions(self, user_id: int) -> dict[str, str]:
+        """Every cluster the permission table gives ``user_id`` something on: ``{cluster_id: permission}``."""
+        table = m.cluster_permissions
+        with self.connection() as conn:
+            rows = conn.execute(select(table.c.cluster_id, table.c.permission).where(table.c.user_id == user_id))
+            return {str(r.cluster_id): str(r.permission) for r in rows}
+
     def set_cluster_permission(
         self, cluster_id: str, user_id: int, permission: str | None, *, keep_an_editor: bool = True
     ) -> str | None:
@@ -618,6 +753,15 @@ class SQLStore:
                 select(table.c.cluster).where(subject, table.c.cluster.in_((cluster_id, "*"))).limit(1)
             ).first()
         return row is not None
+
+    def rbac_granted_clusters(self, user_name: str, groups: tuple[str, ...]) -> set[str]:
+        """The clusters the subscription grants the user (or one of ``groups``) anything on; ``"*"`` = all."""
+        table = m.rbac_cluster_grants
+        subject: ColumnElement[bool] = (table.c.subject_kind == "User") & (table.c.subject == user_name)
+        if groups:
+            subject = or_(subject, (table.c.subject_kind == "Group") & table.c.subject.in_(groups))
+        with self.connection() as conn:
+            return {str(r.cluster) for r in conn.execute(select(table.c.cluster).where(subject).distinct())}
 
     # -- secrets rotation -------------------------------------------------------------
 

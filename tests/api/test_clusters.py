@@ -215,7 +215,9 @@ def test_management_changes_are_audited_without_secrets(api) -> None:  # type: i
 
 def test_unknown_route_and_method(api) -> None:  # type: ignore[no-untyped-def]
     assert api.call("GET", "/rest/nothing").status_code == 404
-    assert api.call("DELETE", "/rest/clusters/bcs").status_code == 405
+    assert api.call("PATCH", "/rest/clusters/bcs").status_code == 405
+    # "bcs" is also a valid cluster id: DELETE addresses that cluster (there is none here).
+    assert api.call("DELETE", "/rest/clusters/bcs").get_json()["code_name"] == "CLUSTER_NOT_FOUND"
 
 
 def test_health_needs_no_token(api) -> None:  # type: ignore[no-untyped-def]
