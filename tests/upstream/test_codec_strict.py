@@ -300,7 +300,7 @@ def test_a_malformed_chunked_answer_over_tls_is_refused_too(raw_tls: RawUpstream
                                                              proxy_tls: ServerProcess) -> None:
     raw_tls.answers["smuggle"] = MALFORMED[0][1]
     status, _, body = _get(proxy_tls, "/smuggle/x")
-    assert status == 502
+    assert status == 502, body
     assert _logged(proxy_tls, "malformed"), proxy_tls.output()
     assert raw_tls.wait_closed(raw_tls.connection_of("/smuggle/x"))
     raw_tls.answers["unsolicited"] = dict(MALFORMED)["unsolicited-101"]
