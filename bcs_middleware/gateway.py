@@ -30,6 +30,7 @@ from typing import Any
 from . import converters as conv
 from .api.app import ManagementAPI
 from .api.context import APISettings
+from .clusters import CachedDirectory
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
 from .metrics import BATCH
@@ -37,7 +38,7 @@ from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuth
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
 from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
-from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .middleware.routing import TUNNEL_PREFIX, ClusterRoutingMiddleware
 from .permissions import ClusterAuthorizer
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
@@ -245,8 +246,11 @@ def build_gateway(
     """Assemble the gateway from a config (the one place the layers are stacked).
 
     :param store: an already open store (tests, the ``serve`` master); else opened from config.
-    :param transport: the upstream connection layer shared by the proxy and the admission
-        layer's cluster reads; a :class:`PooledTransport` from config by default.
+    :param transport: the gateway's one outbound HTTP stack, shared by every layer that
+        calls out — the proxy (tunnel and Mesos drivers), webhooks, the admission layer's
+        cluster reads, the RBAC source and sync; a :class:`PooledTransport` from config
+        (timeouts, address policy) by default. One gateway per process (each ``serve``
+        worker builds its own after the fork), so one transport per process.
     :param background: start background work (the RBAC sync) in this process. The
         ``serve`` master builds the app once with ``False`` (to migrate and check the
         configuration) and every worker builds its own with ``True``; only the worker
@@ -299,6 +303,7 @@ def build_gateway(
             max_body=config.admission_max_body,
             total_budget=config.admission_budget,
             address_map=dict(config.webhook_address_map),
+            transport=transport,
         )
         engine, inner = admission.engine, admission
     tunnel = ClusterRoutingMiddleware(
@@ -318,7 +323,8 @@ def build_gateway(
             address_policy=address_policy,
         ),
         access=api_access,
-        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access),
+        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access,
+                                     address_policy=address_policy, transport=transport),
     )
     discovery = _discovery(config)
     if background and hasattr(discovery, "start"):
@@ -346,6 +352,7 @@ def build_gateway(
             tls_server_name=config.tls_server_name,
             verify=config.upstream_verify,
             address_policy=address_policy,
+            transport=transport,
         )
         if background:
             service.start()
