@@ -22,8 +22,8 @@ import functools
 from typing import Protocol
 
 from . import environ as env
+from .lru import LoadingCache
 from .store import ClusterRecord, CredentialRecord
-from .ttlcache import TTLCache
 
 __all__ = ["CachedDirectory", "ClusterDirectory", "impersonating", "upstream_for"]
 
@@ -46,7 +46,7 @@ class CachedDirectory:
     def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0) -> None:
         self.inner = inner
         self.ttl = ttl
-        self._cache: TTLCache[str, tuple[ClusterRecord | None, CredentialRecord | None]] = TTLCache(ttl=ttl)
+        self._cache: LoadingCache[str, tuple[ClusterRecord | None, CredentialRecord | None]] = LoadingCache(ttl=ttl)
 
     def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
         return self._cache.get(cluster_id, self._load)
