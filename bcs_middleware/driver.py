@@ -9,7 +9,14 @@ One driver (usually three replicas) per Mesos cluster. Request flow::
       └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400
           └ AdmissionMiddleware (bcs definitions)
               └ SchedulerRouting                 bcs.upstream = scheduler master (read per request)
-                  └ UpstreamProxy                → {scheduler_prefix}{uri}?{query}
+                  └ UpstreamProxy                → the scheduler's /v1 call (bcs_middleware.scheduler),
+                                                   or {scheduler_prefix}{uri}?{query} for the rest
+
+Protocol conversion: the routes the source's driver converts (applications,
+processes, deployments, configmaps, secrets, services ...) become the
+bcs-scheduler's own ``/v1`` calls, after admission saw the v4 body — see
+:mod:`bcs_middleware.scheduler.routes`. The scheduler's answer is relayed as
+it came (status and body), as the source relays it.
 
 The scheduler master is read from the discovery snapshot for every request, so
 when the master changes the next request follows it.
@@ -31,10 +38,12 @@ from . import converters as conv
 from . import environ as env
 from .admission.api import AdmissionWebhookAPI
 from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
+from .bodies import parse_json, read_bounded, replace_body
 from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable
 from .middleware.admission import AdmissionMiddleware
 from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
+from .scheduler import scheduler_call
 from .upstream.proxy import UpstreamProxy
 
 log = logging.getLogger(__name__)
@@ -59,6 +68,9 @@ class SchedulerRouting:
     :param scheduler_prefix: the path prefix on the scheduler.
     :param ca_pem: PEM bundle ``https`` schedulers must chain to.
     :param verify: ``False`` turns TLS verification towards schedulers off (explicit, logged).
+    :param convert: turn the source's converted routes into scheduler ``/v1`` calls
+        (:mod:`bcs_middleware.scheduler`); ``False`` forwards everything unchanged.
+    :param max_body: largest body read for a conversion (413 beyond).
     """
 
     def __init__(
@@ -70,6 +82,8 @@ class SchedulerRouting:
         scheduler_prefix: str = "/v4/",
         ca_pem: str | None = None,
         verify: bool = True,
+        convert: bool = True,
+        max_body: int = 3 * 1024 * 1024,
     ) -> None:
         self.app = app
         self.discovery = discovery
@@ -77,6 +91,8 @@ class SchedulerRouting:
         self.scheduler_prefix = scheduler_prefix.rstrip("/") + "/"
         self.ca_pem = ca_pem
         self.verify = verify
+        self.convert = convert
+        self.max_body = max_body
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         try:
@@ -85,17 +101,28 @@ class SchedulerRouting:
             master = self.discovery.scheduler_master()
             if master is None:
                 raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER")
+            path, query = self.scheduler_prefix + uri, environ.get("QUERY_STRING", "")
+            call = self.scheduler_call(environ, uri) if self.convert else None
         except BCSError as exc:
             return exc(environ, start_response)
+        if call is not None:
+            environ["REQUEST_METHOD"], path, query = call.method, call.path, call.query
+            replace_body(environ, call.body or b"", content_type="application/json" if call.body else None)
         environ[env.UPSTREAM] = env.Upstream(
             base_urls=(master.base_url(),),
-            path=self.scheduler_prefix + uri,
-            query=environ.get("QUERY_STRING", ""),
+            path=path,
+            query=query,
             ca_pem=self.ca_pem,
             verify=self.verify,
             name="scheduler",
         )
         return self.app(environ, start_response)
+
+    def scheduler_call(self, environ: dict[str, Any], uri: str) -> Any:
+        def body() -> Any:
+            return parse_json(read_bounded(environ, self.max_body), what="the request body")
+
+        return scheduler_call(environ.get("REQUEST_METHOD", "GET"), uri, environ.get("QUERY_STRING", ""), body)
 
 
 class DriverApp:
@@ -172,6 +199,7 @@ def build_driver(
     scheduler_verify: bool = True,
     admission_options: Mapping[str, Any] | None = None,
     definitions_require_superuser: bool = True,
+    convert: bool = True,
 ) -> DriverApp:
     """Assemble the driver role.
 
@@ -182,6 +210,8 @@ def build_driver(
     :param definitions_require_superuser: the definition CRUD needs a superuser
         ``bcs.user`` — put the token auth layer in front of the driver to manage
         definitions through it.
+    :param convert: the source's protocol conversion to the scheduler's ``/v1``
+        API (``False``: forward every request to ``{scheduler_prefix}{uri}``).
     """
     if not cluster_id or "/" in cluster_id:
         raise ConfigError(f"bad cluster id {cluster_id!r}")
@@ -195,6 +225,9 @@ def build_driver(
         scheduler_prefix=scheduler_prefix,
         ca_pem=scheduler_ca_pem,
         verify=scheduler_verify,
+        convert=convert,
+        **({"max_body": admission_options["max_body"]} if admission_options and "max_body" in admission_options
+           else {}),
     )
     admission = AdmissionMiddleware(routing, store=store, mode="bcs", **dict(admission_options or {}))
     api = AdmissionWebhookAPI(store, engine=admission.engine,
@@ -221,6 +254,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "data_dir": conv.text,
     "secret_key": conv.text,
     "definitions_require_superuser": conv.asbool,
+    "convert": conv.asbool,
     "total_budget": conv.seconds,
     "default_timeout": conv.seconds,
     "max_body": conv.size,
@@ -238,7 +272,8 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         cluster_id = BCS-MESOS-10001
         zookeeper_hosts = zk1:2181,zk2:2181,zk3:2181
         # static_schedulers = http://10.0.0.9:8080   ; without ZooKeeper (first = master)
-        scheduler_prefix = /v4/
+        scheduler_prefix = /v4/           ; for the routes the driver does not convert
+        # convert = true                  ; the source's conversion to the scheduler's /v1 API
         # admission definitions: the shared SQL store (or SQLite in data_dir), or a file (else in memory)
         database_url = postgresql://bcs@db/bcs
         # definitions_file = /etc/bcs/admission.yaml
@@ -302,6 +337,7 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         scheduler_verify=verify,
         admission_options=admission_options,
         definitions_require_superuser=opts.pop("definitions_require_superuser", True),
+        convert=opts.pop("convert", True),
     )
 
 
