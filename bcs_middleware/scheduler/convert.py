@@ -15,7 +15,10 @@ limits when only limits give a CPU; health checks ``delaySeconds`` 10,
 absent or not positive; ``ForcePullImage`` only for ``imagePullPolicy: Always``;
 volume mode ``R`` when read-only, else ``RW``.
 
-One deliberate difference: ``raw_json`` carries the client's document as
+Deliberate differences: a field spelled in another case than its JSON tag
+(``networkType`` for ``networktype``) is refused with a 400 naming it, where
+Go's decoder would read it — admission reads exact keys, and the scheduler must
+not act on a field the webhooks never saw; ``raw_json`` carries the client's document as
 admitted, not Go's re-encoding of it (which adds every absent field as its zero
 value); the scheduler stores it and hands it back on definition reads.
 
@@ -60,14 +63,20 @@ class ConversionError(BadRequest):
 
 
 def _get(doc: Mapping[str, Any], key: str) -> Any:
-    """``doc[key]`` as Go's ``encoding/json`` finds it: the exact key, else one equal under case folding
-    (the source's own examples spell ``networkType`` for the ``networktype`` tag)."""
+    """``doc[key]``; 400 when the key is only there in another case.
+
+    Go's ``encoding/json`` would take ``networkType`` for the ``networktype`` tag,
+    but admission webhooks and the admission layer read exact keys: a key only
+    the scheduler would read (``Metadata``, ``Template``) is a way around them.
+    So the spelling that differs is refused by name instead of read.
+    """
     if key in doc:
         return doc[key]
     folded = key.casefold()
-    for name, value in doc.items():
-        if name.casefold() == folded:
-            return value
+    for name in doc:
+        if isinstance(name, str) and name.casefold() == folded:
+            raise ConversionError(f"unknown field {name!r}: the field is spelled {key!r}",
+                                  bcs_code=BCS_JSON_DECODE, code_name="FIELD_SPELLING")
     return None
 
 

@@ -32,6 +32,7 @@ class Recorded:
     query: str
     headers: dict[str, str]
     body: bytes
+    raw_uri: str = ""
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
@@ -64,7 +65,8 @@ class FakeScheduler:
         if environ.get("CONTENT_TYPE"):
             headers["Content-Type"] = environ["CONTENT_TYPE"]
         record = Recorded(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                          environ.get("QUERY_STRING", ""), headers, body)
+                          environ.get("QUERY_STRING", ""), headers, body,
+                          environ.get("RAW_URI") or environ.get("REQUEST_URI") or "")
         with self._lock:
             self.requests.append(record)
         if record.path.startswith("/v1/"):
