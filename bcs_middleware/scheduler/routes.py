@@ -4,11 +4,11 @@ The source's mesos-driver (``backend/v4http/scheduler-api.go``) serves
 ``/mesosdriver/v4/{route}`` and calls the scheduler's ``/v1`` API; this table
 holds those routes (method, path template) and the call each one makes::
 
-    POST   namespaces/{ns}/applications                → POST   /v1/apps                        Version
-    PUT    namespaces/{ns}/applications                → POST   /v1/apps/{RunAs}/{ID}/update?instances=&args=   Version
-    PUT    namespaces/{ns}/applications/rollback       → POST   /v1/apps/{RunAs}/{ID}/update?instances={Instances}&kind=application
-    DELETE namespaces/{ns}/applications/{name}         → DELETE /v1/apps/{ns}/{name}?enforce=&kind=application
-    PUT    namespaces/{ns}/applications/{name}/scale/{n} → POST /v1/apps/{ns}/{name}/scale?instances={n}&kind=application
+    POST   namespaces/{ns}/applications             → POST   /v1/apps  (Version)
+    PUT    namespaces/{ns}/applications             → POST   /v1/apps/{RunAs}/{ID}/update?instances=&args=
+    PUT    namespaces/{ns}/applications/rollback    → POST   /v1/apps/{RunAs}/{ID}/update?instances={Instances}&kind=…
+    DELETE namespaces/{ns}/applications/{name}      → DELETE /v1/apps/{ns}/{name}?enforce=&kind=application
+    PUT    namespaces/{ns}/applications/{name}/scale/{n} → POST /v1/apps/{ns}/{name}/scale?instances={n}&kind=…
     GET    namespaces/{ns}/applications[/{name}]       → GET    /v1/{ns}/apps?kind=… | /v1/apps/{ns}/{name}?kind=…
     GET    namespaces/{ns}/applications/{name}/tasks|taskgroups|versions → GET /v1/apps/{ns}/{name}/…
     (processes: the same, kind=process)
