@@ -7,6 +7,8 @@ One driver (usually three replicas) per Mesos cluster. Request flow::
       ├ {driver_prefix}namespaces/{ns}/admissionwebhook…, {driver_prefix}admissionwebhooks
       │                                          AdmissionWebhookAPI (definition CRUD, never intercepted)
       └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400
+          ├ webconsole/{uri}?host_ip=IP          WebconsoleRouting → the console proxy of that host
+          │                                      (HTTP or WebSocket; middleware/webconsole.py)
           └ AdmissionMiddleware (bcs definitions)
               └ SchedulerRouting                 bcs.upstream = scheduler master (read per request)
                   └ UpstreamProxy                → the scheduler's /v1 call (bcs_middleware.scheduler),
@@ -43,8 +45,11 @@ from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable
 from .middleware.admission import AdmissionMiddleware
 from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
+from .middleware.webconsole import WEBCONSOLE, WebconsoleRouting
 from .scheduler import scheduler_call
+from .upstream.addresses import AddressPolicy
 from .upstream.proxy import UpstreamProxy
+from .upstream.transport import PooledTransport
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +138,7 @@ class DriverApp:
     :param admission: the admission layer wrapping the scheduler route.
     :param definitions_api: the definition CRUD app.
     :param driver_prefix: path prefix of the driver API.
+    :param webconsole: the webconsole route (``None``: no webconsole).
     """
 
     def __init__(
@@ -143,7 +149,9 @@ class DriverApp:
         admission: Any,
         definitions_api: Any,
         driver_prefix: str = DRIVER_PATH,
+        webconsole: Any = None,
     ) -> None:
+        self.webconsole = webconsole
         self.cluster_id = cluster_id
         self.discovery = discovery
         self.admission = admission
@@ -172,6 +180,8 @@ class DriverApp:
         except BCSError as exc:
             return exc(environ, start_response)
         environ[env.CLUSTER] = self.cluster
+        if rest.startswith(WEBCONSOLE) and self.webconsole is not None:
+            return self.webconsole(environ, start_response)
         return self.admission(environ, start_response)
 
     def readyz(self, start_response: Any) -> list[bytes]:
@@ -200,6 +210,7 @@ def build_driver(
     admission_options: Mapping[str, Any] | None = None,
     definitions_require_superuser: bool = True,
     convert: bool = True,
+    webconsole_options: Mapping[str, Any] | None = None,
 ) -> DriverApp:
     """Assemble the driver role.
 
@@ -212,14 +223,17 @@ def build_driver(
         definitions through it.
     :param convert: the source's protocol conversion to the scheduler's ``/v1``
         API (``False``: forward every request to ``{scheduler_prefix}{uri}``).
+    :param webconsole_options: keyword arguments for :class:`WebconsoleRouting`
+        (``port``, ``scheme``, ``ca_pem``, ``verify``, ``client_cert``).
     """
     if not cluster_id or "/" in cluster_id:
         raise ConfigError(f"bad cluster id {cluster_id!r}")
     if not driver_prefix.startswith("/") or not driver_prefix.endswith("/"):
         raise ConfigError("driver_prefix must start and end with '/'")
     store = admission_store if admission_store is not None else MemoryDefinitionStore()
+    proxy = proxy if proxy is not None else UpstreamProxy()
     routing = SchedulerRouting(
-        proxy if proxy is not None else UpstreamProxy(),
+        proxy,
         discovery=discovery,
         driver_prefix=driver_prefix,
         scheduler_prefix=scheduler_prefix,
@@ -232,8 +246,9 @@ def build_driver(
     admission = AdmissionMiddleware(routing, store=store, mode="bcs", **dict(admission_options or {}))
     api = AdmissionWebhookAPI(store, engine=admission.engine,
                               require_superuser=definitions_require_superuser)
+    webconsole = WebconsoleRouting(proxy, driver_prefix=driver_prefix, **dict(webconsole_options or {}))
     return DriverApp(cluster_id=cluster_id, discovery=discovery, admission=admission,
-                     definitions_api=api, driver_prefix=driver_prefix)
+                     definitions_api=api, driver_prefix=driver_prefix, webconsole=webconsole)
 
 
 def _schedulers(value: str) -> list[Endpoint]:
@@ -255,6 +270,14 @@ _OPTIONS: dict[str, conv.Converter] = {
     "secret_key": conv.text,
     "definitions_require_superuser": conv.asbool,
     "convert": conv.asbool,
+    "console_port": conv.asint,
+    "console_scheme": conv.text,
+    "console_ca_file": conv.text,
+    "console_verify": conv.asbool,
+    "console_cert_file": conv.text,
+    "console_key_file": conv.text,
+    "upstream_allow": conv.networks,
+    "upstream_deny": conv.networks,
     "total_budget": conv.seconds,
     "default_timeout": conv.seconds,
     "max_body": conv.size,
@@ -274,6 +297,11 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         # static_schedulers = http://10.0.0.9:8080   ; without ZooKeeper (first = master)
         scheduler_prefix = /v4/           ; for the routes the driver does not convert
         # convert = true                  ; the source's conversion to the scheduler's /v1 API
+        # webconsole: {driver_prefix}webconsole/{uri}?host_ip=IP -> https://IP:8083/bcsapi/v1/consoleproxy/{uri}
+        # console_port = 8083
+        # console_ca_file = /etc/bcs/console-ca.pem
+        # console_cert_file = /etc/bcs/driver.crt   ; with console_key_file: presented to the console
+        # upstream_deny = 10.0.0.0/24              ; where neither schedulers nor consoles may be
         # admission definitions: the shared SQL store (or SQLite in data_dir), or a file (else in memory)
         database_url = postgresql://bcs@db/bcs
         # definitions_file = /etc/bcs/admission.yaml
@@ -323,8 +351,28 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
     verify = opts.pop("scheduler_verify", True)
     if not verify:
         log.warning("TLS verification towards the Mesos scheduler is OFF (scheduler_verify = false)")
-    proxy = UpstreamProxy(connect_timeout=opts.pop("connect_timeout", 5.0),
-                          read_timeout=opts.pop("read_timeout", 60.0))
+    # Webconsole hosts come from the request: every connection goes through the address policy.
+    policy = AddressPolicy(allow=opts.pop("upstream_allow", ()), deny=opts.pop("upstream_deny", ()))
+    proxy = UpstreamProxy(transport=PooledTransport(connect_timeout=opts.pop("connect_timeout", 5.0),
+                                                    read_timeout=opts.pop("read_timeout", 60.0),
+                                                    address_policy=policy))
+    console: dict[str, Any] = {}
+    for key in ("port", "scheme", "verify"):
+        if f"console_{key}" in opts:
+            console[key] = opts.pop(f"console_{key}")
+    if console.get("verify") is False:
+        log.warning("TLS verification towards webconsole proxies is OFF (console_verify = false)")
+    console_ca = opts.pop("console_ca_file", None)
+    if console_ca:
+        try:
+            console["ca_pem"] = Path(console_ca).read_text()
+        except OSError as exc:
+            raise ConfigError(f"[{section}] cannot read console_ca_file {console_ca!r}: {exc.strerror}") from None
+    cert_file, key_file = opts.pop("console_cert_file", None), opts.pop("console_key_file", None)
+    if bool(cert_file) != bool(key_file):
+        raise ConfigError(f"[{section}] set console_cert_file and console_key_file together")
+    if cert_file and key_file:
+        console["client_cert"] = (cert_file, key_file)
     admission_keys = ("total_budget", "default_timeout", "max_body", "address_map")
     admission_options: dict[str, Any] = {k: opts.pop(k) for k in admission_keys if k in opts}
     return build_driver(
@@ -338,6 +386,7 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         admission_options=admission_options,
         definitions_require_superuser=opts.pop("definitions_require_superuser", True),
         convert=opts.pop("convert", True),
+        webconsole_options=console,
     )
 
 
