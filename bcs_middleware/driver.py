@@ -40,9 +40,9 @@ from . import converters as conv
 from . import environ as env
 from .admission.api import AdmissionWebhookAPI
 from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
-from .bodies import parse_json, read_bounded, replace_body
+from .bodies import media_type, parse_json, read_bounded, replace_body
 from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable
+from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable, UnsupportedMediaType
 from .middleware.admission import AdmissionMiddleware
 from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
 from .middleware.webconsole import WEBCONSOLE, WebconsoleRouting
@@ -125,6 +125,12 @@ class SchedulerRouting:
 
     def scheduler_call(self, environ: dict[str, Any], uri: str) -> Any:
         def body() -> Any:
+            # Only what the admission layer parses as JSON is converted: admission skips other
+            # media types (and reads YAML with another parser), so converting them could create
+            # objects no webhook ever saw.
+            mime = media_type(environ)
+            if mime and ("json" not in mime or "yaml" in mime):
+                raise UnsupportedMediaType("the body must be JSON (application/json)")
             return parse_json(read_bounded(environ, self.max_body), what="the request body")
 
         return scheduler_call(environ.get("REQUEST_METHOD", "GET"), uri, environ.get("QUERY_STRING", ""), body)

@@ -177,6 +177,19 @@ def test_gateway_to_gunicorn_driver_to_scheduler_with_admission(private_zookeepe
             assert version["raw_json"]["metadata"]["labels"] == {"injected": "yes"}
             assert (version["ID"], version["RunAs"], version["Kind"]) == ("web", "prod", "application")
             assert hook.calls == 1
+            # Admission parses JSON (and YAML) bodies only: a body sent as another media type is never
+            # converted into a scheduler call that no webhook saw.
+            before = scheduler.count()
+            for content_type in ("text/plain", "application/octet-stream"):
+                sneaky = requests.post(f"http://127.0.0.1:{port}/mesosdriver/v4/namespaces/prod/applications",
+                                       data=json.dumps({"apiVersion": "v4", "kind": "application",
+                                                        "metadata": {"name": "sneaky", "namespace": "prod"},
+                                                        "spec": {"instance": 1, "template": {"spec": {
+                                                            "containers": [{"image": "nginx"}]}}}}),
+                                       headers={"BCS-ClusterID": "BCS-MESOS-E2E", "Content-Type": content_type},
+                                       timeout=10)
+                assert sneaky.status_code == 415, (content_type, sneaky.text)
+            assert scheduler.count() == before and hook.calls == 1
             wrong = requests.get(f"http://127.0.0.1:{port}/mesosdriver/v4/x",
                                  headers={"BCS-ClusterID": "BCS-MESOS-OTHER"}, timeout=10)
             assert wrong.status_code == 400
