@@ -60,6 +60,8 @@ def console_host(query_string: str) -> str:
         address = ipaddress.ip_address(values[0])
     except ValueError:
         raise BadRequest("param host_ip must be an IP address", code_name="BAD_HOST_IP") from None
+    if getattr(address, "scope_id", None):
+        raise BadRequest("param host_ip may not name an interface", code_name="BAD_HOST_IP")
     return f"[{address}]" if address.version == 6 else str(address)
 
 
