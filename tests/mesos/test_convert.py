@@ -25,6 +25,10 @@ CLUSTER = "BCS-MESOS-CONVERT"
 FIXTURES = Path(__file__).parent / "fixtures"
 APPLICATION = json.loads((FIXTURES / "application.json").read_text())
 DEPLOYMENT = json.loads((FIXTURES / "deployment.json").read_text())
+PROCESS = {"apiVersion": "v4", "kind": "process", "metadata": {"name": "gamesvr", "namespace": "nfsol"},
+           "spec": {"instance": 1, "template": {"spec": {"processes": [{
+               "procName": "gamesvr", "workPath": "/data/gamesvr", "startCmd": "./start.sh",
+               "resources": {"limits": {"cpu": "1", "memory": "512"}}}]}}}}
 CONFIGMAP = {"apiVersion": "v4", "kind": "configmap", "metadata": {"name": "cm", "namespace": "nfsol"},
              "datas": {"item-one": {"type": "file", "content": "aGVsbG8="}}}
 
@@ -155,6 +159,13 @@ def test_the_schedulers_refusal_is_relayed_as_it_answered(driver: Driver) -> Non
                      ("PUT", "/v1/deployment/defaultGroup/deployment-test/scale/4", ""), id="deployment-scale"),
         pytest.param("DELETE", "namespaces/defaultGroup/deployments/deployment-test?enforce=0", None,
                      ("DELETE", "/v1/deployment/defaultGroup/deployment-test", "enforce=0"), id="deployment-delete"),
+        pytest.param("PUT", "namespaces/defaultGroup/deployments/deployment-test/pauseupdate", None,
+                     ("POST", "/v1/deployment/defaultGroup/deployment-test/pauseupdate", ""), id="deployment-pause"),
+        pytest.param("POST", "namespaces/nfsol/processes", "process", ("POST", "/v1/apps", ""), id="process-create"),
+        pytest.param("PUT", "namespaces/nfsol/processes/gamesvr/scale/2", None,
+                     ("POST", "/v1/apps/nfsol/gamesvr/scale", "instances=2&kind=process"), id="process-scale"),
+        pytest.param("GET", "namespaces/nfsol/applications/ri-test-rc-001/taskgroups", None,
+                     ("GET", "/v1/apps/nfsol/ri-test-rc-001/taskgroups", ""), id="taskgroups"),
         pytest.param("POST", "namespaces/nfsol/configmaps", "configmap", ("POST", "/v1/configmap", ""),
                      id="configmap-create"),
         pytest.param("PUT", "namespaces/nfsol/configmaps", "configmap", ("PUT", "/v1/configmap", ""),
@@ -166,7 +177,8 @@ def test_the_schedulers_refusal_is_relayed_as_it_answered(driver: Driver) -> Non
 )
 def test_each_source_route_becomes_its_scheduler_call(driver: Driver, method: str, uri: str, body: str | None,
                                                      expected: tuple[str, str, str]) -> None:
-    document = {"app": APPLICATION, "deployment": DEPLOYMENT, "configmap": CONFIGMAP, None: None}[body]
+    document = {"app": APPLICATION, "deployment": DEPLOYMENT, "configmap": CONFIGMAP, "process": PROCESS,
+                None: None}[body]
     response, sent = driver.sent(method, uri, document)
     assert _envelope(response)["result"] is True, response.text
     assert sent is not None and (sent.method, sent.path, sent.query) == expected
@@ -175,6 +187,10 @@ def test_each_source_route_becomes_its_scheduler_call(driver: Driver, method: st
         assert definition["version"]["Kind"] == "application" and definition["version"]["RunAs"] == "defaultGroup"
         assert definition["selector"] == {"podname": "deployment-test"}
         assert definition["strategy"]["type"] == "RollingUpdate" and definition["raw_json"] == DEPLOYMENT
+    if body == "process":
+        version = sent.json()
+        assert (version["Kind"], version["Container"], version["Process"]) == ("process", [],
+                                                                              PROCESS["spec"]["template"]["spec"]["processes"])
     if body == "configmap":
         assert sent.json() == CONFIGMAP  # configmaps, secrets and services go as sent
     if body is None:
