@@ -309,6 +309,15 @@ def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any
         options["static_schedulers"] = " ".join(args.scheduler)
     if args.scheduler_ca_file:
         options["scheduler_ca_file"] = args.scheduler_ca_file
+    if args.console_port:
+        options["console_port"] = args.console_port
+    if args.console_ca_file:
+        options["console_ca_file"] = args.console_ca_file
+    if args.console_http:
+        options["console_scheme"] = "http"
+    for key in ("upstream_allow", "upstream_deny"):
+        if getattr(args, key):
+            options[key] = " ".join(getattr(args, key))
     open_store(args.database_url, data_dir=data_dir).dispose()  # migrate once, in the master
     app_factory({}, **options)  # fail on bad options before forking
 
@@ -404,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--scheduler", action="append", default=[], metavar="URL",
                        help="driver without ZooKeeper: the scheduler (first = master; repeatable)")
     serve.add_argument("--scheduler-ca-file", help="driver: the CA an https scheduler's certificate chains to")
+    serve.add_argument("--console-port", type=int, help="driver: the webconsole proxy port on the hosts (8083)")
+    serve.add_argument("--console-ca-file", help="driver: the CA the webconsole proxies' certificates chain to")
+    serve.add_argument("--console-http", action="store_true",
+                       help="driver: the webconsole proxies run without TLS (http/ws)")
     serve.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP|CIDR",
                        help="a TLS-terminating proxy in front of the gateway whose X-Forwarded-Proto "
                             "(https) is believed (repeatable, comma-separated; default: none — "

@@ -9,6 +9,7 @@ Request flow::
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
               ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
+              ├ /bcsapi/v1/webconsole/…        the same, to the driver's /mesosdriver/v4/webconsole/…
               │                                → UpstreamProxy (the driver admits)
               └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
 
@@ -36,8 +37,10 @@ from .metrics import BATCH
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
-from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
+from .middleware.mesos import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
 from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .middleware.webconsole import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
+from .middleware.webconsole import WEBCONSOLE
 from .permissions import ClusterAuthorizer
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
@@ -169,7 +172,9 @@ class GatewayDispatcher:
         rbac_status: Any = None,
         mesos: Any = None,
         discovery: Discovery | None = None,
+        webconsole: Any = None,
     ) -> None:
+        self.webconsole = webconsole
         self.api = api
         self.tunnel = tunnel
         self.store = store
@@ -197,6 +202,8 @@ class GatewayDispatcher:
             return _text_response(start_response, "503 Service Unavailable", {"status": "not ready", **report})
         if path.startswith(MESOS_PREFIX) and self.mesos is not None:
             return self.mesos(environ, start_response)
+        if path.startswith(WEBCONSOLE_PREFIX) and self.webconsole is not None:
+            return self.webconsole(environ, start_response)
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/rest/rbac/status" and self.rbac_status is not None:
@@ -334,6 +341,18 @@ def build_gateway(
         verify=config.driver_verify,
         access=tunnel_access,
     )
+    # bcs-api's webconsole: the same Mesos route (auth, view, a live driver), to the driver's webconsole.
+    webconsole = MesosRoutingMiddleware(
+        proxy,
+        discovery=discovery,
+        prefix=WEBCONSOLE_PREFIX,
+        driver_path=DRIVER_PATH + WEBCONSOLE,
+        prefer_external=config.prefer_external,
+        max_yaml=config.max_yaml,
+        ca_pem=mesos.ca_pem,
+        verify=config.driver_verify,
+        access=tunnel_access,
+    )
     rbac_status = RBACStatusApp(store, enabled=rbac_grants)
     if rbac_grants:
         service = build_service(
@@ -352,7 +371,8 @@ def build_gateway(
             # gunicorn workers leave through sys.exit: hand the lease over at once.
             atexit.register(service.stop)
     dispatcher = GatewayDispatcher(
-        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery
+        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
+        webconsole=webconsole,
     )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     peer = (

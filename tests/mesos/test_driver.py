@@ -161,17 +161,35 @@ def test_gateway_to_gunicorn_driver_to_scheduler_with_admission(private_zookeepe
             # one registration per server, not per worker
             assert len(raw.get_children(driver_path("BCS-MESOS-E2E"))) == 1
             server, _ = gateway_route(discovery)
-            yaml_body = ("apiVersion: v4\nkind: Application\nmetadata:\n  name: web\n"
-                         "  namespace: prod\nspec:\n  instance: 1\n")
+            yaml_body = ("apiVersion: v4\nkind: application\nmetadata:\n  name: web\n"
+                         "  namespace: prod\nspec:\n  instance: 1\n  template:\n    spec:\n"
+                         "      containers:\n      - image: nginx\n")
             response = requests.post(f"{server.url}/bcsapi/v4/scheduler/mesos/namespaces/prod/applications?v=1",
                                      data=yaml_body, headers={"BCS-ClusterID": "BCS-MESOS-E2E",
                                                               "Content-Type": "application/x-yaml"}, timeout=20)
             assert response.status_code == 200, response.text
-            assert response.json()["served_by"] == "scheduler"
+            assert response.json()["result"] is True  # the scheduler's own envelope, relayed
             received = scheduler.requests[-1]
-            assert received.path == "/v4/namespaces/prod/applications" and received.query == "v=1"
-            assert received.json()["metadata"]["labels"] == {"injected": "yes"}
+            # admission ran on the v4 document, then the driver converted it for the scheduler
+            assert (received.method, received.path, received.query) == ("POST", "/v1/apps", "")
+            version = received.json()
+            assert version["ObjectMeta"]["labels"] == {"injected": "yes"} == version["Labels"]
+            assert version["raw_json"]["metadata"]["labels"] == {"injected": "yes"}
+            assert (version["ID"], version["RunAs"], version["Kind"]) == ("web", "prod", "application")
             assert hook.calls == 1
+            # Admission parses JSON (and YAML) bodies only: a body sent as another media type is never
+            # converted into a scheduler call that no webhook saw.
+            before = scheduler.count()
+            for content_type in ("text/plain", "application/octet-stream"):
+                sneaky = requests.post(f"http://127.0.0.1:{port}/mesosdriver/v4/namespaces/prod/applications",
+                                       data=json.dumps({"apiVersion": "v4", "kind": "application",
+                                                        "metadata": {"name": "sneaky", "namespace": "prod"},
+                                                        "spec": {"instance": 1, "template": {"spec": {
+                                                            "containers": [{"image": "nginx"}]}}}}),
+                                       headers={"BCS-ClusterID": "BCS-MESOS-E2E", "Content-Type": content_type},
+                                       timeout=10)
+                assert sneaky.status_code == 415, (content_type, sneaky.text)
+            assert scheduler.count() == before and hook.calls == 1
             wrong = requests.get(f"http://127.0.0.1:{port}/mesosdriver/v4/x",
                                  headers={"BCS-ClusterID": "BCS-MESOS-OTHER"}, timeout=10)
             assert wrong.status_code == 400
