@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import converters as conv
-from .api.app import ManagementAPI
+from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
@@ -138,7 +138,7 @@ class GatewayConfig:
     static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     driver_ca_file: Path | None = None
     driver_verify: bool = True
-    prefer_external: bool = False
+    prefer_external: bool = True
     max_yaml: int = 1024 * 1024
     # Client-certificate authentication (the server must ask for certificates: serve --client-ca-file).
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
@@ -361,7 +361,8 @@ def build_gateway(
         else None
     )
     authed = TokenAuthMiddleware(
-        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer
+        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
+        public_requests=(AGENT_REPORT,),
     )
     return RequestContextMiddleware(authed, access_log=config.access_log)
 
