@@ -45,6 +45,9 @@ class Snapshot:
 
     drivers: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
     schedulers: tuple[Endpoint, ...] = ()
+    #: clusters whose driver directory exists: a driver registered once (the
+    #: directory is persistent, its ephemeral nodes are not)
+    clusters: frozenset[str] = frozenset()
 
 
 def _ordered(children: list[str]) -> list[str]:
@@ -163,11 +166,14 @@ class _Session:
             if self._closed:
                 return False
             self.reads += 1
-            wanted = set(children)
+            # Drivers' nodes of the Mesos cluster's own layout sit directly below (named
+            # "_c_<guid>-<ip><seq>" by go-zookeeper): not cluster directories.
+            wanted = {name for name in children if not name.startswith("_c_")}
             with self._lock:
                 new = wanted - self._clusters
                 gone = self._clusters - wanted
                 self._clusters = wanted
+            self._swap(clusters=frozenset(wanted))
             for cluster in gone:
                 self._swap(cluster=cluster, endpoints=None)
             for cluster in sorted(new):
@@ -238,12 +244,14 @@ class _Session:
         cluster: str | None = None,
         endpoints: tuple[Endpoint, ...] | None = None,
         schedulers: tuple[Endpoint, ...] | None = None,
+        clusters: frozenset[str] | None = None,
         clear: str | None = None,
     ) -> None:
         with self._lock:
             old = self.snapshot
             drivers = dict(old.drivers)
             scheds = old.schedulers
+            known = old.clusters if clusters is None else clusters
             if cluster is not None:
                 if endpoints:
                     drivers[cluster] = endpoints
@@ -253,10 +261,11 @@ class _Session:
                 scheds = schedulers
             if clear == DRIVER_DIR:
                 drivers = {}
+                known = frozenset()
                 self._clusters = set()
             elif clear == SCHEDULER_DIR:
                 scheds = ()
-            self.snapshot = Snapshot(drivers, scheds)
+            self.snapshot = Snapshot(drivers, scheds, known)
         with self.changed:
             self.changed.notify_all()
 
@@ -331,6 +340,9 @@ class ZookeeperDiscovery:
 
     def drivers(self, cluster_id: str) -> tuple[Endpoint, ...]:
         return self._current().snapshot.drivers.get(cluster_id, ())
+
+    def registered(self, cluster_id: str) -> bool:
+        return cluster_id in self._current().snapshot.clusters
 
     def scheduler_master(self) -> Endpoint | None:
         schedulers = self._current().snapshot.schedulers

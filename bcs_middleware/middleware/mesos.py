@@ -13,15 +13,20 @@ converted to JSON here with the safe loader, bounded by ``max_yaml`` (413
 beyond), and must be a mapping or a list (400 otherwise), so drivers and
 schedulers only ever see JSON.
 
-Errors (API JSON shape): no ``bcs.user`` → 401 (403 for a register token);
-missing ``BCS-ClusterID`` → 400; given ``access``, a user without ``view`` on the
-cluster (:mod:`bcs_middleware.permissions`) → the 404 of a cluster that does not
-exist, before anything else is said about it; no live driver → 503 naming the cluster; an
-unsafe path (``..``, encoded ``/``) → 400.
+Errors are the source's bcs envelope (``bcs.error_style = "bcs"``:
+``{"result": false, "code": <bk-bcs error number>, "message", "data": null}``)
+with real HTTP statuses: no ``bcs.user`` → 401 (403 for a register token);
+missing ``BCS-ClusterID`` → 400 (1405007); given ``access``, a user without
+``view`` on the cluster (:mod:`bcs_middleware.permissions`) → the 404 of a cluster
+that does not exist, before anything else is said about it; a cluster no driver
+ever registered (:meth:`~bcs_middleware.discovery.Discovery.registered`) → that
+same 404 (1405051, bcs-api's "mesos cluster not found"); registered drivers all
+gone → 503 ``NO_LIVE_DRIVER`` (1405051); a YAML body that does not convert → 400
+(1405065); an unsafe path (``..``, encoded ``/``) → 400.
 
 Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``,
-``HTTP_BCS_CLUSTERID``, ``bcs.user``; sets ``bcs.cluster`` (type ``mesos``) and
-``bcs.upstream``; may rewrite ``wsgi.input``, ``CONTENT_TYPE``,
+``HTTP_BCS_CLUSTERID``, ``bcs.user``; sets ``bcs.error_style``, ``bcs.cluster``
+(type ``mesos``) and ``bcs.upstream``; may rewrite ``wsgi.input``, ``CONTENT_TYPE``,
 ``CONTENT_LENGTH``. Requests outside ``prefix`` pass through untouched.
 
 Example::
@@ -44,7 +49,7 @@ from .. import converters as conv
 from .. import environ as env
 from ..bodies import parse_yaml, read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from ..errors import BadRequest, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
+from ..errors import BadRequest, BcsCode, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import VIEW, ClusterAccess, cluster_not_found
 
@@ -79,12 +84,14 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     data = read_bounded(environ, max_yaml, what="a YAML body")
     document = parse_yaml(data, what="the YAML body") if data else None
     if not isinstance(document, dict | list):
-        raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML")
+        raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML",
+                         bcs_code=BcsCode.API_MEDIA_TYPE_ERROR)
     try:
         payload = json.dumps(document).encode()
     except (TypeError, ValueError):
         # Timestamps, sets... safe_load can build values JSON has no form for.
-        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML") from None
+        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML",
+                         bcs_code=BcsCode.API_MEDIA_TYPE_ERROR) from None
     replace_body(environ, payload, content_type="application/json")
 
 
@@ -96,7 +103,7 @@ class MesosRoutingMiddleware:
     :param prefix: the gateway path prefix routed here.
     :param driver_path: the path prefix on the driver.
     :param prefer_external: use a driver's ``external_ip``/``external_port``
-        when it registered them (a gateway outside the cluster network).
+        when it registered both, as bcs-api did (``False``: always the inner address).
     :param max_yaml: largest YAML body converted; larger is a 413.
     :param ca_pem: PEM bundle ``https`` drivers must chain to (``None``: system store).
     :param verify: ``False`` turns TLS verification towards drivers off —
@@ -113,7 +120,7 @@ class MesosRoutingMiddleware:
         discovery: Discovery,
         prefix: str = MESOS_PREFIX,
         driver_path: str = DRIVER_PATH,
-        prefer_external: bool = False,
+        prefer_external: bool = True,
         max_yaml: int = 1024 * 1024,
         ca_pem: str | None = None,
         verify: bool = True,
@@ -139,6 +146,7 @@ class MesosRoutingMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if not environ.get("PATH_INFO", "").startswith(self.prefix):
             return self.app(environ, start_response)
+        environ[env.ERROR_STYLE] = "bcs"
         try:
             self.route(environ)
         except BCSError as exc:
@@ -157,6 +165,8 @@ class MesosRoutingMiddleware:
         if self.access is not None and not self.access.allows(user, cluster_id, VIEW):
             raise cluster_not_found(cluster_id)
         drivers = self.discovery.drivers(cluster_id)
+        if not drivers and not self.discovery.registered(cluster_id):
+            raise cluster_not_found(cluster_id)
         if not drivers:
             raise ServiceUnavailable(
                 f"no live mesos-driver for cluster {cluster_id!r}", code_name="NO_LIVE_DRIVER"
@@ -227,7 +237,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         # static_drivers =
         #     BCS-MESOS-10001 = https://10.0.0.5:8443 https://10.0.0.6:8443
         ca_file = /etc/bcs/driver-ca.pem
-        prefer_external = false
+        prefer_external = true
         max_yaml = 1MiB
     """
     section = "filter:mesos_routing"
