@@ -6,13 +6,17 @@ One driver (usually three replicas) per Mesos cluster. Request flow::
       ├ /healthz /readyz                         health; readiness = discovery fresh + a master known
       ├ {driver_prefix}namespaces/{ns}/admissionwebhook…, {driver_prefix}admissionwebhooks
       │                                          AdmissionWebhookAPI (definition CRUD, never intercepted)
-      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400
+      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400 (1405234)
           └ AdmissionMiddleware (bcs definitions)
               └ SchedulerRouting                 bcs.upstream = scheduler master (read per request)
                   └ UpstreamProxy                → {scheduler_prefix}{uri}?{query}
 
 The scheduler master is read from the discovery snapshot for every request, so
 when the master changes the next request follows it.
+
+Errors under ``{driver_prefix}`` are the source's bcs envelope
+(``bcs.error_style = "bcs"``); the header filter and admission failures are
+HTTP 400 with code 1405234, as the source's driver answers them.
 
 Registration: the driver announces itself in ZooKeeper once per gunicorn
 server (not per worker) — see :func:`gunicorn_hooks`.
@@ -32,9 +36,9 @@ from . import environ as env
 from .admission.api import AdmissionWebhookAPI
 from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
 from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable
+from .errors import BadRequest, BcsCode, BCSError, ConfigError, NotFound, ServiceUnavailable
 from .middleware.admission import AdmissionMiddleware
-from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
+from .middleware.mesos import DRIVER_PATH, safe_subpath
 from .upstream.proxy import UpstreamProxy
 
 log = logging.getLogger(__name__)
@@ -84,7 +88,8 @@ class SchedulerRouting:
                                environ.get("RAW_URI") or environ.get("REQUEST_URI"))
             master = self.discovery.scheduler_master()
             if master is None:
-                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER")
+                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER",
+                                         bcs_code=BcsCode.HTTP_DO)
         except BCSError as exc:
             return exc(environ, start_response)
         environ[env.UPSTREAM] = env.Upstream(
@@ -132,18 +137,18 @@ class DriverApp:
             return self.readyz(start_response)
         if not path.startswith(self.driver_prefix):
             return NotFound(f"no route for {path}")(environ, start_response)
+        environ[env.ERROR_STYLE] = "bcs"
         rest = path[len(self.driver_prefix):]
         if _DEFINITIONS.match(rest):
             return self.definitions_api(environ, start_response)
-        try:
-            cluster_id = cluster_header(environ)
-            if cluster_id != self.cluster_id:
-                raise BadRequest(
-                    f"this driver serves cluster {self.cluster_id!r}, not {cluster_id!r}",
-                    code_name="WRONG_CLUSTER",
-                )
-        except BCSError as exc:
-            return exc(environ, start_response)
+        cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
+        if cluster_id != self.cluster_id:
+            # The source's header filter: a missing and a wrong header are one failure.
+            return BadRequest(
+                f"http header BCS-ClusterID {cluster_id!r} is not this driver's cluster {self.cluster_id!r}",
+                code_name="CLUSTER_ID_REQUIRED" if not cluster_id else "WRONG_CLUSTER",
+                bcs_code=BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED,
+            )(environ, start_response)
         environ[env.CLUSTER] = self.cluster
         return self.admission(environ, start_response)
 
@@ -313,7 +318,8 @@ def gunicorn_hooks(
     root: str = DEFAULT_ROOT,
     timeout: float = 10.0,
 ) -> tuple[Any, Any]:
-    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server.
+    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server,
+    under both ZooKeeper layouts, and deregister first on SIGTERM.
 
     ``gunicorn.conf.py``::
 
@@ -326,9 +332,11 @@ def gunicorn_hooks(
     """
     import dataclasses
 
-    from .discovery.registration import driver_path
+    from .discovery.registration import driver_path, mesos_driver_path
     from .discovery.registration import gunicorn_hooks as hooks
 
     if not endpoint.cluster:
         endpoint = dataclasses.replace(endpoint, cluster=cluster_id)
-    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout)
+    # Both layouts, as bk-bcs's driver registers (bk-bcs #136): the gateways' and the Mesos cluster's own.
+    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout,
+                 also=[(mesos_driver_path(root), endpoint)])
