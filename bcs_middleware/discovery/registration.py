@@ -160,7 +160,7 @@ class Registrar:
             self._registered.set()
         log.info("registered %s as %s", self.endpoint.base_url(), self.node)
 
-    def deregister(self, wait: float = 2.0) -> None:
+    def deregister(self, wait: float = 1.0) -> None:
         """Delete the node and close the session (clean shutdown), in at most about ``wait`` seconds.
 
         With ZooKeeper unreachable the delete cannot happen; the node then expires
@@ -174,8 +174,10 @@ class Registrar:
         if client is None:
             return
         try:
-            if node is not None:
+            if node is not None and client.state == KazooState.CONNECTED:
                 client.delete_async(node).get(timeout=wait)
+            elif node is not None:
+                log.warning("ZooKeeper unreachable: %s expires with the session", node)
         except NoNodeError:
             pass
         except (KazooException, TimeoutError) as exc:

@@ -65,20 +65,34 @@ def make_client(hosts: str, timeout: float) -> Any:
     )
 
 
-def start_client(client: Any) -> None:
-    """Start ``client`` in the background, and make sure a process can always exit.
+#: how long a process exiting waits for its ZooKeeper client to stop
+EXIT_WAIT = 1.0
 
-    kazoo registers an exit hook that joins its callback thread; when ZooKeeper is
-    unreachable that thread can be blocked in a watch's read that only a *stopped*
-    client ever releases, and the process would hang at exit (a gunicorn worker
-    until it is killed). Our hook is registered after kazoo's, so it runs first
-    and stops the client, which fails the pending reads and lets kazoo's hook finish.
+
+def start_client(client: Any) -> None:
+    """Start ``client`` in the background, and make sure a process can always exit, quickly.
+
+    kazoo registers an exit hook that joins its callback threads without a time
+    limit; when ZooKeeper is unreachable one of them can be blocked in a watch's
+    read, and stopping the client waits for its connection thread's reconnect
+    backoff: a gunicorn worker would outlive the graceful timeout and be killed.
+    Our hook is registered after kazoo's, so it runs first: it takes kazoo's hook
+    away and stops the client on a daemon thread, waiting at most
+    :data:`EXIT_WAIT` seconds (kazoo's threads are daemons: an exiting process
+    does not wait for them).
     """
     client.start_async()
     atexit.register(_stop_at_exit, client)
 
 
 def _stop_at_exit(client: Any) -> None:
+    atexit.unregister(client.handler.stop)
+    stopper = threading.Thread(target=_stop_quietly, args=(client,), daemon=True)
+    stopper.start()
+    stopper.join(EXIT_WAIT)
+
+
+def _stop_quietly(client: Any) -> None:
     try:
         client.stop()
         client.close()
