@@ -52,7 +52,7 @@ def test_go_driver_nodes_route_to_their_external_address(zookeeper, discovery, f
     cluster = "BCS-MESOS-GOEXT"
     outside = fakes("outside")  # the driver as a gateway outside the cluster network reaches it
     raw = KazooClient(hosts=zookeeper.hosts)
-    raw.start(10)
+    raw.start(30)
     try:
         # the inner address is one nothing listens on: only the external one answers
         create_go_node(raw, driver_path(cluster), "10.255.0.1",
@@ -70,7 +70,7 @@ def test_never_registered_is_404_and_all_gone_is_503(zookeeper, discovery, fakes
     cluster = "BCS-MESOS-GONE"
     driver = fakes("driver")
     raw = KazooClient(hosts=zookeeper.hosts)
-    raw.start(10)
+    raw.start(30)
     try:
         server, _ = gateway_route(discovery)
         never = mesos_get(server.url, "namespaces/ns/applications", "BCS-MESOS-NEVER")
@@ -120,7 +120,7 @@ def test_a_driver_registers_in_both_layouts_and_deregisters_first_on_sigterm(
     silent = _SilentScheduler()
     registrars(zookeeper.hosts, f"{root}/scheduler", Endpoint(ip="127.0.0.1", port=silent.port))
     raw = KazooClient(hosts=zookeeper.hosts)
-    raw.start(10)
+    raw.start(30)
     port = free_port()
     driver = ServerProcess(
         [CLI, "serve", "--role", "driver", "--cluster-id", cluster, "--zookeeper", zookeeper.hosts,
