@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,11 @@ from .admission.store import DefinitionStore, MemoryDefinitionStore, load_defini
 from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from .errors import BadRequest, BcsCode, BCSError, ConfigError, NotFound, ServiceUnavailable
 from .middleware.admission import AdmissionMiddleware
-from .middleware.mesos import DRIVER_PATH, safe_subpath
+from .middleware.mesos import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
 from .upstream.proxy import UpstreamProxy
 
 log = logging.getLogger(__name__)
 
-# Definition CRUD (relative to the driver prefix): served, never admitted or forwarded.
-_DEFINITIONS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 
 
 def _json(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -139,7 +136,7 @@ class DriverApp:
             return NotFound(f"no route for {path}")(environ, start_response)
         environ[env.ERROR_STYLE] = "bcs"
         rest = path[len(self.driver_prefix):]
-        if _DEFINITIONS.match(rest):
+        if DEFINITION_PATHS.match(rest):
             return self.definitions_api(environ, start_response)
         cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
         if cluster_id != self.cluster_id:
@@ -278,7 +275,10 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         from .store.definitions import SQLDefinitionStore
 
         # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
-        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key))
+        # The gateway-wide definitions and this cluster's own (managed through the gateway's
+        # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
+        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
+                                   bcs_cluster=cluster_id, inherit=True)
     elif definitions_file:
         store = load_definitions_file(definitions_file)
     else:

@@ -9,7 +9,8 @@ Request flow::
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
               ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
-              │                                → UpstreamProxy (the driver admits)
+              │                                → UpstreamProxy (the driver admits), or, for
+              │                                …/admissionwebhook(s): ClusterDefinitionsAPI
               └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
 
 Everything a gateway needs is described by :class:`GatewayConfig`; the paste
@@ -252,7 +253,7 @@ def build_gateway(
         configuration) and every worker builds its own with ``True``; only the worker
         holding the store's lease reconciles.
     """
-    from .admission.api import AdmissionWebhookAPI
+    from .admission.api import AdmissionWebhookAPI, ClusterDefinitionsAPI
     from .middleware.admission import AdmissionMiddleware
     from .store.definitions import SQLDefinitionStore
 
@@ -333,6 +334,12 @@ def build_gateway(
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
         verify=config.driver_verify,
         access=tunnel_access,
+        # A Mesos cluster's admission definitions are served here, for its editors, and
+        # reach its drivers through the database they share with the gateway.
+        definitions=ClusterDefinitionsAPI(
+            lambda cluster_id: SQLDefinitionStore(store, refresh=config.admission_refresh, bcs_cluster=cluster_id),
+            engine=engine,
+        ),
     )
     rbac_status = RBACStatusApp(store, enabled=rbac_grants)
     if rbac_grants:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,15 @@ from ..bodies import parse_yaml, read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import BadRequest, BcsCode, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
-from ..permissions import VIEW, ClusterAccess, cluster_not_found
+from ..permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
 
 log = logging.getLogger(__name__)
 
 MESOS_PREFIX = "/bcsapi/v4/scheduler/mesos/"
 DRIVER_PATH = "/mesosdriver/v4/"
+#: Admission definition CRUD, relative to either prefix: served (by the gateway, or a
+#: driver), never admitted or forwarded to a scheduler.
+DEFINITION_PATHS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 _YAML_TYPES = frozenset({"application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"})
 
 
@@ -111,6 +115,11 @@ class MesosRoutingMiddleware:
     :param access: who may use which cluster (the gateway passes its cached
         :class:`~bcs_middleware.permissions.ClusterAuthorizer`); ``None`` lets
         every authenticated user reach every cluster's drivers.
+    :param definitions: a WSGI app serving a cluster's admission definitions
+        (:data:`DEFINITION_PATHS`) instead of a driver: it gets ``bcs.cluster`` and
+        the path under ``driver_path``, after this layer checked that the caller
+        is a superuser or holds ``edit`` on the cluster (``view`` only: 403; less:
+        the 404 of an unknown cluster). ``None``: those paths go to a driver too.
     """
 
     def __init__(
@@ -125,6 +134,7 @@ class MesosRoutingMiddleware:
         ca_pem: str | None = None,
         verify: bool = True,
         access: ClusterAccess | None = None,
+        definitions: Any = None,
     ) -> None:
         if not prefix.startswith("/") or not driver_path.startswith("/"):
             raise ValueError("prefix and driver_path must start with '/'")
@@ -139,6 +149,7 @@ class MesosRoutingMiddleware:
         self.ca_pem = ca_pem
         self.verify = verify
         self.access = access
+        self.definitions = definitions
         # Round-robin start offsets: a process-wide counter is enough to spread
         # load evenly, and next() on itertools.count is atomic under the GIL.
         self._turn = itertools.count()
@@ -148,12 +159,13 @@ class MesosRoutingMiddleware:
             return self.app(environ, start_response)
         environ[env.ERROR_STYLE] = "bcs"
         try:
-            self.route(environ)
+            app = self.route(environ)
         except BCSError as exc:
             return exc(environ, start_response)
-        return self.app(environ, start_response)
+        return app(environ, start_response)
 
-    def route(self, environ: dict[str, Any]) -> None:
+    def route(self, environ: dict[str, Any]) -> Any:
+        """Decide where the request goes (sets the environ); the app to call next."""
         user = env.get_user(environ)
         if user is None:
             if env.get_agent(environ) is not None:
@@ -164,6 +176,15 @@ class MesosRoutingMiddleware:
         cluster_id = cluster_header(environ)
         if self.access is not None and not self.access.allows(user, cluster_id, VIEW):
             raise cluster_not_found(cluster_id)
+        if self.definitions is not None and DEFINITION_PATHS.match(uri):
+            if self.access is not None:
+                self.access.require(user, cluster_id, EDIT)
+            elif not user.is_superuser:
+                raise Forbidden("only superusers manage admission definitions here")
+            yaml_body_to_json(environ, self.max_yaml)
+            environ[env.CLUSTER] = env.Cluster(cluster_id, "", "mesos")
+            environ["PATH_INFO"] = self.driver_path + uri
+            return self.definitions
         drivers = self.discovery.drivers(cluster_id)
         if not drivers and not self.discovery.registered(cluster_id):
             raise cluster_not_found(cluster_id)
@@ -183,6 +204,7 @@ class MesosRoutingMiddleware:
             verify=self.verify,
             name=f"mesos:{cluster_id}",
         )
+        return self.app
 
     def health(self) -> dict[str, Any]:
         """``{"discovery": "ok" | "stale"}`` for a readiness endpoint."""
