@@ -86,7 +86,11 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     if content_type not in _YAML_TYPES:
         return
     data = read_bounded(environ, max_yaml, what="a YAML body")
-    document = parse_yaml(data, what="the YAML body") if data else None
+    try:
+        document = parse_yaml(data, what="the YAML body") if data else None
+    except BadRequest as exc:  # malformed, too deep, aliases: bcs-api's "yaml convert to json" error
+        exc.bcs_code = exc.bcs_code or BcsCode.API_MEDIA_TYPE_ERROR
+        raise
     if not isinstance(document, dict | list):
         raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML",
                          bcs_code=BcsCode.API_MEDIA_TYPE_ERROR)

@@ -189,6 +189,7 @@ def test_a_forked_process_gets_its_own_client(zookeeper, discovery, monkeypatch)
         pytest.param({}, "BCS-MESOS-NOPE", 404, 1405051, "BCS-MESOS-NOPE", id="never-registered-cluster"),
         pytest.param({}, "gone", 503, 1405051, "gone", id="registered-drivers-all-gone"),
         pytest.param({"X-Test-Anonymous": "1"}, "c1", 401, 1405057, "token", id="anonymous"),
+        pytest.param({}, "c1", 502, 1405053, "", id="driver-unreachable"),
     ],
 )
 def test_route_errors_are_bcs_envelopes(gateway_route, headers, cluster, status, bcs_code, fragment):
