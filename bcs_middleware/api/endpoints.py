@@ -260,7 +260,9 @@ def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
     The Go bcs-kube-agent sends the token as ``register_token`` in the body and no
     ``Authorization`` (the auth layer lets this one route through anonymously); ours
     sends ``Authorization: Bearer``. A token in the body is checked whatever else
-    the request carries.
+    the request carries. As bcs-api did, an anonymous caller learns whether a cluster
+    id has a live register token (``RTOKEN_NOT_FOUND`` vs ``INVALID_RTOKEN``), and
+    nothing more: an unknown cluster and one without a token answer alike.
     """
     agent = env.get_agent(ctx.environ)
     user = ctx.user

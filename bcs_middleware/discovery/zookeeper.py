@@ -6,7 +6,11 @@
     {root}/scheduler/{seq}                  ephemeral sequential, lowest = master
 
 and keeps an in-memory snapshot that the watch callbacks rebuild and swap in
-whole. Requests only read the snapshot: nothing on the request path talks to
+whole. The snapshot also knows which cluster directories exist: a cluster whose
+directory exists had a driver registered once (:meth:`ZookeeperDiscovery.registered`),
+even when none is live now. Nodes directly under ``{root}/mesosdriver/`` (the
+Mesos cluster's own layout, ``_c_<guid>-<ip><seq>``) are not cluster directories.
+Requests only read the snapshot: nothing on the request path talks to
 ZooKeeper. When the connection is suspended or the session lost, the last
 snapshot keeps serving and :meth:`~ZookeeperDiscovery.stale` turns true (the
 ``bcs_discovery_stale`` gauge follows); kazoo re-arms the watches on reconnect
