@@ -182,7 +182,8 @@ class MesosRoutingMiddleware:
             raise cluster_not_found(cluster_id)
         if self.definitions is not None and DEFINITION_PATHS.match(uri):
             if self.access is not None:
-                self.access.require(user, cluster_id, EDIT)
+                if self.access.require(user, cluster_id, EDIT).cluster_type != "mesos":
+                    raise cluster_not_found(cluster_id)  # no Mesos cluster by that id
             elif not user.is_superuser:
                 raise Forbidden("only superusers manage admission definitions here")
             yaml_body_to_json(environ, self.max_yaml)

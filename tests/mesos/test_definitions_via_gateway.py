@@ -113,6 +113,10 @@ def test_definitions_through_the_gateway_path_with_the_callers_authorization(
         status, listed = api.call("GET", PREFIX + "admissionwebhooks", editor)
         assert status == 200 and [d["metadata"]["name"] for d in listed["items"]] == ["guard"]
         assert api.call("GET", PREFIX + "namespaces/prod/admissionwebhook/guard", viewer)[0] == 403
+        # a Kubernetes cluster's id is no Mesos cluster, whoever asks
+        assert api.call("POST", "/rest/clusters/bcs", ADMIN, cluster=None,
+                        body={"id": "BCS-K8S-DEFS", "project_id": "p", "cluster_type": "k8s"})[0] == 201
+        assert api.call("POST", create, ADMIN, body=refused, cluster="BCS-K8S-DEFS")[0] == 404
         # scoped to that cluster: the gateway-wide list (superusers, /rest/) does not hold it
         assert api.call("GET", "/rest/admissionwebhooks", ADMIN, cluster=None)[1]["items"] == []
 
