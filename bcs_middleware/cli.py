@@ -343,7 +343,7 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     import socket
 
     from .discovery import DEFAULT_ROOT, Endpoint
-    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks
+    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks, mesos_driver_path
 
     address = args.advertise or bind
     host, _, port = address.rpartition(":")
@@ -353,8 +353,12 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     root = args.zookeeper_root or DEFAULT_ROOT
     endpoint = Endpoint(ip=host, port=int(port), scheme=scheme, cluster=args.cluster_id or "",
                         hostname=socket.gethostname(), version=__version__)
-    path = driver_path(args.cluster_id, root) if args.role == "driver" else apiserver_path(root)
-    when_ready, on_exit = gunicorn_hooks(args.zookeeper, path, endpoint)
+    if args.role == "driver":
+        # Both layouts, as bk-bcs's driver registers (the gateways' and the Mesos cluster's own).
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, driver_path(args.cluster_id, root), endpoint,
+                                             also=[(mesos_driver_path(root), endpoint)])
+    else:
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, apiserver_path(root), endpoint)
     return {"when_ready": when_ready, "on_exit": on_exit}
 
 

@@ -6,7 +6,7 @@ One driver (usually three replicas) per Mesos cluster. Request flow::
       ├ /healthz /readyz                         health; readiness = discovery fresh + a master known
       ├ {driver_prefix}namespaces/{ns}/admissionwebhook…, {driver_prefix}admissionwebhooks
       │                                          AdmissionWebhookAPI (definition CRUD, never intercepted)
-      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400
+      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400 (1405234)
           ├ webconsole/{uri}?host_ip=IP          WebconsoleRouting → the console proxy of that host
           │                                      (HTTP or WebSocket; middleware/webconsole.py)
           └ AdmissionMiddleware (bcs definitions)
@@ -23,6 +23,10 @@ it came (status and body), as the source relays it.
 The scheduler master is read from the discovery snapshot for every request, so
 when the master changes the next request follows it.
 
+Errors under ``{driver_prefix}`` are the source's bcs envelope
+(``bcs.error_style = "bcs"``); the header filter and admission failures are
+HTTP 400 with code 1405234, as the source's driver answers them.
+
 Registration: the driver announces itself in ZooKeeper once per gunicorn
 server (not per worker) — see :func:`gunicorn_hooks`.
 """
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,9 +45,17 @@ from .admission.api import AdmissionWebhookAPI
 from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
 from .bodies import media_type, parse_json, read_bounded, replace_body
 from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable, UnsupportedMediaType
+from .errors import (
+    BadRequest,
+    BcsCode,
+    BCSError,
+    ConfigError,
+    NotFound,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
 from .middleware.admission import AdmissionMiddleware
-from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
+from .middleware.mesos import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
 from .middleware.webconsole import WEBCONSOLE, WebconsoleRouting
 from .scheduler import scheduler_call
 from .upstream.addresses import AddressPolicy
@@ -53,8 +64,6 @@ from .upstream.transport import PooledTransport
 
 log = logging.getLogger(__name__)
 
-# Definition CRUD (relative to the driver prefix): served, never admitted or forwarded.
-_DEFINITIONS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 
 
 def _json(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -105,7 +114,8 @@ class SchedulerRouting:
                                environ.get("RAW_URI") or environ.get("REQUEST_URI"))
             master = self.discovery.scheduler_master()
             if master is None:
-                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER")
+                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER",
+                                         bcs_code=BcsCode.HTTP_DO)
             path, query = self.scheduler_prefix + uri, environ.get("QUERY_STRING", "")
             call = self.scheduler_call(environ, uri) if self.convert else None
         except BCSError as exc:
@@ -173,18 +183,18 @@ class DriverApp:
             return self.readyz(start_response)
         if not path.startswith(self.driver_prefix):
             return NotFound(f"no route for {path}")(environ, start_response)
+        environ[env.ERROR_STYLE] = "bcs"
         rest = path[len(self.driver_prefix):]
-        if _DEFINITIONS.match(rest):
+        if DEFINITION_PATHS.match(rest):
             return self.definitions_api(environ, start_response)
-        try:
-            cluster_id = cluster_header(environ)
-            if cluster_id != self.cluster_id:
-                raise BadRequest(
-                    f"this driver serves cluster {self.cluster_id!r}, not {cluster_id!r}",
-                    code_name="WRONG_CLUSTER",
-                )
-        except BCSError as exc:
-            return exc(environ, start_response)
+        cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
+        if cluster_id != self.cluster_id:
+            # The source's header filter: a missing and a wrong header are one failure.
+            return BadRequest(
+                f"http header BCS-ClusterID {cluster_id!r} is not this driver's cluster {self.cluster_id!r}",
+                code_name="CLUSTER_ID_REQUIRED" if not cluster_id else "WRONG_CLUSTER",
+                bcs_code=BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED,
+            )(environ, start_response)
         environ[env.CLUSTER] = self.cluster
         if rest.startswith(WEBCONSOLE) and self.webconsole is not None:
             return self.webconsole(environ, start_response)
@@ -342,7 +352,10 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         from .store.definitions import SQLDefinitionStore
 
         # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
-        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key))
+        # The gateway-wide definitions and this cluster's own (managed through the gateway's
+        # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
+        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
+                                   bcs_cluster=cluster_id, inherit=True)
     elif definitions_file:
         store = load_definitions_file(definitions_file)
     else:
@@ -404,7 +417,8 @@ def gunicorn_hooks(
     root: str = DEFAULT_ROOT,
     timeout: float = 10.0,
 ) -> tuple[Any, Any]:
-    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server.
+    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server,
+    under both ZooKeeper layouts, and deregister first on SIGTERM.
 
     ``gunicorn.conf.py``::
 
@@ -417,9 +431,11 @@ def gunicorn_hooks(
     """
     import dataclasses
 
-    from .discovery.registration import driver_path
+    from .discovery.registration import driver_path, mesos_driver_path
     from .discovery.registration import gunicorn_hooks as hooks
 
     if not endpoint.cluster:
         endpoint = dataclasses.replace(endpoint, cluster=cluster_id)
-    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout)
+    # Both layouts, as bk-bcs's driver registers (bk-bcs #136): the gateways' and the Mesos cluster's own.
+    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout,
+                 also=[(mesos_driver_path(root), endpoint)])

@@ -9,8 +9,9 @@ Request flow::
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
               ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
+              │                                → UpstreamProxy (the driver admits), or, for
+              │                                …/admissionwebhook(s): ClusterDefinitionsAPI
               ├ /bcsapi/v1/webconsole/…        the same, to the driver's /mesosdriver/v4/webconsole/…
-              │                                → UpstreamProxy (the driver admits)
               └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
 
 Everything a gateway needs is described by :class:`GatewayConfig`; the paste
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import converters as conv
-from .api.app import ManagementAPI
+from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
@@ -141,7 +142,7 @@ class GatewayConfig:
     static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     driver_ca_file: Path | None = None
     driver_verify: bool = True
-    prefer_external: bool = False
+    prefer_external: bool = True
     max_yaml: int = 1024 * 1024
     # Client-certificate authentication (the server must ask for certificates: serve --client-ca-file).
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
@@ -259,7 +260,7 @@ def build_gateway(
         configuration) and every worker builds its own with ``True``; only the worker
         holding the store's lease reconciles.
     """
-    from .admission.api import AdmissionWebhookAPI
+    from .admission.api import AdmissionWebhookAPI, ClusterDefinitionsAPI
     from .middleware.admission import AdmissionMiddleware
     from .store.definitions import SQLDefinitionStore
 
@@ -340,6 +341,12 @@ def build_gateway(
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
         verify=config.driver_verify,
         access=tunnel_access,
+        # A Mesos cluster's admission definitions are served here, for its editors, and
+        # reach its drivers through the database they share with the gateway.
+        definitions=ClusterDefinitionsAPI(
+            lambda cluster_id: SQLDefinitionStore(store, refresh=config.admission_refresh, bcs_cluster=cluster_id),
+            engine=engine,
+        ),
     )
     # bcs-api's webconsole: the same Mesos route (auth, view, a live driver), to the driver's webconsole.
     webconsole = MesosRoutingMiddleware(
@@ -381,7 +388,8 @@ def build_gateway(
         else None
     )
     authed = TokenAuthMiddleware(
-        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer
+        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
+        public_requests=(AGENT_REPORT,),
     )
     return RequestContextMiddleware(authed, access_log=config.access_log)
 

@@ -54,10 +54,10 @@ def _route(**options: Any) -> Client:
         pytest.param("application/x-yaml", "kind: Application\nmetadata:\n  name: web\n", 200,
                      {"kind": "Application", "metadata": {"name": "web"}}, id="yaml-to-json"),
         pytest.param("text/yaml; charset=utf-8", "- a\n- b\n", 200, ["a", "b"], id="yaml-list"),
-        pytest.param("application/x-yaml", "just a string", 400, "BAD_YAML", id="not-a-mapping"),
-        pytest.param("application/x-yaml", "a: [1, 2", 400, "BAD_YAML", id="does-not-parse"),
-        pytest.param("application/x-yaml", "!!python/object:os.system {}", 400, "BAD_YAML", id="unsafe-tag"),
-        pytest.param("application/x-yaml", "k: " + "x" * 300, 413, "PAYLOAD_TOO_LARGE", id="oversized"),
+        pytest.param("application/x-yaml", "just a string", 400, 1405065, id="not-a-mapping"),
+        pytest.param("application/x-yaml", "a: [1, 2", 400, 1405065, id="does-not-parse"),
+        pytest.param("application/x-yaml", "!!python/object:os.system {}", 400, 1405065, id="unsafe-tag"),
+        pytest.param("application/x-yaml", "k: " + "x" * 300, 413, 1405008, id="oversized"),
         pytest.param("application/json", '{"kind": "Application"}', 200, {"kind": "Application"}, id="json-kept"),
     ],
 )
@@ -66,7 +66,8 @@ def test_yaml_bodies_become_json(content_type, body, status, expected):
                              headers={"BCS-ClusterID": "c1", "Content-Type": content_type})
     assert response.status_code == status, response.text
     if status != 200:
-        assert response.json["code_name"] == expected
+        assert response.json == {"result": False, "code": expected, "message": response.json["message"],
+                                 "data": None}
         return
     assert json.loads(response.json["body"]) == expected
     assert response.json["content_type"] == "application/json" or content_type == "application/json"
@@ -110,9 +111,11 @@ def _driver(**kwargs: Any) -> Client:
     ],
 )
 def test_driver_refuses_requests_for_another_cluster(headers, code_name):
+    # bk-bcs's HeaderValidFilter: HTTP 400, BcsErrMesosDriverHttpFilterFailed, for a missing or wrong header
     response = _driver().get("/mesosdriver/v4/namespaces/ns/applications", headers=headers)
     assert response.status_code == 400
-    assert response.json["code_name"] == code_name
+    assert (response.json["result"], response.json["code"], response.json["data"]) == (False, 1405234, None)
+    assert "BCS-ClusterID" in response.json["message"]
 
 
 def test_driver_health_definitions_api_and_factory(tmp_path):

@@ -93,7 +93,9 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
             assert missing[0] == 400
             unknown = _request(url, cafile, headers={"Authorization": f"Bearer {ADMIN}",
                                                       "BCS-ClusterID": "BCS-MESOS-NONE"})
-            assert unknown[0] == 503 and b"BCS-MESOS-NONE" in unknown[1]
+            # never registered: bcs-api's "mesos cluster not found", with a real 404
+            assert unknown[0] == 404 and b"BCS-MESOS-NONE" in unknown[1]
+            assert json.loads(unknown[1])["code"] == 1405051
             assert _request(url, cafile, headers={"BCS-ClusterID": CLUSTER})[0] == 401
         gateway_output = gateway.output()
         assert ADMIN not in gateway_output
