@@ -309,6 +309,15 @@ def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any
         options["static_schedulers"] = " ".join(args.scheduler)
     if args.scheduler_ca_file:
         options["scheduler_ca_file"] = args.scheduler_ca_file
+    if args.console_port:
+        options["console_port"] = args.console_port
+    if args.console_ca_file:
+        options["console_ca_file"] = args.console_ca_file
+    if args.console_http:
+        options["console_scheme"] = "http"
+    for key in ("upstream_allow", "upstream_deny"):
+        if getattr(args, key):
+            options[key] = " ".join(getattr(args, key))
     open_store(args.database_url, data_dir=data_dir).dispose()  # migrate once, in the master
     app_factory({}, **options)  # fail on bad options before forking
 
@@ -334,7 +343,7 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     import socket
 
     from .discovery import DEFAULT_ROOT, Endpoint
-    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks
+    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks, mesos_driver_path
 
     address = args.advertise or bind
     host, _, port = address.rpartition(":")
@@ -344,8 +353,12 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     root = args.zookeeper_root or DEFAULT_ROOT
     endpoint = Endpoint(ip=host, port=int(port), scheme=scheme, cluster=args.cluster_id or "",
                         hostname=socket.gethostname(), version=__version__)
-    path = driver_path(args.cluster_id, root) if args.role == "driver" else apiserver_path(root)
-    when_ready, on_exit = gunicorn_hooks(args.zookeeper, path, endpoint)
+    if args.role == "driver":
+        # Both layouts, as bk-bcs's driver registers (the gateways' and the Mesos cluster's own).
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, driver_path(args.cluster_id, root), endpoint,
+                                             also=[(mesos_driver_path(root), endpoint)])
+    else:
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, apiserver_path(root), endpoint)
     return {"when_ready": when_ready, "on_exit": on_exit}
 
 
@@ -404,6 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--scheduler", action="append", default=[], metavar="URL",
                        help="driver without ZooKeeper: the scheduler (first = master; repeatable)")
     serve.add_argument("--scheduler-ca-file", help="driver: the CA an https scheduler's certificate chains to")
+    serve.add_argument("--console-port", type=int, help="driver: the webconsole proxy port on the hosts (8083)")
+    serve.add_argument("--console-ca-file", help="driver: the CA the webconsole proxies' certificates chain to")
+    serve.add_argument("--console-http", action="store_true",
+                       help="driver: the webconsole proxies run without TLS (http/ws)")
     serve.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP|CIDR",
                        help="a TLS-terminating proxy in front of the gateway whose X-Forwarded-Proto "
                             "(https) is believed (repeatable, comma-separated; default: none — "

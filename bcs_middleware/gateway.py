@@ -9,7 +9,9 @@ Request flow::
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
               ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
-              │                                → UpstreamProxy (the driver admits)
+              │                                → UpstreamProxy (the driver admits), or, for
+              │                                …/admissionwebhook(s): ClusterDefinitionsAPI
+              ├ /bcsapi/v1/webconsole/…        the same, to the driver's /mesosdriver/v4/webconsole/…
               └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
 
 Everything a gateway needs is described by :class:`GatewayConfig`; the paste
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import converters as conv
-from .api.app import ManagementAPI
+from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
 from .clusters import CachedDirectory
 from .discovery import Discovery, Endpoint, StaticDiscovery
@@ -37,8 +39,10 @@ from .metrics import BATCH
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
-from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
+from .middleware.mesos import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
 from .middleware.routing import TUNNEL_PREFIX, ClusterRoutingMiddleware
+from .middleware.webconsole import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
+from .middleware.webconsole import WEBCONSOLE
 from .permissions import ClusterAuthorizer
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
@@ -139,7 +143,7 @@ class GatewayConfig:
     static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     driver_ca_file: Path | None = None
     driver_verify: bool = True
-    prefer_external: bool = False
+    prefer_external: bool = True
     max_yaml: int = 1024 * 1024
     # Client-certificate authentication (the server must ask for certificates: serve --client-ca-file).
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
@@ -170,7 +174,9 @@ class GatewayDispatcher:
         rbac_status: Any = None,
         mesos: Any = None,
         discovery: Discovery | None = None,
+        webconsole: Any = None,
     ) -> None:
+        self.webconsole = webconsole
         self.api = api
         self.tunnel = tunnel
         self.store = store
@@ -198,6 +204,8 @@ class GatewayDispatcher:
             return _text_response(start_response, "503 Service Unavailable", {"status": "not ready", **report})
         if path.startswith(MESOS_PREFIX) and self.mesos is not None:
             return self.mesos(environ, start_response)
+        if path.startswith(WEBCONSOLE_PREFIX) and self.webconsole is not None:
+            return self.webconsole(environ, start_response)
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/rest/rbac/status" and self.rbac_status is not None:
@@ -256,7 +264,7 @@ def build_gateway(
         configuration) and every worker builds its own with ``True``; only the worker
         holding the store's lease reconciles.
     """
-    from .admission.api import AdmissionWebhookAPI
+    from .admission.api import AdmissionWebhookAPI, ClusterDefinitionsAPI
     from .middleware.admission import AdmissionMiddleware
     from .store.definitions import SQLDefinitionStore
 
@@ -339,6 +347,24 @@ def build_gateway(
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
         verify=config.driver_verify,
         access=tunnel_access,
+        # A Mesos cluster's admission definitions are served here, for its editors, and
+        # reach its drivers through the database they share with the gateway.
+        definitions=ClusterDefinitionsAPI(
+            lambda cluster_id: SQLDefinitionStore(store, refresh=config.admission_refresh, bcs_cluster=cluster_id),
+            engine=engine,
+        ),
+    )
+    # bcs-api's webconsole: the same Mesos route (auth, view, a live driver), to the driver's webconsole.
+    webconsole = MesosRoutingMiddleware(
+        proxy,
+        discovery=discovery,
+        prefix=WEBCONSOLE_PREFIX,
+        driver_path=DRIVER_PATH + WEBCONSOLE,
+        prefer_external=config.prefer_external,
+        max_yaml=config.max_yaml,
+        ca_pem=mesos.ca_pem,
+        verify=config.driver_verify,
+        access=tunnel_access,
     )
     rbac_status = RBACStatusApp(store, enabled=rbac_grants)
     if rbac_grants:
@@ -359,7 +385,8 @@ def build_gateway(
             # gunicorn workers leave through sys.exit: hand the lease over at once.
             atexit.register(service.stop)
     dispatcher = GatewayDispatcher(
-        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery
+        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
+        webconsole=webconsole,
     )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     peer = (
@@ -368,7 +395,8 @@ def build_gateway(
         else None
     )
     authed = TokenAuthMiddleware(
-        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer
+        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
+        public_requests=(AGENT_REPORT,),
     )
     return RequestContextMiddleware(authed, access_log=config.access_log)
 

@@ -256,6 +256,44 @@ class AdmissionWebhookAPI:
         return _json(review(self.engine, _body(request), env.get_user(request.environ)))
 
 
+class ClusterDefinitionsAPI:
+    """The bcs definition routes for one Mesos cluster at a time: the one in ``bcs.cluster``.
+
+    The gateway mounts it behind its Mesos route (``/bcsapi/v4/scheduler/mesos/…``,
+    path rewritten under ``/mesosdriver/v4/``), which has already checked that the
+    caller may manage that cluster; so this app authorizes nothing itself and must
+    never be reachable otherwise. Each cluster's definitions live in the store
+    under its id; its drivers read them from the same database (see
+    :class:`~bcs_middleware.store.definitions.SQLDefinitionStore`).
+
+    :param store_for: the definition store of one cluster's own bcs definitions.
+    :param engine: passed to each cluster's :class:`AdmissionWebhookAPI`.
+    :param max_clusters: how many clusters' APIs are kept built.
+    """
+
+    def __init__(self, store_for: Callable[[str], DefinitionStore], *, engine: AdmissionEngine | None = None,
+                 max_clusters: int = 1024) -> None:
+        self.store_for = store_for
+        self.engine = engine
+        self.max_clusters = max_clusters
+        self._apis: dict[str, AdmissionWebhookAPI] = {}
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        cluster = env.get_cluster(environ)
+        if cluster is None:
+            return NotFound("no cluster")(environ, start_response)
+        api = self._apis.get(cluster.id)
+        if api is None:
+            store = self.store_for(cluster.id)
+            if self.engine is None:
+                self.engine = AdmissionEngine(store, client=WebhookClient())
+            api = AdmissionWebhookAPI(store, engine=self.engine, require_superuser=False)
+            while len(self._apis) >= self.max_clusters:
+                self._apis.pop(next(iter(self._apis)))
+            self._apis[cluster.id] = api
+        return api(environ, start_response)
+
+
 def _bcs_doc(definition: BcsDefinition) -> dict[str, Any]:
     return dict(definition.document)
 

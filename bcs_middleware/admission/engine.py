@@ -37,7 +37,7 @@ import jsonpatch
 from .. import metrics
 from ..bodies import parse_json
 from ..environ import AdmissionResult, User
-from ..errors import BadRequest, BCSError, ValidationError
+from ..errors import BadRequest, BcsCode, BCSError, ValidationError
 from ..lru import LoadingCache
 from .client import WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
@@ -72,6 +72,9 @@ class AdmissionRejected(BCSError):
 
     status = 403
     code_name = "ADMISSION_DENIED"
+    # The source's driver answers every admission failure as a filter failure: 400, 1405234.
+    bcs_status = 400
+    bcs_code = BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED
 
     def __init__(self, message: str, *, steps: Sequence[Step] = (), **kwargs: Any) -> None:
         super().__init__(message, **kwargs)

@@ -580,6 +580,21 @@ class SQLStore:
             return None
         return str(row.cluster_id)
 
+    def check_register_token(self, cluster_id: str, token: str) -> bool | None:
+        """Whether ``token`` is ``cluster_id``'s register token; ``None`` when the cluster has none
+        (never created, revoked, or no such cluster — one answer for all three).
+
+        The digests are compared in constant time; the token itself is never stored.
+        """
+        digest = token_digest(token)
+        with self.connection() as conn:
+            row = conn.execute(
+                select(m.register_tokens.c.token_hash).where(m.register_tokens.c.cluster_id == cluster_id)
+            ).first()
+        if row is None:
+            return None
+        return digests_equal(row.token_hash, digest)
+
     def put_credentials(
         self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str
     ) -> CredentialRecord:
