@@ -50,8 +50,18 @@ Behaviour of :meth:`PooledTransport.send`:
 TLS and error rules, but always on a fresh connection that is never pooled; a
 ``101`` answer's socket is handed to the caller (``detach()``).
 
+**One per process.** Every outbound call of a process goes through one instance:
+the gateway (:func:`bcs_middleware.gateway.build_gateway`) makes it from its
+configuration (timeouts, the address policy) and hands it to the proxy (tunnel and
+Mesos drivers), the webhook client, the admission layer's cluster reads and the RBAC
+source and sync; layers assembled on their own share :func:`default_transport`. Both
+the errors (:mod:`.failures`) and the address policy are therefore the same for
+every call.
+
 **Fork safety**: nothing is opened at import or construction; pools fill on first
-use. A transport that has been *used* must not be shared across a fork: call
+use. ``serve`` builds the gateway in each worker after the fork, and
+:func:`default_transport` makes a new instance in a forked child. A transport that
+has been *used* must not be shared across a fork otherwise: call
 :meth:`PooledTransport.reset` in gunicorn's ``post_fork``.
 """
 
