@@ -26,34 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .datadir import admin_token_source, announce_admin_token
 from .lifecycle import post_worker_init
 from .logsetup import configure_logging
 
 log = logging.getLogger("bcs_middleware.cli")
 
 DEFAULT_BIND = "127.0.0.1:8443"
-
-
-def _write_secret_file(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(value + "\n")
-
-
-def _admin_token_source(data_dir: Path) -> tuple[str, str | None]:
-    """Where the bootstrap admin's token comes from, and a value to print once (new only)."""
-    if os.environ.get("BCS_ADMIN_TOKEN", "").strip():
-        return "env:BCS_ADMIN_TOKEN", None
-    path = data_dir / "admin.token"
-    if path.exists():
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)  # left readable to others by hand or by a restored backup
-        return f"file:{path}", None
-    from .store.crypto import new_token
-
-    token = new_token()
-    _write_secret_file(path, token)
-    return f"file:{path}", token
 
 
 def _bind_is_loopback(bind: str) -> bool:
@@ -64,6 +43,28 @@ def _bind_is_loopback(bind: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bind_problem(bind: str) -> str | None:
+    """Why gunicorn could not listen on ``bind`` (checked before anything is printed)."""
+    import errno
+    import socket
+
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - probing the operator's bind address
+    if not port.isdigit():
+        return None  # a unix socket or a spec gunicorn will judge itself
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As gunicorn binds: SO_REUSEADDR, so a port in TIME_WAIT is not reported busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "the address is already in use (is another gateway running?)"
+            return exc.strerror or str(exc)
+    return None
 
 
 def _server_section(config_file: Path) -> dict[str, str]:
@@ -124,6 +125,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     renewer = None  # keeps the generated certificate fresh while serving
     server = _server_section(Path(args.config)) if args.config else {}
     bind = args.bind or server.get("bind") or DEFAULT_BIND
+    busy = _bind_problem(bind)
+    if busy:
+        print(f"error: cannot listen on {bind}: {busy}", file=sys.stderr)
+        return 1
     certfile = args.certfile or server.get("certfile")
     keyfile = args.keyfile or server.get("keyfile")
     ca_file = args.ca_file or server.get("ca_file")
@@ -201,11 +206,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loader: Callable[[], Any]
     if args.config:
         config_path = str(Path(args.config).absolute())
+        # One data directory: the ini's data_dir is this one (the CA above is in it too).
+        global_conf = {"data_dir": str(data_dir)}
+        announce_admin_token(data_dir, *admin_token_source(data_dir))
 
         def loader() -> Any:
             from paste.deploy import loadapp
 
-            return loadapp(f"config:{config_path}")
+            return loadapp(f"config:{config_path}", global_conf=global_conf)
 
         # Not built in the master: an app may start background work (the RBAC sync), which
         # must live in a worker. Migrations are safe from several workers at once (locked).
@@ -229,7 +237,7 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
     from .gateway import build_gateway, config_from_options
     from .store import open_store
 
-    token_source, new_admin_token = _admin_token_source(data_dir)
+    token_source, new_admin_token = admin_token_source(data_dir)
     options: dict[str, Any] = {
         "data_dir": str(data_dir),
         "bootstrap_users": {"admin": token_source},
@@ -268,18 +276,7 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
     store.dispose()
-    # The value goes to a person at a terminal, never to stdout (the access log's stream,
-    # usually collected): piped or under a supervisor, only the file is named.
-    if new_admin_token and sys.stderr.isatty():
-        print(
-            "\n  Generated the bootstrap admin token (shown only this once; also in "
-            f"{data_dir / 'admin.token'}, mode 0600):\n\n    {new_admin_token}\n",
-            file=sys.stderr, flush=True,
-        )
-    elif new_admin_token:
-        print(f"Generated the bootstrap admin token in {data_dir / 'admin.token'} (mode 0600)", flush=True)
-    elif token_source.startswith("file:"):
-        print(f"Admin token: {data_dir / 'admin.token'}", flush=True)
+    announce_admin_token(data_dir, token_source, new_admin_token)
 
     def loader() -> Any:
         return build_gateway(config)

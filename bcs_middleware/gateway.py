@@ -61,34 +61,55 @@ class BootstrapUser:
     token_digest: str = field(repr=False)
 
 
-def parse_bootstrap_users(spec: Mapping[str, str]) -> list[BootstrapUser]:
+def parse_bootstrap_users(spec: Mapping[str, str], base: Path | None = None) -> list[BootstrapUser]:
     """``name = env:VAR`` | ``file:/path`` | ``sha256:HEX`` → bootstrap users.
 
     Token values never sit in an ini file: they come from the environment or a
-    file (mode 0600), or only their digest is written.
+    file (mode 0600), or only their digest is written. Several sources separated
+    by spaces are alternatives, the first available wins — ``env:BCS_ADMIN_TOKEN
+    file:admin.token`` is what ``serve`` does. A relative ``file:`` is in ``base``
+    (the data directory).
     """
     users = []
     for name, source in spec.items():
-        kind, _, value = source.partition(":")
-        if kind == "env":
-            token = os.environ.get(value, "").strip()
-            if not token:
-                raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
-            digest = token_digest(token)
-        elif kind == "file":
-            try:
-                token = Path(value).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"bootstrap user {name!r}: cannot read {value}: {exc.strerror}") from None
-            if not token:
-                raise ConfigError(f"bootstrap user {name!r}: {value} is empty")
-            digest = token_digest(token)
-        elif kind == "sha256" and len(value) == 64:
-            digest = value.lower()
-        else:
+        choices = source.split()
+        digest = None
+        for choice in choices:
+            digest = _bootstrap_digest(name, choice, base, last=choice is choices[-1])
+            if digest is not None:
+                break
+        if digest is None:
             raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
         users.append(BootstrapUser(name, digest))
     return users
+
+
+def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool) -> str | None:
+    """The digest from one source; ``None`` when it is absent and another may follow."""
+    kind, _, value = source.partition(":")
+    if kind == "env":
+        token = os.environ.get(value, "").strip()
+        if token:
+            return token_digest(token)
+        if last:
+            raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
+        return None
+    if kind == "file":
+        path = Path(value)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        if not path.exists() and not last:
+            return None
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"bootstrap user {name!r}: cannot read {path}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"bootstrap user {name!r}: {path} is empty")
+        return token_digest(token)
+    if kind == "sha256" and len(value) == 64:
+        return value.lower()
+    raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
 
 
 def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
@@ -421,8 +442,16 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     for key in ("gateway_ca_file", "gateway_cert_file", "driver_ca_file"):
         if key in paths and not paths[key].is_file():
             raise ConfigError(f"[{section}] {key}: no such file {paths[key]}")
+    data_dir = paths.get("data_dir")
+    if data_dir is not None and not {"gateway_ca_file", "gateway_cert_file"} & paths.keys():
+        # The CA ``serve`` and examples/gunicorn.conf.py generate in the data directory:
+        # without it client_credentials and kubeconfigs would carry no CA.
+        generated = data_dir / "tls"
+        if (generated / "ca.crt").is_file() and (generated / "server.crt").is_file():
+            paths["gateway_ca_file"] = generated / "ca.crt"
+            paths.setdefault("gateway_cert_file", generated / "server.crt")
     values: dict[str, Any] = {**opts, **paths}
-    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {})))
+    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {}), data_dir))
     for key in ("public_paths", "trusted_proxies", "upstream_allow", "upstream_deny"):
         if key in values:
             values[key] = tuple(values[key])
