@@ -255,6 +255,10 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["trusted_proxies"] = ",".join(args.forwarded_allow_ips)
     if args.no_access_log:
         options["access_log"] = "false"
+    if args.audit_log:
+        options["audit_log"] = args.audit_log
+    if args.audit_policy:
+        options["audit_policy_file"] = str(Path(args.audit_policy).absolute())
     if args.zookeeper:
         options["zookeeper_hosts"] = args.zookeeper
         options["zookeeper_root"] = args.zookeeper_root
@@ -408,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--graceful-timeout", type=int, default=30)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")
+    serve.add_argument("--audit-log", metavar="PATH|-",
+                       help="write a Kubernetes audit.k8s.io/v1 Event (JSON line) per stage of every tunnel "
+                            "request to this file (appended, 0600), or to stdout with '-'")
+    serve.add_argument("--audit-policy", metavar="FILE",
+                       help="an audit.k8s.io/v1 Policy (YAML/JSON) choosing level and stages per user, verb, "
+                            "resource, namespace (default: every request at Metadata level)")
     serve.set_defaults(func=cmd_serve)
 
     from . import cli_certs

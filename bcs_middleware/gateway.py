@@ -145,6 +145,9 @@ class GatewayConfig:
     trusted_proxies: tuple[str, ...] = ()
     admission: bool = True
     access_log: bool = True
+    # Kubernetes audit events for tunnel requests: a file path, or "-" for stdout.
+    audit_log: str | None = None
+    audit_policy_file: str | None = None
     upgrade_idle_timeout: float = 3600.0
     upgrade_max_duration: float = 86400.0
     # Permission subscription (issue 9): grants turned into RBAC bindings in every cluster.
@@ -322,7 +325,7 @@ def build_gateway(
             address_map=dict(config.webhook_address_map),
         )
         engine, inner = admission.engine, admission
-    tunnel = ClusterRoutingMiddleware(
+    tunnel: Any = ClusterRoutingMiddleware(
         inner,
         directory=directory,
         access=tunnel_access,
@@ -330,6 +333,13 @@ def build_gateway(
         tls_server_name=config.tls_server_name,
         verify=config.upstream_verify,
     )
+    if config.audit_log:
+        from .audit import DEFAULT_POLICY, AuditMiddleware, AuditSink, load_policy
+
+        policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY
+        tunnel = AuditMiddleware(tunnel, sink=AuditSink.open(config.audit_log), policy=policy)
+    elif config.audit_policy_file:
+        raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
     ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
     cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
     api = ManagementAPI(
@@ -408,6 +418,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "trusted_proxies": conv.aslist,
     "admission": conv.asbool,
     "access_log": conv.asbool,
+    "audit_log": conv.text,
+    "audit_policy_file": conv.text,
     "upgrade_idle_timeout": conv.seconds,
     "upgrade_max_duration": conv.seconds,
     "rbac_source_file": conv.text,
