@@ -362,7 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bcs-middleware {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway under gunicorn")
+    serve = sub.add_parser(
+        "serve", help="run the gateway (or a mesos-driver) under gunicorn",
+        description="Run the gateway under gunicorn: HTTPS with a CA generated in the data directory (unless "
+                    "--certfile), a bootstrap admin token (env BCS_ADMIN_TOKEN, else DATA_DIR/admin.token, generated "
+                    "once), SQLite in the data directory (unless --database-url). With --config, the ini's app "
+                    "uses the same data directory.",
+    )
     serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
     serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
     serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
@@ -370,7 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="threads per worker; each open watch/log/exec stream holds one (default 128; "
                             "threads start on demand)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
-    serve.add_argument("--database-url", help="use this database instead of SQLite in the data directory")
+    serve.add_argument("--database-url", metavar="URL",
+                       help="use this database instead of SQLite in the data directory (postgresql://… needs "
+                            "pip install 'bcs-middleware[postgresql]')")
     serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")
     serve.add_argument("--tls-host", action="append", default=[], metavar="NAME",
                        help="extra name or IP for the generated certificate (repeatable, comma-separated)")
@@ -396,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gateway (bcs-api) or a Mesos cluster's driver (mesos-driver)")
     serve.add_argument("--zookeeper", metavar="HOSTS",
                        help="ZooKeeper hosts (h1:2181,h2:2181): discovery, and this server's registration")
-    serve.add_argument("--zookeeper-root", default="/bcs/services/endpoints")
+    serve.add_argument("--zookeeper-root", default="/bcs/services/endpoints", metavar="PATH",
+                       help="ZooKeeper path under which servers register and are discovered "
+                            "(default /bcs/services/endpoints)")
     serve.add_argument("--advertise", metavar="HOST:PORT", help="address registered in ZooKeeper (default --bind)")
     serve.add_argument("--static-driver", action="append", default=[], metavar="CLUSTER=URL",
                        help="gateway without ZooKeeper: a mesos-driver of a cluster (repeatable)")
@@ -409,8 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a TLS-terminating proxy in front of the gateway whose X-Forwarded-Proto "
                             "(https) is believed (repeatable, comma-separated; default: none — "
                             "gunicorn's own default trusts 127.0.0.1)")
-    serve.add_argument("--graceful-timeout", type=int, default=30)
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--graceful-timeout", type=int, default=30, metavar="SECONDS",
+                       help="on SIGTERM, how long workers may finish requests in flight (default 30)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"),
+                       help="level of the log on stderr (default info)")
     serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")
     serve.add_argument("--audit-log", metavar="PATH|-",
                        help="write a Kubernetes audit.k8s.io/v1 Event (JSON line) per stage of every tunnel "
@@ -422,17 +434,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import cli_certs
 
-    certs = sub.add_parser("certs", help="write TLS certificates (gateway, webhook service, client)")
+    certs = sub.add_parser("certs", help="write TLS certificates (gateway, webhook service, client)",
+                           description="Write TLS certificates signed by a CA: for the gateway, for an admission "
+                                       "webhook's Service (prints its caBundle), or a client certificate.")
     cli_certs.configure_parser(certs)
     certs.set_defaults(func=cli_certs.run)
 
     from . import kube_agent
 
-    agent = sub.add_parser("kube-agent", help="report this cluster's apiserver credentials to a gateway")
+    agent = sub.add_parser("kube-agent", help="report this cluster's apiserver credentials to a gateway",
+                           description=kube_agent.DESCRIPTION, epilog=kube_agent.ENVIRONMENT,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     kube_agent.configure_parser(agent)
     agent.set_defaults(func=kube_agent.run)
 
-    keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)")
+    keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)",
+                            description="Print a new Fernet key. Credentials are encrypted at rest with it "
+                                        "(env BCS_SECRET_KEY or the ini's secret_key; several comma-separated "
+                                        "keys: the first encrypts, all decrypt, for rotation).")
     keygen.set_defaults(func=cmd_keygen)
     return parser
 
