@@ -168,6 +168,9 @@ class GatewayConfig:
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
+    # A webhook failing this many times in a row is not called for the cooldown.
+    admission_breaker_threshold: int = 5
+    admission_breaker_cooldown: float = 30.0
     admission_refresh: float = 2.0
     webhook_address_map: tuple[tuple[str, str], ...] = ()
     # Upstream address policy (upstream/addresses.py): CIDRs on top of the built-in refusals.
@@ -322,6 +325,8 @@ def build_gateway(
             mode="kubernetes",
             max_body=config.admission_max_body,
             total_budget=config.admission_budget,
+            breaker_threshold=config.admission_breaker_threshold,
+            breaker_cooldown=config.admission_breaker_cooldown,
             address_map=dict(config.webhook_address_map),
         )
         engine, inner = admission.engine, admission
@@ -437,6 +442,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "client_cert_subjects": parse_subject_map,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
+    "admission_breaker_threshold": conv.positive_int,
+    "admission_breaker_cooldown": conv.seconds,
     "admission_refresh": conv.seconds,
     "webhook_address_map": conv.mapping,
     "upstream_allow": conv.networks,
