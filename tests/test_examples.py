@@ -346,3 +346,29 @@ def test_kube_agent_manifest_is_valid_yaml() -> None:
     assert container["command"] == ["bcs-middleware", "kube-agent"]
     assert {e["name"] for e in container["env"]} == {"REGISTER_TOKEN", "SERVER_CERT"}
 
+
+
+def test_the_readme_tour_runs_as_written(clone: Path, tmp_path: Path) -> None:
+    """The README's REST tour, run by bash against `serve` in a fresh directory (port substituted)."""
+    import re
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    tour = readme.split("## A tour of the REST API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    port = free_port()
+    script = tour.replace("localhost:8443", f"localhost:{port}")
+    home = tmp_path / "home"
+    home.mkdir()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60):
+        result = subprocess.run(["bash", "-c", script], cwd=clone, env=_clean_env(HOME=str(home)),
+                                capture_output=True, text=True, timeout=120)
+    kubeconfig = home / ".kube" / "bcs-BCS-K8S-001.config"
+    assert kubeconfig.exists(), result.stderr
+    assert kubeconfig.stat().st_mode & 0o077 == 0  # it holds alice's token
+    text = kubeconfig.read_text()
+    assert text.startswith("# WARNING: cluster BCS-K8S-001 has no credentials yet")  # no agent in the tour
+    assert re.search(r"token: \S{40,}", text)
+    assert not (clone / "kubeconfig").exists()
+    assert '"permission": "view"' in result.stdout and '"code_name"' not in result.stdout, result.stdout
+    # The last line is kubectl, which says why the cluster cannot be reached yet.
+    assert "has no credentials yet" in result.stderr
