@@ -67,6 +67,25 @@ def _bind_problem(bind: str) -> str | None:
     return None
 
 
+def _shared_data_dir(config_file: Path, data_dir: Path) -> dict[str, str]:
+    """The global_conf that makes an ini's ``[DEFAULT] data_dir`` this data directory.
+
+    Only a ``[DEFAULT]`` value is replaced (PasteDeploy drops a section's own option that
+    has the name of a global one); an app section that sets its own ``data_dir`` keeps it,
+    with a warning when that splits the state from ``--data-dir``'s TLS files.
+    """
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(config_file)
+    if "data_dir" in parser.defaults():
+        return {"data_dir": str(data_dir)}
+    for section in parser.sections():
+        own = parser.get(section, "data_dir", fallback=None)
+        if own and not own.startswith("%") and Path(own).absolute() != data_dir:
+            log.warning("[%s] data_dir %s is not the data directory %s (where the TLS files are); "
+                        "use data_dir in [DEFAULT] to share one", section, own, data_dir)
+    return {}
+
+
 def _server_section(config_file: Path) -> dict[str, str]:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(config_file)
@@ -207,7 +226,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config:
         config_path = str(Path(args.config).absolute())
         # One data directory: the ini's data_dir is this one (the CA above is in it too).
-        global_conf = {"data_dir": str(data_dir)}
+        global_conf = _shared_data_dir(Path(config_path), data_dir)
         announce_admin_token(data_dir, *admin_token_source(data_dir))
 
         def loader() -> Any:

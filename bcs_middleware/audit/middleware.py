@@ -17,7 +17,8 @@ asked to act as (``Impersonate-User``), when there is one. Never a token: the
 client's ``Authorization`` is not part of an event and query parameters naming a
 token are dropped from ``requestURI``. Bodies only at ``Request`` level
 (``requestObject``) and ``RequestResponse`` (``responseObject``), JSON only, at
-most :data:`MAX_CAPTURED` bytes each.
+most :data:`MAX_CAPTURED` bytes each — and never for Secrets, service-account
+TokenRequests, TokenReviews and CSRs, which stay at ``Metadata`` whatever the policy.
 
 Events are formatted and written off the request thread
 (:class:`~bcs_middleware.logsetup.LineWriterHandler`), like the access log.
@@ -77,6 +78,19 @@ def request_info(method: str, path: str, query: str, user: env.User | None) -> R
     return RequestInfo(verb=verb, path=path, user=name, groups=groups, is_resource=True, group=attrs.group,
                        version=attrs.version, resource=attrs.resource, subresource=attrs.subresource,
                        namespace=attrs.namespace, name=attrs.name)
+
+
+#: (group, resource, subresource) whose bodies hold credentials: audited at Metadata at most.
+_CREDENTIAL_BODIES = {
+    ("", "secrets", ""),
+    ("", "serviceaccounts", "token"),
+    ("authentication.k8s.io", "tokenreviews", ""),
+    ("certificates.k8s.io", "certificatesigningrequests", ""),
+}
+
+
+def _carries_credentials(info: RequestInfo) -> bool:
+    return (info.group, info.resource, info.subresource) in _CREDENTIAL_BODIES
 
 
 def _long_running(info: RequestInfo, query: str) -> bool:
@@ -162,7 +176,7 @@ class _Audited:
                     else:
                         self._capture += piece
                 yield piece
-        except BrokenPipeError:
+        except OSError:
             raise  # a finished splice hands the connection over, or the client went away
         except Exception:
             self._panicked = True
@@ -211,6 +225,8 @@ class AuditMiddleware:
         level, omit = self.policy.decide(info)
         if level == "None":
             return self.app(environ, start_response)
+        if level != "Metadata" and _carries_credentials(info):
+            level = "Metadata"  # whatever the policy says: never a secret's data or a token
         request_body = self._request_body(environ, method) if level in ("Request", "RequestResponse") else None
         long_running = _long_running(info, query)
         state: dict[str, Any] = {"code": 0, "started": None}

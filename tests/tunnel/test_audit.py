@@ -34,7 +34,7 @@ rules:
   - level: None
     nonResourceURLs: ["/version"]
   - level: RequestResponse
-    resources: [{group: "", resources: ["configmaps"]}]
+    resources: [{group: "", resources: ["configmaps", "secrets"]}]
     verbs: [create]
   - level: Metadata
     omitStages: []
@@ -206,6 +206,17 @@ def test_no_token_in_the_request_uri(gw: Gateway, bob: str) -> None:
             token=bob, headers={"X-Request-Id": "audit-token-1"})
     complete = events(gw, "audit-token-1", 2)[-1]
     assert "SECRET123" not in json.dumps(complete) and complete["requestURI"].endswith("?limit=1")
+
+
+def test_a_secret_is_never_written_whatever_the_policy(gw: Gateway) -> None:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1", "namespace": "default"},
+              "stringData": {"password": "hunter2-in-a-body"}}
+    status, _ = gw.call("POST", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/secrets",
+                        body=secret, headers={"X-Request-Id": "audit-secret-1", "Content-Type": "application/json"})
+    assert status == 201
+    complete = events(gw, "audit-secret-1", 2)[-1]
+    assert complete["level"] == "Metadata" and complete["objectRef"]["resource"] == "secrets"
+    assert "hunter2" not in (gw.data / "audit.jsonl").read_text()
 
 
 def test_policy_errors_are_clear(tmp_path: Path) -> None:
