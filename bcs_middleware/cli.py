@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .datadir import admin_token_source, announce_admin_token
+from .datadir import ADMIN_TOKEN_FILE, admin_token_source, announce_admin_token
 from .lifecycle import post_worker_init
 from .logsetup import configure_logging
 
@@ -227,7 +227,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config_path = str(Path(args.config).absolute())
         # One data directory: the ini's data_dir is this one (the CA above is in it too).
         global_conf = _shared_data_dir(Path(config_path), data_dir)
-        announce_admin_token(data_dir, *admin_token_source(data_dir))
+        if f"file:{ADMIN_TOKEN_FILE}" in Path(config_path).read_text():
+            # The ini's bootstrap admin reads the data directory's token: make it once, here.
+            announce_admin_token(data_dir, *admin_token_source(data_dir))
 
         def loader() -> Any:
             from paste.deploy import loadapp
