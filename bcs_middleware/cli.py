@@ -227,6 +227,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config_path = str(Path(args.config).absolute())
         # One data directory: the ini's data_dir is this one (the CA above is in it too).
         global_conf = _shared_data_dir(Path(config_path), data_dir)
+        if global_conf and certfile:
+            global_conf["gateway_cert_file"] = str(Path(certfile).absolute())
+            if ca_file:
+                global_conf["gateway_ca_file"] = str(Path(ca_file).absolute())
         if f"file:{ADMIN_TOKEN_FILE}" in Path(config_path).read_text():
             # The ini's bootstrap admin reads the data directory's token: make it once, here.
             announce_admin_token(data_dir, *admin_token_source(data_dir))

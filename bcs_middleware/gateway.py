@@ -453,6 +453,9 @@ _OPTIONS: dict[str, conv.Converter] = {
 
 def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:
     opts = conv.convert_options(section, local_conf, _OPTIONS)
+    for key in ("gateway_ca_file", "gateway_cert_file"):
+        if opts.get(key) == "":
+            del opts[key]  # an empty [DEFAULT] value an entry point did not fill in
     if not opts.get("database_url") and not opts.get("data_dir"):
         raise ConfigError(f"[{section}] needs database_url or data_dir")
     paths = {

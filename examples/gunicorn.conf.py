@@ -2,14 +2,14 @@
 
 Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
 BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS,
-BCS_INSECURE_HTTP, BCS_TLS_HOSTS).
+BCS_INSECURE_HTTP, BCS_TLS_HOSTS, BCS_CA_FILE).
 
 As ``bcs-middleware serve`` does, it uses one data directory (BCS_DATA_DIR, default ./bcs-data;
 handed to the ini as its ``data_dir``), generates the bootstrap admin's token there
 (``admin.token``, 0600) unless BCS_ADMIN_TOKEN is set, and serves HTTPS with a CA generated in
 ``data_dir/tls/`` (clients: ``curl --cacert bcs-data/tls/ca.crt``) unless BCS_CERTFILE/BCS_KEYFILE
-name another certificate. BCS_INSECURE_HTTP=1 serves plain HTTP (kubectl then cannot be used:
-client-go never sends a bearer token to an http:// server).
+name another certificate (BCS_CA_FILE: the CA handed to clients then). BCS_INSECURE_HTTP=1 serves
+plain HTTP (kubectl then cannot be used: client-go never sends a bearer token to an http:// server).
 
 Worker class: long watch, ``logs -f`` and exec streams hold a worker thread each for as long as
 the client keeps them open, so the gateway runs the **gthread** worker with many threads. Threads
@@ -71,6 +71,11 @@ elif not certfile:
           flush=True)
 elif not keyfile:
     raise SystemExit("error: BCS_CERTFILE and BCS_KEYFILE go together")
+else:
+    # Another certificate: the gateway hands out BCS_CA_FILE (if any), not the generated CA.
+    raw_paste_global_conf += [f"gateway_cert_file={Path(certfile).absolute()}"]
+    if os.environ.get("BCS_CA_FILE"):
+        raw_paste_global_conf += [f"gateway_ca_file={Path(os.environ['BCS_CA_FILE']).absolute()}"]
 
 loglevel = "info"
 errorlog = "-"
