@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -229,7 +230,9 @@ class AuditMiddleware:
             level = "Metadata"  # whatever the policy says: never a secret's data or a token
         request_body = self._request_body(environ, method) if level in ("Request", "RequestResponse") else None
         long_running = _long_running(info, query)
-        state: dict[str, Any] = {"code": 0, "started": None}
+        # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
+        state: dict[str, Any] = {"code": 0, "started": None,
+                                 "audit_id": environ.get(env.REQUEST_ID) or str(uuid.uuid4())}
 
         def event(stage: str, **extra: Any) -> None:
             if stage in omit:
@@ -299,7 +302,7 @@ class AuditMiddleware:
             "kind": "Event",
             "apiVersion": "audit.k8s.io/v1",
             "level": level,
-            "auditID": environ.get(env.REQUEST_ID, ""),
+            "auditID": state["audit_id"],
             "stage": stage,
             "requestURI": uri,
             "verb": info.verb,

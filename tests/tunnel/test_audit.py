@@ -227,3 +227,73 @@ def test_policy_errors_are_clear(tmp_path: Path) -> None:
         parse_policy({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Everything"}]})
     with pytest.raises(ConfigError, match="unknown stage"):
         parse_policy({"rules": [{"level": "Metadata", "omitStages": ["Later"]}]})
+
+
+def _in_process(app: Any, policy: Any = None) -> tuple[Any, Any]:
+    import io
+
+    from werkzeug.test import Client
+
+    from bcs_middleware.audit import DEFAULT_POLICY, AuditMiddleware, AuditSink
+
+    stream = io.StringIO()
+    sink = AuditSink(stream)
+    return Client(AuditMiddleware(app, sink=sink, policy=policy or DEFAULT_POLICY)), (sink, stream)
+
+
+def _written(out: tuple[Any, Any]) -> list[dict[str, Any]]:
+    sink, stream = out
+    sink.drain()
+    found = [json.loads(line) for line in stream.getvalue().splitlines()]
+    for event in found:
+        validate(event)
+    return found
+
+
+def test_admission_audit_annotations_reach_the_event() -> None:
+    from bcs_middleware import environ as env
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        environ[env.USER] = env.User(7, "carol", groups=("dev",))
+        environ[env.ADMISSION] = env.AdmissionResult(
+            webhooks=("inject",), audit_annotations=(("inject.example.com/sidecar", "added"),))
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b"{}"]
+
+    client, out = _in_process(app)
+    client.post("/tunnels/clusters/C/apis/apps/v1/namespaces/n/deployments", data=b"{}",
+                headers={"Content-Type": "application/json"}).close()
+    complete = _written(out)[-1]
+    assert complete["annotations"]["inject.example.com/sidecar"] == "added"
+    assert complete["verb"] == "create"
+    assert complete["objectRef"] == {"resource": "deployments", "namespace": "n", "apiGroup": "apps",
+                                     "apiVersion": "v1"}
+
+
+def test_an_unexpected_failure_is_a_panic_event() -> None:
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        raise RuntimeError("bug")
+
+    client, out = _in_process(app)
+    with pytest.raises(RuntimeError):
+        client.get("/tunnels/clusters/C/api/v1/pods")
+    stages = [(e["stage"], e.get("responseStatus", {}).get("code")) for e in _written(out)]
+    assert stages == [("RequestReceived", None), ("Panic", 500)]
+
+
+@pytest.mark.parametrize("method, path, query, verb", [
+    ("GET", "/api/v1/namespaces/n/pods/p", "", "get"),
+    ("GET", "/api/v1/namespaces/n/pods", "", "list"),
+    ("GET", "/api/v1/namespaces/n/pods", "watch=1", "watch"),
+    ("GET", "/api/v1/watch/namespaces/n/pods", "", "watch"),
+    ("PUT", "/apis/apps/v1/namespaces/n/deployments/d/scale", "", "update"),
+    ("PATCH", "/api/v1/nodes/x", "", "patch"),
+    ("DELETE", "/api/v1/namespaces/n/pods", "", "deletecollection"),
+    ("DELETE", "/api/v1/namespaces/n", "", "delete"),
+    ("GET", "/version", "", "get"),
+    ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "", "create"),
+])
+def test_verbs_as_the_apiserver_derives_them(method: str, path: str, query: str, verb: str) -> None:
+    from bcs_middleware.audit import request_info
+
+    assert request_info(method, path, query, None).verb == verb
