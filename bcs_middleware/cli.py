@@ -67,17 +67,24 @@ def _bind_problem(bind: str) -> str | None:
     return None
 
 
-def _shared_data_dir(config_file: Path, data_dir: Path) -> dict[str, str]:
+def _shared_data_dir(config_file: Path, data_dir: Path, *, cert_file: str | None = None,
+                     ca_file: str | None = None) -> dict[str, str]:
     """The global_conf that makes an ini's ``[DEFAULT] data_dir`` this data directory.
 
-    Only a ``[DEFAULT]`` value is replaced (PasteDeploy drops a section's own option that
+    Only ``[DEFAULT]`` values are replaced (PasteDeploy drops a section's own option that
     has the name of a global one); an app section that sets its own ``data_dir`` keeps it,
-    with a warning when that splits the state from ``--data-dir``'s TLS files.
+    with a warning when that splits the state from ``--data-dir``'s TLS files. An explicit
+    certificate and CA replace ``[DEFAULT]``'s ``gateway_cert_file``/``gateway_ca_file``.
     """
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(config_file)
-    if "data_dir" in parser.defaults():
-        return {"data_dir": str(data_dir)}
+    defaults = parser.defaults()
+    if "data_dir" in defaults:
+        shared = {"data_dir": str(data_dir)}
+        for key, value in (("gateway_cert_file", cert_file), ("gateway_ca_file", ca_file)):
+            if value and key in defaults:
+                shared[key] = str(Path(value).absolute())
+        return shared
     for section in parser.sections():
         own = parser.get(section, "data_dir", fallback=None)
         if own and not own.startswith("%") and Path(own).absolute() != data_dir:
@@ -148,6 +155,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if busy:
         print(f"error: cannot listen on {bind}: {busy}", file=sys.stderr)
         return 1
+    if args.config and (args.audit_log or args.audit_policy):
+        print("error: with --config, set audit_log/audit_policy_file in the ini's [app:main]", file=sys.stderr)
+        return 2
     certfile = args.certfile or server.get("certfile")
     keyfile = args.keyfile or server.get("keyfile")
     ca_file = args.ca_file or server.get("ca_file")
@@ -226,11 +236,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config:
         config_path = str(Path(args.config).absolute())
         # One data directory: the ini's data_dir is this one (the CA above is in it too).
-        global_conf = _shared_data_dir(Path(config_path), data_dir)
-        if global_conf and certfile:
-            global_conf["gateway_cert_file"] = str(Path(certfile).absolute())
-            if ca_file:
-                global_conf["gateway_ca_file"] = str(Path(ca_file).absolute())
+        global_conf = _shared_data_dir(Path(config_path), data_dir, cert_file=certfile,
+                                       ca_file=ca_file if certfile else None)
         if f"file:{ADMIN_TOKEN_FILE}" in Path(config_path).read_text():
             # The ini's bootstrap admin reads the data directory's token: make it once, here.
             announce_admin_token(data_dir, *admin_token_source(data_dir))
