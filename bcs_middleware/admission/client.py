@@ -249,6 +249,12 @@ def _split_address(value: str) -> tuple[str, int]:
 def _translate(exc: BaseException, timeout: float) -> WebhookCallError:
     if isinstance(exc, MaxRetryError) and exc.reason is not None:
         exc = exc.reason
+    # urllib3's NewConnectionError subclasses ConnectTimeoutError, so it must be told
+    # apart first: a refused or unreachable port is not a timeout.
+    if isinstance(exc, NewConnectionError):
+        if isinstance(exc.__context__, ConnectionRefusedError) or "refused" in str(exc).lower():
+            return WebhookCallError("connect", "connection refused")
+        return WebhookCallError("connect", "connection failed")
     if isinstance(exc, ConnectTimeoutError | ReadTimeoutError | TimeoutError):
         return WebhookCallError("timeout", f"timed out after {timeout:.3g}s")
     if isinstance(exc, SSLError | ssl.SSLError | ssl.CertificateError):

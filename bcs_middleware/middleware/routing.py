@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from .. import converters as conv
 from .. import environ as env
-from ..errors import BadRequest, BCSError, Forbidden, ServiceUnavailable, Unauthorized
+from ..errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..shapes import ShapeCache
@@ -189,9 +189,9 @@ class ClusterRoutingMiddleware:
         if cluster.cluster_type != "k8s":
             raise BadRequest(f"cluster {cluster.id!r} is not a Kubernetes cluster", code_name="NOT_KUBERNETES")
         if creds is None or not creds.server_addresses:
-            raise ServiceUnavailable(
-                f"cluster {cluster.id!r} has no credentials yet: is its kube-agent running?",
-                code_name="CLUSTER_CREDENTIALS_MISSING",
+            raise ClusterNotReady(
+                f"cluster {cluster.id!r} has no credentials yet: its kube-agent has not reported "
+                "(is it running? see README: Register a cluster)"
             )
         headers = _impersonating(user) if self.rbac and not user.is_superuser else ()
         environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
