@@ -114,6 +114,10 @@ class BCSError(Exception):
     bcs_code: int | None = None
     #: the HTTP status in the bcs style when it differs from :attr:`status`
     bcs_status: int | None = None
+    #: On tunnel paths, answer with the message as text/plain instead of a Status:
+    #: kubectl's discovery drops a Status's message and, for a 5xx other than 503,
+    #: prints a text body ("an error on the server (\"...\") has prevented ...").
+    kubernetes_text = False
 
     def __init__(
         self,
@@ -154,11 +158,14 @@ class BCSError(Exception):
     def response_parts(
         self, style: env.ErrorStyle = "json"
     ) -> tuple[str, list[tuple[str, str]], bytes]:
-        payload = json.dumps(self.body(style)).encode()
+        if style == "kubernetes" and self.kubernetes_text:
+            payload, content_type = self.message.encode() + b"\n", "text/plain; charset=utf-8"
+        else:
+            payload, content_type = json.dumps(self.body(style)).encode(), "application/json"
         status = (self.bcs_status or self.status) if style == "bcs" else self.status
         status_line = f"{status} {_PHRASES.get(status, 'Error')}"
         headers = [
-            ("Content-Type", "application/json"),
+            ("Content-Type", content_type),
             ("Content-Length", str(len(payload))),
             ("Cache-Control", "no-store"),
             *self.headers,
@@ -278,6 +285,18 @@ class UpstreamUnreachable(BadGateway):
 class ServiceUnavailable(BCSError):
     status = 503
     code_name = "SERVICE_UNAVAILABLE"
+
+
+class ClusterNotReady(BCSError):
+    """A cluster whose kube-agent has not reported yet: nothing to forward to.
+
+    502, as text for kubectl: it prints such a body, while for a 503 it prints only
+    "the server is currently unable to handle the request".
+    """
+
+    status = 502
+    code_name = "CLUSTER_CREDENTIALS_MISSING"
+    kubernetes_text = True
 
 
 class GatewayTimeout(BCSError):

@@ -66,34 +66,55 @@ class BootstrapUser:
     token_digest: str = field(repr=False)
 
 
-def parse_bootstrap_users(spec: Mapping[str, str]) -> list[BootstrapUser]:
+def parse_bootstrap_users(spec: Mapping[str, str], base: Path | None = None) -> list[BootstrapUser]:
     """``name = env:VAR`` | ``file:/path`` | ``sha256:HEX`` → bootstrap users.
 
     Token values never sit in an ini file: they come from the environment or a
-    file (mode 0600), or only their digest is written.
+    file (mode 0600), or only their digest is written. Several sources separated
+    by spaces are alternatives, the first available wins — ``env:BCS_ADMIN_TOKEN
+    file:admin.token`` is what ``serve`` does. A relative ``file:`` is in ``base``
+    (the data directory).
     """
     users = []
     for name, source in spec.items():
-        kind, _, value = source.partition(":")
-        if kind == "env":
-            token = os.environ.get(value, "").strip()
-            if not token:
-                raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
-            digest = token_digest(token)
-        elif kind == "file":
-            try:
-                token = Path(value).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"bootstrap user {name!r}: cannot read {value}: {exc.strerror}") from None
-            if not token:
-                raise ConfigError(f"bootstrap user {name!r}: {value} is empty")
-            digest = token_digest(token)
-        elif kind == "sha256" and len(value) == 64:
-            digest = value.lower()
-        else:
+        choices = source.split()
+        digest = None
+        for choice in choices:
+            digest = _bootstrap_digest(name, choice, base, last=choice is choices[-1])
+            if digest is not None:
+                break
+        if digest is None:
             raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
         users.append(BootstrapUser(name, digest))
     return users
+
+
+def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool) -> str | None:
+    """The digest from one source; ``None`` when it is absent and another may follow."""
+    kind, _, value = source.partition(":")
+    if kind == "env":
+        token = os.environ.get(value, "").strip()
+        if token:
+            return token_digest(token)
+        if last:
+            raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
+        return None
+    if kind == "file":
+        path = Path(value)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        if not path.exists() and not last:
+            return None
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"bootstrap user {name!r}: cannot read {path}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"bootstrap user {name!r}: {path} is empty")
+        return token_digest(token)
+    if kind == "sha256" and len(value) == 64:
+        return value.lower()
+    raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
 
 
 def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
@@ -129,6 +150,9 @@ class GatewayConfig:
     trusted_proxies: tuple[str, ...] = ()
     admission: bool = True
     access_log: bool = True
+    # Kubernetes audit events for tunnel requests: a file path, or "-" for stdout.
+    audit_log: str | None = None
+    audit_policy_file: str | None = None
     upgrade_idle_timeout: float = 3600.0
     upgrade_max_duration: float = 86400.0
     # Permission subscription (issue 9): grants turned into RBAC bindings in every cluster.
@@ -149,6 +173,9 @@ class GatewayConfig:
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
+    # A webhook failing this many times in a row is not called for the cooldown.
+    admission_breaker_threshold: int = 5
+    admission_breaker_cooldown: float = 30.0
     admission_refresh: float = 2.0
     webhook_address_map: tuple[tuple[str, str], ...] = ()
     # Upstream address policy (upstream/addresses.py): CIDRs on top of the built-in refusals.
@@ -310,11 +337,13 @@ def build_gateway(
             mode="kubernetes",
             max_body=config.admission_max_body,
             total_budget=config.admission_budget,
+            breaker_threshold=config.admission_breaker_threshold,
+            breaker_cooldown=config.admission_breaker_cooldown,
             address_map=dict(config.webhook_address_map),
             transport=transport,
         )
         engine, inner = admission.engine, admission
-    tunnel = ClusterRoutingMiddleware(
+    tunnel: Any = ClusterRoutingMiddleware(
         inner,
         directory=directory,
         access=tunnel_access,
@@ -322,6 +351,13 @@ def build_gateway(
         tls_server_name=config.tls_server_name,
         verify=config.upstream_verify,
     )
+    if config.audit_log:
+        from .audit import DEFAULT_POLICY, AuditMiddleware, AuditSink, load_policy
+
+        policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY
+        tunnel = AuditMiddleware(tunnel, sink=AuditSink.open(config.audit_log), policy=policy)
+    elif config.audit_policy_file:
+        raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
     ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
     cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
     api = ManagementAPI(
@@ -422,6 +458,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "trusted_proxies": conv.aslist,
     "admission": conv.asbool,
     "access_log": conv.asbool,
+    "audit_log": conv.text,
+    "audit_policy_file": conv.text,
     "upgrade_idle_timeout": conv.seconds,
     "upgrade_max_duration": conv.seconds,
     "rbac_source_file": conv.text,
@@ -439,6 +477,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "client_cert_subjects": parse_subject_map,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
+    "admission_breaker_threshold": conv.positive_int,
+    "admission_breaker_cooldown": conv.seconds,
     "admission_refresh": conv.seconds,
     "webhook_address_map": conv.mapping,
     "upstream_allow": conv.networks,
@@ -448,6 +488,9 @@ _OPTIONS: dict[str, conv.Converter] = {
 
 def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:
     opts = conv.convert_options(section, local_conf, _OPTIONS)
+    for key in ("gateway_ca_file", "gateway_cert_file"):
+        if opts.get(key) == "":
+            del opts[key]  # an empty [DEFAULT] value an entry point did not fill in
     if not opts.get("database_url") and not opts.get("data_dir"):
         raise ConfigError(f"[{section}] needs database_url or data_dir")
     paths = {
@@ -456,8 +499,16 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     for key in ("gateway_ca_file", "gateway_cert_file", "driver_ca_file"):
         if key in paths and not paths[key].is_file():
             raise ConfigError(f"[{section}] {key}: no such file {paths[key]}")
+    data_dir = paths.get("data_dir")
+    if data_dir is not None and not {"gateway_ca_file", "gateway_cert_file"} & paths.keys():
+        # The CA ``serve`` and examples/gunicorn.conf.py generate in the data directory:
+        # without it client_credentials and kubeconfigs would carry no CA.
+        generated = data_dir / "tls"
+        if (generated / "ca.crt").is_file() and (generated / "server.crt").is_file():
+            paths["gateway_ca_file"] = generated / "ca.crt"
+            paths.setdefault("gateway_cert_file", generated / "server.crt")
     values: dict[str, Any] = {**opts, **paths}
-    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {})))
+    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {}), data_dir))
     for key in ("public_paths", "trusted_proxies", "upstream_allow", "upstream_deny"):
         if key in values:
             values[key] = tuple(values[key])

@@ -227,3 +227,18 @@ def test_cli_entry_point_runs(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "bcs_middleware.cli", "--version"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "bcs-middleware" in result.stdout
+
+
+def test_postgresql_without_its_driver_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bcs_middleware import cli
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the postgresql extra were not installed
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setenv("BCS_ADMIN_TOKEN", "t" * 43)
+    code = cli.main(["serve", "--data-dir", str(tmp_path / "data"), "--bind", f"127.0.0.1:{free_port()}",
+                     "--database-url", "postgresql://bcs@127.0.0.1:1/bcs"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "pip install 'bcs-middleware[postgresql]'" in err and "Traceback" not in err

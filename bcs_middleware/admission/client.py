@@ -222,7 +222,7 @@ def _split_address(value: str) -> tuple[str, int]:
 
 
 _DETAILS = {
-    "refused": ("connect", "connection refused or host unreachable"),
+    "refused": ("connect", "connection refused or host unreachable"),  # never "timeout"
     "broken": ("connect", "connection broken"),
     "tls": ("tls", "certificate verification failed"),
     "hostname": ("tls", "certificate does not match the webhook host name"),

@@ -222,6 +222,7 @@ class AdmissionEngine:
         obj: Any,
         user: User | None,
         *,
+        dry_run: bool = False,
         trace: bool = False,
     ) -> Outcome:
         """Run the definition matching (``operation``, ``obj["kind"]``), if any."""
@@ -234,7 +235,7 @@ class AdmissionEngine:
         run = _Run(obj, self._clock() + self.total_budget, trace)
         for webhook in definition.webhooks:
             if webhook.selects_namespace(namespace):
-                self._run_bcs_webhook(run, definition, webhook, operation, user)
+                self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run)
         return run.outcome()
 
     def _run_bcs_webhook(
@@ -244,6 +245,7 @@ class AdmissionEngine:
         webhook: BcsWebhook,
         operation: str,
         user: User | None,
+        dry_run: bool = False,
     ) -> None:
         label = f"{definition.name}/{webhook.name}"
         if webhook.protocol == "kubernetes":
@@ -268,7 +270,7 @@ class AdmissionEngine:
                 name=str(_meta(run.obj).get("name") or ""),
                 old_obj=None,
                 user=user,
-                dry_run=False,
+                dry_run=dry_run,
                 options=None,
             )
             return
@@ -703,8 +705,13 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
     ``{"operation": "CREATE"|"UPDATE"|"Create"|"Update", "object": {...},
     "oldObject"?, "cluster_id"? (Kubernetes definitions), "resource"?
     ("pods" or {"group","version","resource"}), "subResource"?, "namespace"?, "name"?,
-    "dryRun"?}`` → which webhooks ran, what each did, warnings, the final object,
+    }`` → which webhooks ran, what each did, warnings, the final object,
     and whether the request would be allowed.
+
+    A review is always a dry run: webhooks receive ``dryRun: true`` and, as
+    kube-apiserver does, a webhook whose ``sideEffects`` is neither ``None`` nor
+    ``NoneOnDryRun`` is never called — the review answers that it does not support
+    dry run instead.
     """
     if not isinstance(document, dict):
         raise ValidationError("(body): must be a JSON object")
@@ -718,7 +725,11 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
     try:
         if cluster_id is None:
             outcome = engine.admit_bcs(
-                "Create" if operation == "CREATE" else "Update", obj, user, trace=True
+                "Create" if operation == "CREATE" else "Update",
+                obj,
+                user,
+                dry_run=True,
+                trace=True,
             )
         else:
             attrs = _review_attributes(document, obj)
@@ -729,7 +740,7 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
                 obj,
                 document.get("oldObject"),
                 user,
-                dry_run=bool(document.get("dryRun", False)),
+                dry_run=True,
                 trace=True,
             )
     except AdmissionRejected as rejected:

@@ -375,6 +375,15 @@ def kubeconfig(ctx: Ctx, cluster_id: str) -> Response:
         "preferences": {},
     }
     body = yaml.safe_dump(document, sort_keys=False)
+    creds = ctx.store.get_credentials(cluster.id)
+    not_ready = None
+    if creds is None or not creds.server_addresses:
+        # Handed out anyway (the agent may be on its way), but never as if it were ready.
+        not_ready = (f"cluster {cluster.id} has no credentials yet: its kube-agent has not reported, "
+                     "so kubectl cannot reach it until it does")
+        body = f"# WARNING: {not_ready}\n{body}"
     response = Response(body, mimetype="application/yaml")
     response.headers["Cache-Control"] = "no-store"
+    if not_ready:
+        response.headers["Warning"] = f'299 - "{not_ready}"'
     return response

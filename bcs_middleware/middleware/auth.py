@@ -277,6 +277,7 @@ class TokenAuthMiddleware:
 
 _OPTIONS: dict[str, conv.Converter] = {
     "database_url": conv.text,
+    "data_dir": conv.text,
     "secret_key": conv.text,
     "tokens_file": conv.text,
     "public_paths": conv.aslist,
@@ -289,8 +290,9 @@ _OPTIONS: dict[str, conv.Converter] = {
 def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     """PasteDeploy filter ``egg:bcs-middleware#token_auth``.
 
-    Tokens come from the gateway's database (``database_url``, with the same
-    ``secret_key`` as the gateway) or from a ``tokens_file`` of digests::
+    Tokens come from the gateway's database — ``data_dir`` (the gateway's data
+    directory) or ``database_url`` (with the same ``secret_key`` as the gateway) —
+    or from a ``tokens_file`` of digests::
 
         [filter:token_auth]
         use = egg:bcs-middleware#token_auth
@@ -305,13 +307,12 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     inner: Authenticator
     if opts.get("tokens_file"):
         inner = StaticAuthenticator.from_file(opts["tokens_file"])
-    elif opts.get("database_url"):
-        from ..store import open_store
-
-        store = open_store(opts["database_url"], secret_key=opts.get("secret_key"), migrate=False)
-        inner = StoreAuthenticator(store)
+    elif opts.get("database_url") or opts.get("data_dir"):
+        inner = StoreAuthenticator(open_gateway_store(
+            data_dir=opts.get("data_dir"), database_url=opts.get("database_url"), secret_key=opts.get("secret_key")
+        ))
     else:
-        raise ConfigError("[filter:token_auth] needs database_url or tokens_file")
+        raise ConfigError("[filter:token_auth] needs data_dir, database_url or tokens_file")
     authenticator = CachingAuthenticator(
         inner, ttl=opts.get("cache_ttl", 5.0), max_entries=opts.get("cache_size", 10_000)
     )
@@ -325,3 +326,35 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         )
 
     return make
+
+
+def open_gateway_store(*, data_dir: str | Path | None = None, database_url: str | None = None,
+                       secret_key: str | None = None) -> Any:
+    """The gateway's store for token auth, refused at start when it is not there.
+
+    A missing database would otherwise answer every token with 503.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..store import open_store, sqlite_url
+
+    url = database_url
+    if url is None:
+        if data_dir is None:
+            raise ConfigError("token auth needs the gateway's data_dir or database_url")
+        path = Path(data_dir)
+        if not (path / "bcs.sqlite3").is_file():
+            raise ConfigError(
+                f"token auth: no gateway database in {path.absolute()}: start the gateway there once "
+                "(bcs-middleware serve --data-dir ...) and issue tokens with its REST API"
+            )
+        url = sqlite_url(path)
+    store = open_store(url, secret_key=secret_key, migrate=False)
+    try:
+        store.find_user("")
+    except SQLAlchemyError:
+        store.dispose()
+        where = database_url or f"data_dir {data_dir}"
+        raise ConfigError(f"token auth: {where} holds no gateway database (its tables are missing): "
+                          "start the gateway on it once") from None
+    return store

@@ -37,7 +37,7 @@ from typing import Any
 from .. import converters as conv
 from .. import environ as env
 from ..clusters import CachedDirectory, ClusterDirectory, upstream_for
-from ..errors import BadRequest, BCSError, Forbidden, ServiceUnavailable, Unauthorized
+from ..errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..shapes import ShapeCache
@@ -153,9 +153,9 @@ class ClusterRoutingMiddleware:
         if cluster.cluster_type != "k8s":
             raise BadRequest(f"cluster {cluster.id!r} is not a Kubernetes cluster", code_name="NOT_KUBERNETES")
         if creds is None or not creds.server_addresses:
-            raise ServiceUnavailable(
-                f"cluster {cluster.id!r} has no credentials yet: is its kube-agent running?",
-                code_name="CLUSTER_CREDENTIALS_MISSING",
+            raise ClusterNotReady(
+                f"cluster {cluster.id!r} has no credentials yet: its kube-agent has not reported "
+                "(is it running? see README: Register a cluster)"
             )
         environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
         environ[env.UPSTREAM] = upstream_for(

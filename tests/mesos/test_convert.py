@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 
+from bcs_middleware.scheduler.convert import BCS_DRIVER_PARAMETER_ERR, BCS_JSON_DECODE, BCS_REQUEST_DATA_ERR
 from tests.support.fake_scheduler import FakeScheduler, Recorded
 from tests.support.servers import BIN, ServerProcess, free_port
 
@@ -198,32 +199,37 @@ def test_each_source_route_becomes_its_scheduler_call(driver: Driver, method: st
 
 
 @pytest.mark.parametrize(
-    ("uri", "document", "code_name"),
+    ("uri", "document", "bcs_code"),
     [
-        pytest.param("namespaces/nfsol/applications", {**APPLICATION, "kind": "deployment"}, "WRONG_KIND", id="kind"),
+        pytest.param("namespaces/nfsol/applications", {**APPLICATION, "kind": "deployment"},
+                     BCS_REQUEST_DATA_ERR, id="kind"),
         pytest.param("namespaces/nfsol/applications",
-                     {**APPLICATION, "metadata": {**APPLICATION["metadata"], "name": "a.b"}}, "BAD_NAME", id="dot"),
+                     {**APPLICATION, "metadata": {**APPLICATION["metadata"], "name": "a.b"}},
+                     BCS_DRIVER_PARAMETER_ERR, id="dot"),
         pytest.param("namespaces/nfsol/applications",
-                     {**APPLICATION, "restartPolicy": {"policy": "Sometimes"}}, "BAD_RESTART_POLICY", id="restart"),
-        pytest.param("namespaces/nfsol/applications", {**APPLICATION, "spec": {"instance": 1}}, "NO_TEMPLATE",
+                     {**APPLICATION, "restartPolicy": {"policy": "Sometimes"}}, BCS_DRIVER_PARAMETER_ERR, id="restart"),
+        pytest.param("namespaces/nfsol/applications", {**APPLICATION, "spec": {"instance": 1}},
+                     BCS_DRIVER_PARAMETER_ERR,
                      id="no-template"),
-        pytest.param("namespaces/nfsol/applications", {**APPLICATION, "spec": {"instance": "1"}}, "JSON_DECODE",
+        pytest.param("namespaces/nfsol/applications", {**APPLICATION, "spec": {"instance": "1"}}, BCS_JSON_DECODE,
                      id="wrong-type"),
-        pytest.param("namespaces/nfsol/configmaps", {**CONFIGMAP, "kind": "secret"}, "WRONG_KIND", id="configmap-kind"),
+        pytest.param("namespaces/nfsol/configmaps", {**CONFIGMAP, "kind": "secret"},
+                     BCS_REQUEST_DATA_ERR, id="configmap-kind"),
         # A key only Go's case-insensitive decoder would read is one admission never saw.
         pytest.param("namespaces/nfsol/applications",
                      {k: v for k, v in APPLICATION.items() if k != "kind"} | {"Kind": "application"},
-                     "FIELD_SPELLING", id="kind-in-another-case"),
+                     BCS_JSON_DECODE, id="kind-in-another-case"),
         pytest.param("namespaces/nfsol/applications",
                      {k: v for k, v in APPLICATION.items() if k != "metadata"} | {"Metadata": APPLICATION["metadata"]},
-                     "FIELD_SPELLING", id="metadata-in-another-case"),
+                     BCS_JSON_DECODE, id="metadata-in-another-case"),
     ],
 )
 def test_documents_the_source_refuses_never_reach_the_scheduler(driver: Driver, uri: str, document: Any,
-                                                                code_name: str) -> None:
+                                                                bcs_code: int) -> None:
     response, sent = driver.sent("POST", uri, document)
     assert response.status_code == 400, response.text
-    assert response.json()["code_name"] == code_name
+    # The driver answers in the source's envelope, with the source's error number.
+    assert response.json() == {"result": False, "code": bcs_code, "message": response.json()["message"], "data": None}
     assert sent is None
 
 
