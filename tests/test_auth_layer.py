@@ -141,7 +141,7 @@ def test_revocation_takes_effect_within_the_cache_ttl(tmp_path: Path) -> None:
 def test_filter_factory_rejects_unknown_keys_and_needs_a_source() -> None:
     with pytest.raises(ConfigError, match=r"\[filter:token_auth\] unknown key 'databse_url'"):
         filter_factory({}, databse_url="sqlite://")
-    with pytest.raises(ConfigError, match="needs database_url or tokens_file"):
+    with pytest.raises(ConfigError, match="needs data_dir, database_url or tokens_file"):
         filter_factory({})
     with pytest.raises(ConfigError, match="cache_ttl"):
         filter_factory({}, tokens_file="x", cache_ttl="soon")

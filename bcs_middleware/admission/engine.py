@@ -291,7 +291,7 @@ class AdmissionEngine:
             return
         except _PatchRefused as refused:
             self._refused(run, label, "bcs", refused)
-        metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "allowed").inc()
         run.called.append(label)
         changed = answer != before
         run.patched |= changed
@@ -485,7 +485,7 @@ class AdmissionEngine:
         run.warnings.extend(response.warnings)
         run.annotations.extend((f"{label}/{k}", v) for k, v in response.audit_annotations)
         if not response.allowed:
-            metrics.WEBHOOK_CALLS.labels(label, "denied").inc()
+            metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "denied").inc()
             status = response.status
             code = status.get("code") if isinstance(status.get("code"), int) else 403
             code = max(int(code), 400) if code else 403
@@ -507,7 +507,7 @@ class AdmissionEngine:
                 steps=run.steps,
                 headers=warning_headers(run.warnings),
             )
-        metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "allowed").inc()
         changed = response.patch is not None and patched != run.obj
         run.patched |= changed
         run.obj = patched
@@ -543,7 +543,7 @@ class AdmissionEngine:
                 full_timeout=timeout <= remaining,
             )
         finally:
-            metrics.WEBHOOK_LATENCY.labels(label).observe(time.perf_counter() - started)
+            metrics.WEBHOOK_LATENCY.labels(metrics.webhook_label(label)).observe(time.perf_counter() - started)
 
     def _checked(self, breaker_key: str, check: Callable[[], Any]) -> Any:
         # Answers that arrive but are unusable count against the breaker too.
@@ -558,7 +558,7 @@ class AdmissionEngine:
     def _refused(
         self, run: _Run, label: str, protocol: Literal["bcs", "kubernetes"], refused: _PatchRefused
     ) -> NoReturn:
-        metrics.WEBHOOK_CALLS.labels(label, "error").inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "error").inc()
         log.warning("admission webhook %s: change refused: %s", label, refused.detail)
         run.steps.append(Step(label, protocol, "failed", "patch", refused.detail))
         raise AdmissionRejected(
@@ -576,8 +576,8 @@ class AdmissionEngine:
         policy: str,
         err: WebhookCallError,
     ) -> None:
-        metrics.WEBHOOK_FAILURES.labels(label, err.cause).inc()
-        metrics.WEBHOOK_CALLS.labels(label, "error").inc()
+        metrics.WEBHOOK_FAILURES.labels(metrics.webhook_label(label), err.cause).inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "error").inc()
         if policy == "Ignore":
             log.warning(
                 "admission webhook %s skipped (failurePolicy Ignore): %s: %s",

@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from .. import metrics
 from ..errors import BCSError, ConfigError
 from ..store import CredentialRecord, SQLStore
 from ..store import models as m
@@ -260,9 +261,9 @@ class RBACService:
         for operation in ("created", "updated", "deleted", "failed"):
             count = getattr(outcome, operation)
             if count:
-                RBAC_OPERATIONS.labels(outcome.cluster_id, operation).inc(count)
+                RBAC_OPERATIONS.labels(metrics.cluster_label(outcome.cluster_id), operation).inc(count)
         result = outcome.as_dict()["result"]
-        RBAC_RUNS.labels(outcome.cluster_id, result).inc()
+        RBAC_RUNS.labels(metrics.cluster_label(outcome.cluster_id), result).inc()
         document = {**outcome.as_dict(), "holder": self.lease.holder}
         try:
             write_status(self.store, CLUSTER_SCOPE + outcome.cluster_id, document)
