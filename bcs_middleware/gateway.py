@@ -32,6 +32,7 @@ from typing import Any
 from . import converters as conv
 from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
+from .clusters import CachedDirectory
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
 from .metrics import BATCH
@@ -39,7 +40,7 @@ from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuth
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
 from .middleware.mesos import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
-from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .middleware.routing import TUNNEL_PREFIX, ClusterRoutingMiddleware
 from .middleware.webconsole import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from .middleware.webconsole import WEBCONSOLE
 from .permissions import ClusterAuthorizer
@@ -280,8 +281,11 @@ def build_gateway(
     """Assemble the gateway from a config (the one place the layers are stacked).
 
     :param store: an already open store (tests, the ``serve`` master); else opened from config.
-    :param transport: the upstream connection layer shared by the proxy and the admission
-        layer's cluster reads; a :class:`PooledTransport` from config by default.
+    :param transport: the gateway's one outbound HTTP stack, shared by every layer that
+        calls out — the proxy (tunnel and Mesos drivers), webhooks, the admission layer's
+        cluster reads, the RBAC source and sync; a :class:`PooledTransport` from config
+        (timeouts, address policy) by default. One gateway per process (each ``serve``
+        worker builds its own after the fork), so one transport per process.
     :param background: start background work (the RBAC sync) in this process. The
         ``serve`` master builds the app once with ``False`` (to migrate and check the
         configuration) and every worker builds its own with ``True``; only the worker
@@ -336,6 +340,7 @@ def build_gateway(
             breaker_threshold=config.admission_breaker_threshold,
             breaker_cooldown=config.admission_breaker_cooldown,
             address_map=dict(config.webhook_address_map),
+            transport=transport,
         )
         engine, inner = admission.engine, admission
     tunnel: Any = ClusterRoutingMiddleware(
@@ -362,7 +367,8 @@ def build_gateway(
             address_policy=address_policy,
         ),
         access=api_access,
-        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access),
+        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access,
+                                     address_policy=address_policy, transport=transport),
     )
     discovery = _discovery(config)
     if background and hasattr(discovery, "start"):
@@ -408,6 +414,7 @@ def build_gateway(
             tls_server_name=config.tls_server_name,
             verify=config.upstream_verify,
             address_policy=address_policy,
+            transport=transport,
         )
         if background:
             service.start()

@@ -28,7 +28,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
@@ -39,6 +38,7 @@ from .. import metrics
 from ..bodies import parse_json
 from ..environ import AdmissionResult, User
 from ..errors import BadRequest, BcsCode, BCSError, ValidationError
+from ..lru import LoadingCache
 from .client import WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
 from .equivalence import convertible, equivalents
@@ -187,7 +187,9 @@ class AdmissionEngine:
         self._bcs: tuple[int, dict[tuple[str, str], BcsDefinition]] = (-1, {})
         self._bcs_operations: tuple[int, dict[str, frozenset[str]]] = (-1, {})
         self._k8s: dict[str, tuple[int, tuple[K8sWebhook, ...]]] = {}
-        self._ns_labels: OrderedDict[tuple[str, str], tuple[float, dict[str, str]]] = OrderedDict()
+        # Failed reads are not cached (the loader raises); answers for namespace_ttl.
+        self._ns_labels: LoadingCache[tuple[str, str], dict[str, str]] = LoadingCache(
+            ttl=namespace_ttl, max_entries=4096, clock=clock)
 
     # -- bcs definitions ---------------------------------------------------------------
 
@@ -400,12 +402,10 @@ class AdmissionEngine:
         return selector.matches(self.namespace_labels(cluster_id, attrs.namespace))
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
-        key = (cluster_id, namespace)
-        now = self._clock()
-        with self._lock:
-            hit = self._ns_labels.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
+        return self._ns_labels.get((cluster_id, namespace), self._load_namespace_labels)
+
+    def _load_namespace_labels(self, key: tuple[str, str]) -> dict[str, str]:
+        cluster_id, namespace = key
         labels: dict[str, str] = {}
         if self.cluster_reader is not None:
             try:
@@ -421,11 +421,6 @@ class AdmissionEngine:
                     "namespace", f"cannot read labels of namespace {namespace!r}"
                 ) from None
         labels[NAMESPACE_NAME_LABEL] = namespace
-        with self._lock:
-            self._ns_labels[key] = (now + self.namespace_ttl, labels)
-            self._ns_labels.move_to_end(key)
-            while len(self._ns_labels) > 4096:
-                self._ns_labels.popitem(last=False)
         return labels
 
     # -- calling --------------------------------------------------------------------

@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from time import monotonic
 from typing import Any, Protocol
 
 from .. import converters as conv
 from .. import environ as env
 from ..errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
+from ..lru import LoadingCache
 from ..metrics import BATCH, TOKEN_CACHE
 from ..store.crypto import digests_equal, token_digest
 
@@ -155,35 +154,26 @@ class CachingAuthenticator:
         self.inner = inner
         self.ttl = ttl
         self.max_entries = max_entries
-        # Oldest first; a full cache drops its oldest entry. Not an LRU: a hit would
-        # cost a reordering on every request, and every entry expires within ``ttl``
-        # anyway, when a hot token is looked up again at the back.
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
-        self._lock = threading.Lock()
+        # The package's one cache policy for store answers: kept ``ttl`` after loading,
+        # the oldest loaded dropped first when full; no lock on a hit.
+        self._cache: LoadingCache[str, Principal | None] = LoadingCache(ttl=ttl, max_entries=max_entries)
 
     def authenticate(self, token: str) -> Principal | None:
         if self.ttl <= 0:
             return self.inner.authenticate(token)
-        key = token_digest(token)
-        # The hit path takes no lock: one dict read is atomic under the GIL.
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] > monotonic():
-            BATCH.inc(TOKEN_CACHE, "hit")
-            return entry[1]
-        BATCH.inc(TOKEN_CACHE, "miss")
-        expires = monotonic() + self.ttl
-        principal = self.inner.authenticate(token)
-        with self._lock:
-            entries = self._entries
-            entries.pop(key, None)  # re-inserted at the back: it is the newest now
-            entries[key] = (expires, principal)
-            while len(entries) > self.max_entries:
-                del entries[next(iter(entries))]
+        missed = False
+
+        def load(_key: str) -> Principal | None:
+            nonlocal missed
+            missed = True
+            return self.inner.authenticate(token)
+
+        principal = self._cache.get(token_digest(token), load)
+        BATCH.inc(TOKEN_CACHE, "miss" if missed else "hit")
         return principal
 
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+        self._cache.clear()
 
 
 def bearer_token(environ: Mapping[str, Any]) -> str | None:

@@ -290,9 +290,11 @@ def build_service(store: SQLStore, *, source_file: str | None = None, source_url
                   source_token_file: str | None = None, source_ca_file: str | None = None,
                   interval: float = 300.0, tls_server_name: str | None = None, verify: bool = True,
                   connect_timeout: float = 5.0, read_timeout: float = 30.0,
-                  address_policy: AddressPolicy | None = None) -> RBACService:
+                  address_policy: AddressPolicy | None = None, transport: Transport | None = None) -> RBACService:
     """The service as gateway configuration describes it (``rbac_source_file`` *or* ``rbac_source_url``).
 
+    :param transport: the process's outbound transport (the gateway passes the one every
+        layer shares), used for the URL source and the clusters; else one of its own.
     :raises ConfigError: no source, both sources, or an unsafe URL configuration.
     """
     if bool(source_file) == bool(source_url):
@@ -304,9 +306,9 @@ def build_service(store: SQLStore, *, source_file: str | None = None, source_url
         assert source_url is not None
         try:
             source = HTTPSource(source_url, token_file=source_token_file, ca_file=source_ca_file,
-                                poll_interval=min(30.0, interval))
+                                poll_interval=min(30.0, interval), transport=transport)
         except ValueError as exc:
             raise ConfigError(f"rbac_source_url: {exc}") from None
     return RBACService(store, source, interval=interval, tls_server_name=tls_server_name, verify=verify,
                        connect_timeout=connect_timeout, read_timeout=read_timeout,
-                       address_policy=address_policy)
+                       address_policy=address_policy, transport=transport)
