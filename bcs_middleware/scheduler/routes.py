@@ -21,6 +21,20 @@ holds those routes (method, path template) and the call each one makes::
     DELETE namespaces/{ns}/configmaps|secrets|services/{name} → DELETE /v1/configmap|…/{ns}/{name}
     GET    cluster/resources|endpoints|current/offers, definition/application|deployment/{ns}/{name}
                                                        → GET    /v1/{same path}
+    GET    namespaces/{ns}/applications/{name}/versions/{id} → GET /v1/apps/{ns}/{name}/versions/{id}
+    POST   namespaces/{ns}/applications/{name}[/taskgroups/{tg}]/message
+                                                       → POST   /v1/apps/{ns}/{name}/message[/{tg}]  BcsMessage
+    PUT    namespaces/{ns}/applications/{app}/taskgroups/{tg}/rescheduler
+                                                       → PUT    /v1/taskgroup/{tg}/rescheduler?hostRetainTime=
+    POST   namespaces/{ns}/applications/{app}/taskgroups/{tg}/restart|reload → POST /v1/taskgroup/{tg}/…
+    POST   namespaces/{ns}/daemonset                   → POST   /v1/daemonsets  BcsDaemonsetDef
+    DELETE namespaces/{ns}/daemonset/{name}            → DELETE /v1/daemonsets/{ns}/{name}?enforce=
+    GET    transactions/{ns}, DELETE transactions/{ns}/{name} → /v1/transactions/… (?objKind=&objName=)
+    GET    agentsettings → GET ?ips=; DELETE agentsettings → POST /v1/agentsettings/delete?ips=;
+    POST   agentsettings[/enable|/disable], PUT agentsettings/taint|extendedresource → /v1/agentsettings/…
+    *      crr/register, crd/…, image/commit/{tg}, command/application|deployment/{ns}/{name}
+                                                       → the same path under /v1/ (bodies as sent)
+    *      customresourcedefinitions…, customresources… → 404 (the source's kubeconfig mode, not provided)
 
 (``{ns}``/``{name}`` of a create/update come from the body's ``metadata``, as
 in the source.) Create, update and rollback bodies are checked for their
@@ -29,8 +43,9 @@ converted: the driver forwards it as it always did (``{scheduler_prefix}{uri}``)
 
 Differences from the source, on purpose: query values and path segments taken
 from the body are percent-encoded (the source concatenated them, so a name
-could add query parameters or path segments), and a scale count must be a
-non-negative integer (400).
+could add query parameters or path segments), a scale count must be a
+non-negative integer (400), and bodies relayed "as sent" are the JSON document
+admission read, re-encoded. README's "Mesos driver" section has the full table.
 """
 
 from __future__ import annotations
@@ -287,7 +302,7 @@ def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
             _route("GET", base, _call("GET", f"/v1/{base}", queries=("id",))),
             _route("DELETE", base, _call("DELETE", f"/v1/{base}", queries=("id",))),
         ]
-    for method in ("GET", "POST", "PUT", "DELETE"):
+    for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
         routes.append(_route(method, r"(customresourcedefinitions|customresources)(/.*)?", _not_served))
     return routes
 
