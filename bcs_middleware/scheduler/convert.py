@@ -81,6 +81,38 @@ def _get(doc: Mapping[str, Any], key: str) -> Any:
     return None
 
 
+def unambiguous(doc: Any) -> Any:
+    """``doc``, when Go's decoder and the admission layer read it alike; else 400.
+
+    Go matches keys case-insensitively, the last of two spellings winning, so
+    ``{"kind": "x", "Kind": "clb"}`` is a ``clb`` to the scheduler and an ``x`` to
+    admission. Bodies the scheduler decodes itself (those relayed as sent, and the
+    ``raw_json`` it keeps) must therefore spell no key twice in any object, and spell
+    the keys admission reads (``kind``, ``metadata.name``/``namespace``) exactly.
+    """
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            seen: dict[str, str] = {}
+            for key in node:
+                folded = key.casefold()
+                if folded in seen:
+                    raise ConversionError(f"fields {seen[folded]!r} and {key!r} differ only in case",
+                                          bcs_code=BCS_JSON_DECODE, code_name="FIELD_SPELLING")
+                seen[folded] = key
+            stack.extend(node.values())
+    if isinstance(doc, dict):
+        _get(doc, "kind")
+        meta = _get(doc, "metadata")
+        if isinstance(meta, dict):
+            _get(meta, "name")
+            _get(meta, "namespace")
+    return doc
+
+
 def _decode_error(what: str) -> ConversionError:
     return ConversionError(f"json decode failed! {what}", bcs_code=BCS_JSON_DECODE, code_name="JSON_DECODE")
 

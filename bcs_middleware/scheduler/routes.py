@@ -44,8 +44,10 @@ converted: the driver forwards it as it always did (``{scheduler_prefix}{uri}``)
 Differences from the source, on purpose: query values and path segments taken
 from the body are percent-encoded (the source concatenated them, so a name
 could add query parameters or path segments), a scale count must be a
-non-negative integer (400), and bodies relayed "as sent" are the JSON document
-admission read, re-encoded. README's "Mesos driver" section has the full table.
+non-negative integer (400), bodies relayed "as sent" are the JSON document
+admission read, re-encoded, and every body read here must be one Go's
+case-insensitive decoder reads as admission did (:func:`.convert.unambiguous`).
+README's "Mesos driver" section has the full table.
 """
 
 from __future__ import annotations
@@ -318,5 +320,5 @@ def scheduler_call(method: str, uri: str, query_string: str, body: Body) -> Sche
             match = pattern.fullmatch(uri)
             if match:
                 query = {k: v[0] for k, v in parse_qs(query_string, keep_blank_values=True).items()}
-                return handler(match.groupdict(), query, body)
+                return handler(match.groupdict(), query, lambda: convert.unambiguous(body()))
     return None

@@ -223,3 +223,28 @@ def test_custom_resources_of_the_kubeconfig_mode_are_not_served(driver: Driver, 
     response, sent = driver.sent("GET", uri)
     assert response.status_code == 404 and response.json()["result"] is False
     assert sent is None
+
+
+@pytest.mark.parametrize(
+    ("uri", "document"),
+    [
+        # Go's decoder takes the last spelling: the scheduler would store a "clb" that admission saw as "x".
+        pytest.param("crd/namespaces/ns/clb", {**CRD, "kind": "x", "Kind": "clb"}, id="crd-kind-twice"),
+        pytest.param("crd/namespaces/ns/clb", {k: v for k, v in CRD.items() if k != "kind"} | {"KIND": "clb"},
+                     id="crd-kind-in-another-case"),
+        pytest.param("crd/namespaces/ns/clb", {**CRD, "metadata": {"name": "x", "namespace": "ns", "NameSpace": "p"}},
+                     id="crd-namespace-twice"),
+        pytest.param("namespaces/ns/configmaps", {"apiVersion": "v4", "kind": "configmap", "Kind": "secret",
+                                                  "metadata": {"name": "c", "namespace": "ns"}}, id="configmap-twice"),
+        pytest.param("command/application/defaultGroup/app-test",
+                     {**COMMAND, "spec": {**COMMAND["spec"], "Command": ["rm", "-rf", "/"]}}, id="nested-twice"),
+        pytest.param("namespaces/nfsol/applications",
+                     {**json.loads((Path(__file__).parent / "fixtures" / "application.json").read_text()),
+                      "Spec": {}}, id="raw-json-twice"),
+    ],
+)
+def test_bodies_go_would_read_otherwise_than_admission_never_reach_the_scheduler(
+        driver: Driver, uri: str, document: Any) -> None:  # noqa: F811
+    response, sent = driver.sent("POST", uri, document)
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == BCS_JSON_DECODE and sent is None
