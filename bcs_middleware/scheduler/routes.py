@@ -209,14 +209,13 @@ def _daemonset_create(params: dict[str, str], query: dict[str, str], body: Body)
     return SchedulerCall("POST", "/v1/daemonsets", body=_json(convert.daemonset_def(doc)))
 
 
-def _call(method: str, template: str, *, queries: tuple[str, ...] = (), with_body: bool = False,
-          fixed: str = "") -> Handler:
+def _call(method: str, template: str, *, queries: tuple[str, ...] = (), with_body: bool = False) -> Handler:
     """A call the source builds from path parameters and named query values (each sent, empty
     when absent, as the source's concatenation does), with the client's JSON body when
     ``with_body`` (the source relays it unchanged; here it is the document admission read)."""
     def handle(params: dict[str, str], query: dict[str, str], body: Body) -> SchedulerCall:
         path = template.format(**params)
-        query_string = fixed or urlencode({name: query.get(name, "") for name in queries})
+        query_string = urlencode({name: query.get(name, "") for name in queries})
         return SchedulerCall(method, path, query_string, _json(body()) if with_body else None)
     return handle
 
