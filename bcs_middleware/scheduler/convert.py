@@ -35,13 +35,14 @@ from typing import Any
 
 from ..errors import BadRequest
 
-APPLICATION, PROCESS, DEPLOYMENT = "application", "process", "deployment"
+APPLICATION, PROCESS, DEPLOYMENT, DAEMONSET = "application", "process", "deployment", "daemonset"
 CONFIGMAP, SECRET, SERVICE = "configmap", "secret", "service"
 
 # bcs-common/common/errorCode.go: AdditionErrorCode = 1405000.
 BCS_REQUEST_DATA_ERR = 1405008  # BcsErrCommRequestDataErr (kind check)
 BCS_JSON_DECODE = 1405010  # BcsErrCommJsonDecode
 BCS_DRIVER_PARAMETER_ERR = 1405231  # BcsErrMesosDriverParameterErr
+BCS_SEND_MSG_UNKNOWN_TYPE = 1405233  # BcsErrMesosDriverSendMsgUnknowType
 _PARAMETER_ERR = "there is some error in the parameters"  # BcsErrMesosDriverParameterErrStr
 
 _RESTART_POLICIES = ("OnFailure", "Always", "Never")
@@ -78,6 +79,38 @@ def _get(doc: Mapping[str, Any], key: str) -> Any:
             raise ConversionError(f"unknown field {name!r}: the field is spelled {key!r}",
                                   bcs_code=BCS_JSON_DECODE, code_name="FIELD_SPELLING")
     return None
+
+
+def unambiguous(doc: Any) -> Any:
+    """``doc``, when Go's decoder and the admission layer read it alike; else 400.
+
+    Go matches keys case-insensitively, the last of two spellings winning, so
+    ``{"kind": "x", "Kind": "clb"}`` is a ``clb`` to the scheduler and an ``x`` to
+    admission. Bodies the scheduler decodes itself (those relayed as sent, and the
+    ``raw_json`` it keeps) must therefore spell no key twice in any object, and spell
+    the keys admission reads (``kind``, ``metadata.name``/``namespace``) exactly.
+    """
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            seen: dict[str, str] = {}
+            for key in node:
+                folded = key.casefold()
+                if folded in seen:
+                    raise ConversionError(f"fields {seen[folded]!r} and {key!r} differ only in case",
+                                          bcs_code=BCS_JSON_DECODE, code_name="FIELD_SPELLING")
+                seen[folded] = key
+            stack.extend(node.values())
+    if isinstance(doc, dict):
+        _get(doc, "kind")
+        meta = _get(doc, "metadata")
+        if isinstance(meta, dict):
+            _get(meta, "name")
+            _get(meta, "namespace")
+    return doc
 
 
 def _decode_error(what: str) -> ConversionError:
@@ -381,3 +414,73 @@ def deployment_def(doc: Any) -> dict[str, Any]:
                                instances=_int(spec, "instance", "spec."))
         out["version"] = _with_pod_spec(version, _get(spec, "template"))
     return out
+
+
+def daemonset_def(doc: Any) -> dict[str, Any]:
+    """``newDaemonsetDefWithParam``: a v4 ``daemonset`` → a scheduler ``BcsDaemonsetDef``.
+
+    Unlike an application: ``RunAs`` is the namespace as given (no ``defaultGroup``),
+    ``Constraints`` stay null (``BcsDaemonset`` has no ``constraint``), and the Version
+    carries no ``raw_json``. The definition is the ``ObjectMeta`` inline plus ``version``.
+    """
+    if not isinstance(doc, dict):
+        raise _decode_error("the body must be a JSON object")
+    meta = object_meta(_obj(doc, "metadata", ""))
+    _meta_is_valid(meta)
+    spec = _obj(doc, "spec", "")
+    version = _new_version(doc, dict(meta), kind=DAEMONSET, run_as=meta["namespace"],
+                           instances=_int(spec, "instance", "spec."))
+    version["Constraints"] = None
+    version = _with_pod_spec(version, _get(spec, "template"))
+    return {**meta, "version": version}
+
+
+# send.go: the v4 message type → (BcsMessage.Type, its part's key, the part built from msgdata).
+_MSG_LOCAL, _MSG_SIGNAL, _MSG_ENV, _MSG_REMOTE = 1, 2, 3, 4
+
+
+def _msg_str(data: Mapping[str, Any], key: str) -> str:
+    # msgdata is read with simplejson (exact keys); a value of another type is refused
+    # where the source would send "" in its place.
+    value = data.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _decode_error(f"msgdata.{key} must be a string")
+    return value
+
+
+def bcs_message(doc: Any) -> dict[str, Any]:
+    """``SendMessageApplication``: a v4 ``SendMsgOpeParam`` (``msgtype``, ``msgdata``) →
+    a scheduler ``BcsMessage`` as Go encodes it (no JSON tags: Go field names; nil
+    pointers as ``null``; the parts of other message types omitted)."""
+    if not isinstance(doc, dict):
+        raise _decode_error("the body must be a JSON object")
+    msg_type = _str(doc, "msgtype", "")
+    data = _get(doc, "msgdata")
+    if not isinstance(data, dict):
+        data = {}  # simplejson finds no keys in a non-object: every field reads as empty
+    part: dict[str, Any]
+    if msg_type == "local":
+        code, key = _MSG_LOCAL, "Local"
+        part = {"To": _msg_str(data, "to"), "Right": _msg_str(data, "right"), "User": _msg_str(data, "user"),
+                "Base64": _msg_str(data, "ctx")}
+    elif msg_type == "remote":
+        code, key = _MSG_REMOTE, "Remote"
+        part = {"To": _msg_str(data, "to"), "Right": _msg_str(data, "right"), "User": _msg_str(data, "user"),
+                "From": _msg_str(data, "remote"), "Type": None, "RemoteUser": None, "RemotePasswd": None}
+    elif msg_type == "signal":
+        signal = data.get("signal")
+        if isinstance(signal, bool) or not isinstance(signal, int) or not 0 <= signal < 2**32:
+            # Go: simplejson Int() fails on a missing or non-integer value; uint32() would wrap the rest
+            raise _decode_error("msgdata.signal must be an integer from 0 to 4294967295")
+        code, key = _MSG_SIGNAL, "Sig"
+        part = {"Signal": signal, "ProcessName": _msg_str(data, "processname")}
+    elif msg_type == "env-key":
+        code, key = _MSG_ENV, "Env"
+        part = {"Name": _msg_str(data, "env-key"), "Value": _msg_str(data, "env-value")}
+    else:
+        raise ConversionError("unkown the message type", bcs_code=BCS_SEND_MSG_UNKNOWN_TYPE,
+                              code_name="UNKNOWN_MESSAGE_TYPE")
+    return {"Id": 0, "Type": code, "TaskGroupId": "", "TaskID": None, key: part, "Status": "", "Message": "",
+            "CompleteTime": 0, "CreateTime": 0}

@@ -21,6 +21,20 @@ holds those routes (method, path template) and the call each one makes::
     DELETE namespaces/{ns}/configmaps|secrets|services/{name} → DELETE /v1/configmap|…/{ns}/{name}
     GET    cluster/resources|endpoints|current/offers, definition/application|deployment/{ns}/{name}
                                                        → GET    /v1/{same path}
+    GET    namespaces/{ns}/applications/{name}/versions/{id} → GET /v1/apps/{ns}/{name}/versions/{id}
+    POST   namespaces/{ns}/applications/{name}[/taskgroups/{tg}]/message
+                                                       → POST   /v1/apps/{ns}/{name}/message[/{tg}]  BcsMessage
+    PUT    namespaces/{ns}/applications/{app}/taskgroups/{tg}/rescheduler
+                                                       → PUT    /v1/taskgroup/{tg}/rescheduler?hostRetainTime=
+    POST   namespaces/{ns}/applications/{app}/taskgroups/{tg}/restart|reload → POST /v1/taskgroup/{tg}/…
+    POST   namespaces/{ns}/daemonset                   → POST   /v1/daemonsets  BcsDaemonsetDef
+    DELETE namespaces/{ns}/daemonset/{name}            → DELETE /v1/daemonsets/{ns}/{name}?enforce=
+    GET    transactions/{ns}, DELETE transactions/{ns}/{name} → /v1/transactions/… (?objKind=&objName=)
+    GET    agentsettings → GET ?ips=; DELETE agentsettings → POST /v1/agentsettings/delete?ips=;
+    POST   agentsettings[/enable|/disable], PUT agentsettings/taint|extendedresource → /v1/agentsettings/…
+    *      crr/register, crd/…, image/commit/{tg}, command/application|deployment/{ns}/{name}
+                                                       → the same path under /v1/ (bodies as sent)
+    *      customresourcedefinitions…, customresources… → 404 (the source's kubeconfig mode, not provided)
 
 (``{ns}``/``{name}`` of a create/update come from the body's ``metadata``, as
 in the source.) Create, update and rollback bodies are checked for their
@@ -29,8 +43,11 @@ converted: the driver forwards it as it always did (``{scheduler_prefix}{uri}``)
 
 Differences from the source, on purpose: query values and path segments taken
 from the body are percent-encoded (the source concatenated them, so a name
-could add query parameters or path segments), and a scale count must be a
-non-negative integer (400).
+could add query parameters or path segments), a scale count must be a
+non-negative integer (400), bodies relayed "as sent" are the JSON document
+admission read, re-encoded, and every body read here must be one Go's
+case-insensitive decoder reads as admission did (:func:`.convert.unambiguous`).
+README's "Mesos driver" section has the full table.
 """
 
 from __future__ import annotations
@@ -42,9 +59,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
-from ..errors import BadRequest
+from ..errors import BadRequest, NotFound
 from . import convert
-from .convert import APPLICATION, CONFIGMAP, DEPLOYMENT, PROCESS, SECRET, SERVICE, ConversionError
+from .convert import APPLICATION, CONFIGMAP, DAEMONSET, DEPLOYMENT, PROCESS, SECRET, SERVICE, ConversionError
 
 
 @dataclass(frozen=True)
@@ -179,6 +196,35 @@ def _same_path(params: dict[str, str], query: dict[str, str], body: Body) -> Sch
     return SchedulerCall("GET", "/v1/" + params["path"])
 
 
+def _message(params: dict[str, str], query: dict[str, str], body: Body) -> SchedulerCall:
+    path = f"/v1/apps/{params['ns']}/{params['name']}/message"
+    if params.get("taskgroup"):
+        path += f"/{params['taskgroup']}"
+    return SchedulerCall("POST", path, body=_json(convert.bcs_message(body())))
+
+
+def _daemonset_create(params: dict[str, str], query: dict[str, str], body: Body) -> SchedulerCall:
+    doc = body()
+    convert.check_kind(doc, DAEMONSET)
+    return SchedulerCall("POST", "/v1/daemonsets", body=_json(convert.daemonset_def(doc)))
+
+
+def _call(method: str, template: str, *, queries: tuple[str, ...] = (), with_body: bool = False) -> Handler:
+    """A call the source builds from path parameters and named query values (each sent, empty
+    when absent, as the source's concatenation does), with the client's JSON body when
+    ``with_body`` (the source relays it unchanged; here it is the document admission read)."""
+    def handle(params: dict[str, str], query: dict[str, str], body: Body) -> SchedulerCall:
+        path = template.format(**params)
+        query_string = urlencode({name: query.get(name, "") for name in queries})
+        return SchedulerCall(method, path, query_string, _json(body()) if with_body else None)
+    return handle
+
+
+def _not_served(params: dict[str, str], query: dict[str, str], body: Body) -> SchedulerCall:
+    raise NotFound("custom resources need the source driver's kubeconfig mode, which this driver does not "
+                   "provide", code_name="NOT_SERVED")
+
+
 _SEG = r"[^/]+"
 
 
@@ -217,6 +263,48 @@ def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
         ]
     routes.append(_route("GET", r"(?P<path>cluster/(resources|endpoints|current/offers)"
                                 r"|definition/(application|deployment)/[^/]+/[^/]+)", _same_path))
+    app = "namespaces/{ns}/applications/{name}"
+    routes += [
+        _route("POST", f"{app}/message", _message),
+        _route("POST", f"{app}/taskgroups/{{taskgroup}}/message", _message),
+        # The scheduler addresses a taskgroup by its id alone: the namespace and application are not sent.
+        _route("PUT", f"{app}/taskgroups/{{tg}}/rescheduler",
+               _call("PUT", "/v1/taskgroup/{tg}/rescheduler", queries=("hostRetainTime",))),
+        _route("POST", f"{app}/taskgroups/{{tg}}/(?P<action>restart|reload)",
+               _call("POST", "/v1/taskgroup/{tg}/{action}")),
+        _route("GET", f"{app}/versions/{{version}}", _call("GET", "/v1/apps/{ns}/{name}/versions/{version}")),
+        _route("POST", "namespaces/{ns}/daemonset", _daemonset_create),
+        _route("DELETE", "namespaces/{ns}/daemonset/{name}",
+               _call("DELETE", "/v1/daemonsets/{ns}/{name}", queries=("enforce",))),
+        _route("GET", "transactions/{ns}", _call("GET", "/v1/transactions/{ns}", queries=("objKind", "objName"))),
+        _route("DELETE", "transactions/{ns}/{name}", _call("DELETE", "/v1/transactions/{ns}/{name}")),
+        _route("GET", "agentsettings", _call("GET", "/v1/agentsettings", queries=("ips",))),
+        # The source's DELETE becomes a POST to a route the scheduler has commented out (404 there).
+        _route("DELETE", "agentsettings", _call("POST", "/v1/agentsettings/delete", queries=("ips",))),
+        _route("POST", "agentsettings", _call("POST", "/v1/agentsettings", with_body=True)),
+        _route("POST", "agentsettings/(?P<action>enable|disable)",
+               _call("POST", "/v1/agentsettings/{action}", queries=("ips",))),
+        _route("PUT", "agentsettings/(?P<action>taint|extendedresource)",
+               _call("PUT", "/v1/agentsettings/{action}", with_body=True)),
+        _route("POST", "crr/register", _call("POST", "/v1/crr/register", with_body=True)),
+        _route("POST", "crd/namespaces/{ns}/{kind}", _call("POST", "/v1/crd/namespaces/{ns}/{kind}", with_body=True)),
+        _route("PUT", "crd/namespaces/{ns}/{kind}", _call("PUT", "/v1/crd/namespaces/{ns}/{kind}", with_body=True)),
+        _route("DELETE", "crd/namespaces/{ns}/{kind}/{name}", _call("DELETE", "/v1/crd/namespaces/{ns}/{kind}/{name}")),
+        _route("GET", "crd/namespaces/{ns}/{kind}/{name}", _call("GET", "/v1/crd/namespaces/{ns}/{kind}/{name}")),
+        _route("GET", "crd/namespaces/{ns}/{kind}", _call("GET", "/v1/crd/namespaces/{ns}/{kind}")),
+        _route("GET", "crd/{kind}", _call("GET", "/v1/crd/{kind}")),
+        _route("POST", "image/commit/{taskgroup}",
+               _call("POST", "/v1/image/commit/{taskgroup}", queries=("image", "url"))),
+    ]
+    for target in ("application", "deployment"):
+        base = f"command/{target}/{{ns}}/{{name}}"
+        routes += [
+            _route("POST", base, _call("POST", f"/v1/{base}", with_body=True)),
+            _route("GET", base, _call("GET", f"/v1/{base}", queries=("id",))),
+            _route("DELETE", base, _call("DELETE", f"/v1/{base}", queries=("id",))),
+        ]
+    for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+        routes.append(_route(method, r"(customresourcedefinitions|customresources)(/.*)?", _not_served))
     return routes
 
 
@@ -231,5 +319,5 @@ def scheduler_call(method: str, uri: str, query_string: str, body: Body) -> Sche
             match = pattern.fullmatch(uri)
             if match:
                 query = {k: v[0] for k, v in parse_qs(query_string, keep_blank_values=True).items()}
-                return handler(match.groupdict(), query, body)
+                return handler(match.groupdict(), query, lambda: convert.unambiguous(body()))
     return None

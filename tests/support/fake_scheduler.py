@@ -140,14 +140,15 @@ def _check_resource(res: Any, where: str) -> None:
     _need(isinstance(res, dict) and all(_is_num(res.get(k)) for k in ("Cpus", "Mem", "Disk")), f"{where} Resource")
 
 
-def check_version(version: Any, *, raw_json: bool = True) -> None:
+def check_version(version: Any, *, raw_json: bool = True, instances: bool = True) -> None:
     """What the scheduler's Go decoder and ``buildApplication`` require of a ``types.Version``
-    (``raw_json``: the driver's application Version carries the v4 document; a deployment's does not)."""
+    (``raw_json``: the driver's application Version carries the v4 document; a deployment's does not;
+    ``instances``: a daemonset's count is the scheduler's, one per agent, so any count is taken)."""
     _need(isinstance(version, dict), "Version is not an object")
     _need(isinstance(version.get("ID"), str) and version["ID"], "Version.ID")
     _need(isinstance(version.get("RunAs"), str) and version["RunAs"], "Version.RunAs")
     _need(isinstance(version.get("Instances"), int) and not isinstance(version["Instances"], bool), "Instances")
-    _need(version.get("Kind") in ("application", "process"), "Version.Kind")
+    _need(version.get("Kind") in ("application", "process", "daemonset"), "Version.Kind")
     _check_meta(version.get("ObjectMeta"), "ObjectMeta")
     _check_meta(version.get("PodObjectMeta"), "PodObjectMeta")
     _need(version["ObjectMeta"]["name"] == version["ID"], "ObjectMeta.name != ID")
@@ -175,7 +176,7 @@ def check_version(version: Any, *, raw_json: bool = True) -> None:
                 _need(isinstance(check.get(key), int) and check[key] > 0, f"HealthCheck.{key} (the driver defaults it)")
         for volume in c.get("Volumes") or []:
             _need(volume.get("Mode") in ("R", "RW"), "Volume.Mode")
-    if version["Instances"] <= 0:
+    if instances and version["Instances"] <= 0:
         raise Refused(REQUEST_DATA_ERR, "instances error")
 
 
@@ -240,6 +241,71 @@ def _ok(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> A
     return None
 
 
+def _queries(*names: str) -> Any:
+    """A bodiless call whose handler reads these query parameters (the driver sends each)."""
+    def handle(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> Any:
+        _need(body is None, "no body expected")
+        _need(all(name in query for name in names), f"query {names}")
+        return None
+    return handle
+
+
+_MESSAGE_PARTS = {1: ("Local", {"To": str, "Right": str, "User": str, "Base64": str}),
+                  2: ("Sig", {"Signal": int, "ProcessName": str}),
+                  3: ("Env", {"Name": str, "Value": str}),
+                  4: ("Remote", {"To": str, "Right": str, "User": str, "From": str})}
+_OPTIONAL_PARTS = ("Local", "Sig", "Env", "EnvRemote", "Remote", "Secret", "TaskStatusQuery", "UpdateTaskResources",
+                   "CommitTask", "ReloadTask", "RestartTask", "RequestCommandTask", "ResponseCommandTask")
+
+
+def _message(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> Any:
+    """``types.BcsMessage`` (Go field names) with exactly the part its ``Type`` names."""
+    _need(isinstance(body, dict) and isinstance(body.get("Type"), int) and body["Type"] in _MESSAGE_PARTS,
+          "BcsMessage.Type")
+    _need(all(isinstance(body.get(k), int) for k in ("Id", "CompleteTime", "CreateTime")), "BcsMessage ints")
+    _need(isinstance(body.get("TaskGroupId"), str) and isinstance(body.get("Status"), str), "BcsMessage strings")
+    key, fields = _MESSAGE_PARTS[body["Type"]]
+    part = body.get(key)
+    _need(isinstance(part, dict) and all(isinstance(part.get(f), t) for f, t in fields.items()), f"BcsMessage.{key}")
+    _need([k for k in _OPTIONAL_PARTS if k in body] == [key], "one message part")
+    return None
+
+
+def _daemonset(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> Any:
+    """``types.BcsDaemonsetDef``: ObjectMeta inline, ``version`` a daemonset Version."""
+    _check_meta(body, "BcsDaemonsetDef")
+    check_version(body.get("version"), raw_json=False, instances=False)
+    _need(body["version"]["Kind"] == "daemonset" and body["version"]["ID"] == body["name"], "daemonset version")
+    _need(body["version"]["RunAs"] == body["namespace"], "RunAs is the namespace")
+    return None
+
+
+def _json_list(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> Any:
+    if not (isinstance(body, list) and all(isinstance(item, dict) for item in body)):
+        raise Refused(REQUEST_DATA_ERR, "json: cannot unmarshal into []*BcsClusterAgentSetting")
+    return None
+
+
+def _json_object(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise Refused(JSON_DECODE, "json: cannot unmarshal: an object expected")
+    return None
+
+
+def _command(kind: str) -> Any:
+    def handle(fake: FakeScheduler, params: dict[str, str], query: Any, body: Any) -> Any:
+        """``sendApplicationCommand``: the target must be the path's (``Application``/``Deployment``)."""
+        _need(isinstance(body, dict), "BcsCommand")
+        spec = body.get("spec")
+        if not isinstance(spec, dict):
+            raise Refused(REQUEST_DATA_ERR, "command has no spec")
+        ref = spec.get("commandTargetRef") or {}
+        if (ref.get("kind"), ref.get("namespace"), ref.get("name")) != (kind, params["ns"], params["name"]):
+            raise Refused(REQUEST_DATA_ERR, "request data error")
+        return f"{kind}-{params['ns']}-{params['name']}-1"
+    return handle
+
+
 _V1 = [
     ("POST", "/v1/apps", _create_app),
     ("POST", "/v1/apps/{runAs}/{appId}/update", _update_app),
@@ -254,7 +320,6 @@ _V1 = [
     ("POST", "/v1/deployment/{ns}/{name}/cancelupdate", _ok),
     ("POST", "/v1/deployment/{ns}/{name}/pauseupdate", _ok),
     ("POST", "/v1/deployment/{ns}/{name}/resumeupdate", _ok),
-    ("GET", "/v1/apps/{runAs}/{appId}/tasks", _ok),
     ("GET", "/v1/apps/{runAs}/{appId}/taskgroups", _ok),
     ("GET", "/v1/apps/{runAs}/{appId}/versions", _ok),
     ("POST", "/v1/configmap", _plain("configmap")), ("PUT", "/v1/configmap", _plain("configmap")),
@@ -263,6 +328,42 @@ _V1 = [
     ("DELETE", "/v1/configmap/{ns}/{name}", _ok), ("DELETE", "/v1/secret/{ns}/{name}", _ok),
     ("DELETE", "/v1/service/{ns}/{name}", _ok),
     ("GET", "/v1/cluster/resources", _ok),
+    # /v1/apps/{runAs}/{appId}/tasks and /v1/agentsettings/delete are commented out in the real
+    # scheduler's routes.go: go-restful answers 404 there, so does this fake.
+    ("POST", "/v1/apps/{runAs}/{appId}/message", _message),
+    ("POST", "/v1/apps/{runAs}/{appId}/message/{taskgroupId}", _message),
+    ("GET", "/v1/apps/{runAs}/{appId}/versions/{versionId}", _ok),
+    ("PUT", "/v1/taskgroup/{taskgroupId}/rescheduler", _queries("hostRetainTime")),
+    ("POST", "/v1/taskgroup/{taskgroupId}/restart", _ok),
+    ("POST", "/v1/taskgroup/{taskgroupId}/reload", _ok),
+    ("POST", "/v1/daemonsets", _daemonset),
+    ("DELETE", "/v1/daemonsets/{ns}/{name}", _queries("enforce")),
+    ("GET", "/v1/transactions/{ns}", _queries("objKind", "objName")),
+    ("DELETE", "/v1/transactions/{ns}/{name}", _ok),
+    ("GET", "/v1/agentsettings", _queries("ips")),
+    ("POST", "/v1/agentsettings", _json_list),
+    ("POST", "/v1/agentsettings/enable", _queries("ips")),
+    ("POST", "/v1/agentsettings/disable", _queries("ips")),
+    ("PUT", "/v1/agentsettings/taint", _json_list),
+    ("PUT", "/v1/agentsettings/extendedresource", _json_object),
+    ("POST", "/v1/crr/register", _json_object),
+    ("POST", "/v1/crd/namespaces/{ns}/{kind}", _json_object),
+    ("PUT", "/v1/crd/namespaces/{ns}/{kind}", _json_object),
+    ("DELETE", "/v1/crd/namespaces/{ns}/{kind}/{name}", _ok),
+    ("GET", "/v1/crd/namespaces/{ns}/{kind}/{name}", _ok),
+    ("GET", "/v1/crd/namespaces/{ns}/{kind}", _ok),
+    ("GET", "/v1/crd/{kind}", _ok),
+    ("POST", "/v1/image/commit/{taskgroup}", _queries("image", "url")),
+    ("POST", "/v1/command/application/{ns}/{name}", _command("Application")),
+    ("GET", "/v1/command/application/{ns}/{name}", _queries("id")),
+    ("DELETE", "/v1/command/application/{ns}/{name}", _queries("id")),
+    ("POST", "/v1/command/deployment/{ns}/{name}", _command("Deployment")),
+    ("GET", "/v1/command/deployment/{ns}/{name}", _queries("id")),
+    ("DELETE", "/v1/command/deployment/{ns}/{name}", _queries("id")),
+    ("GET", "/v1/definition/application/{ns}/{name}", _ok),
+    ("GET", "/v1/definition/deployment/{ns}/{name}", _ok),
+    ("GET", "/v1/cluster/endpoints", _ok),
+    ("GET", "/v1/cluster/current/offers", _ok),
 ]
 _COMPILED = [(m, re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", t)), h) for m, t, h in _V1]
 
