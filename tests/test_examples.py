@@ -59,7 +59,8 @@ def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
         "token_auth_app.ini": {"data_dir": str(data_dir)},
         "admission_app.ini": {"definitions_file": str(definitions)},
         "reverse_proxy.ini": {},
-        "driver.ini": {"database_url": f"sqlite:///{data_dir}/driver.sqlite3"},
+        "driver.ini": {"data_dir": str(data_dir)},
+        "audited_gateway.ini": {"data_dir": str(data_dir)},
     }
     env = {"BCS_ADMIN_TOKEN": ADMIN, "BCS_SECRET_KEY": Fernet.generate_key().decode()}
     old = {k: os.environ.get(k) for k in env}
@@ -73,6 +74,8 @@ def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
         for name in inis:
             app = loadapp(f"config:{EXAMPLES / name}", global_conf=overrides.get(name, {}))
             assert callable(app), name
+            if hasattr(app, "sink"):
+                app.sink.close()  # the audit filter's file
     finally:
         sys.path.remove(str(EXAMPLES))
         for k, v in old.items():
@@ -315,16 +318,17 @@ def test_wrap_app_as_written_uses_the_gateway_tokens(clone: Path) -> None:
         assert http_get(f"{server.url}/x")[0] == 401
 
 
-def test_driver_ini_serves_with_a_static_scheduler(data_dir: Path) -> None:
+def test_driver_ini_serves_with_a_static_scheduler_and_the_gateway_data_dir(clone: Path) -> None:
+    """gunicorn --paste examples/driver.ini, as its comments show: state in ./bcs-data, none in examples/."""
     from tests.support.fake_scheduler import FakeScheduler
 
     scheduler = FakeScheduler("scheduler")
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/driver.ini", "--bind", f"127.0.0.1:{port}",
+            "--workers", "1", "--no-control-socket",
+            "--paste-global", f"scheduler={scheduler.url}", "--paste-global", "cluster_id=BCS-MESOS-EX"]
     try:
-        with gunicorn(
-            str(EXAMPLES / "driver.ini"), workers=1,
-            extra=["--paste-global", f"scheduler={scheduler.url}", "--paste-global", "cluster_id=BCS-MESOS-EX",
-                   "--paste-global", f"database_url=sqlite:///{data_dir}/driver.sqlite3"],
-        ) as server:
+        with ServerProcess(argv, port=port, cwd=clone, env=_clean_env()) as server:
             status, _, body = http_get(f"{server.url}/mesosdriver/v4/namespaces/ns/apps?x=1",
                                        headers={"BCS-ClusterID": "BCS-MESOS-EX"})
             answer = json.loads(body)
@@ -334,6 +338,44 @@ def test_driver_ini_serves_with_a_static_scheduler(data_dir: Path) -> None:
             assert http_get(f"{server.url}/healthz")[0] == 200
     finally:
         scheduler.stop()
+    data = clone / "bcs-data"
+    assert (data / "bcs.sqlite3").exists() and (data / "secret.key").exists()
+    assert data.stat().st_mode & 0o077 == 0
+    assert not (clone / "examples" / "bcs-data").exists()
+
+
+def test_audited_gateway_ini_audits_refused_tunnel_requests(clone: Path) -> None:
+    """gunicorn --paste examples/audited_gateway.ini -c examples/gunicorn.conf.py: events in bcs-data."""
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/audited_gateway.ini", "-c", "examples/gunicorn.conf.py",
+            "--no-control-socket"]
+    with ServerProcess(argv, port=port, cwd=clone, scheme="https", timeout=60,
+                       env=_clean_env(BCS_BIND=f"127.0.0.1:{port}", BCS_WORKERS="1", BCS_THREADS="8")):
+        data = clone / "bcs-data"
+        cafile = str(data / "tls" / "ca.crt")
+        admin = (data / "admin.token").read_text().strip()
+        url = f"https://localhost:{port}/tunnels/clusters/BCS-K8S-NONE/api/v1/pods"
+        assert http_get(url, headers={"X-Request-Id": "ex-audit-401"}, cafile=cafile)[0] == 401
+        assert http_get(url, headers={"X-Request-Id": "ex-audit-404", "Authorization": f"Bearer {admin}"},
+                        cafile=cafile)[0] == 404
+        deadline = time.monotonic() + 10
+        log = data / "audit.jsonl"
+        events: list[dict] = []
+        while len(events) < 4 and time.monotonic() < deadline:
+            text = log.read_text() if log.exists() else ""
+            events = [json.loads(line) for line in text.split("\n")[:-1]]
+            time.sleep(0.1)
+    seen = [(e["auditID"], e["stage"], e["user"]["username"], e.get("responseStatus", {}).get("code"))
+            for e in events]
+    assert seen == [
+        ("ex-audit-401", "RequestReceived", "system:anonymous", None),
+        ("ex-audit-401", "ResponseComplete", "system:anonymous", 401),
+        ("ex-audit-404", "RequestReceived", "admin", None),
+        ("ex-audit-404", "ResponseComplete", "admin", 404),
+    ]
+    assert all(e["apiVersion"] == "audit.k8s.io/v1" and e["kind"] == "Event" for e in events)
+    assert admin not in log.read_text() and log.stat().st_mode & 0o077 == 0
+    assert not (clone / "examples" / "bcs-data").exists()
 
 
 def test_kube_agent_manifest_is_valid_yaml() -> None:
