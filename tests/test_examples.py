@@ -414,3 +414,48 @@ def test_the_readme_tour_runs_as_written(clone: Path, tmp_path: Path) -> None:
     assert '"permission": "view"' in result.stdout and '"code_name"' not in result.stdout, result.stdout
     # The last line is kubectl, which says why the cluster cannot be reached yet.
     assert "has no credentials yet" in result.stderr
+
+
+def test_the_readme_command_line_client_section_runs_as_written(clone: Path, tmp_path: Path) -> None:
+    """README "Command-line client": every line by bash against `serve` in a fresh directory.
+
+    Substituted: the port, ``<alice's token>`` (a token of alice's, made by the same CLI), and the
+    user's own ``inject.yaml``/``sidecar.yaml`` are written first.
+    """
+    import yaml
+
+    from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("## Command-line client", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    port = free_port()
+    block = block.replace("localhost:8443", f"localhost:{port}")
+    made_token = ("$(bcs-middleware tokens create alice -o json | "
+                  "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"user_token\"])')")
+    assert "<alice's token>" in block
+    block = block.replace("<alice's token>", made_token)
+    lines = block.strip().splitlines()
+    assert lines[-1].startswith("kubectl --context bcs-BCS-K8S-001")
+    hook_ca = trustme.CA()
+    (clone / "inject.yaml").write_text(yaml.safe_dump(bcs_definition("inject", [bcs_webhook("inject.bcs", hook_ca)])))
+    (clone / "sidecar.yaml").write_text(yaml.safe_dump(
+        k8s_configuration("sidecar", [k8s_webhook("sidecar.example.com", "sidecar.bcs-system", hook_ca)])))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _clean_env(HOME=str(home), PATH=f"{BIN}:{os.environ['PATH']}")
+    for key in [k for k in env if k.startswith(("BCS_", "KUBECONFIG", "XDG_"))]:
+        env.pop(key)
+    argv = [str(BIN / "bcs-middleware"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60):
+        setup = subprocess.run(["bash", "-ec", "\n".join(lines[:-1])], cwd=clone, env=env,
+                               capture_output=True, text=True, timeout=180)
+        assert setup.returncode == 0, setup.stdout + setup.stderr
+        last = subprocess.run(["bash", "-c", "\n".join([*lines[:2], lines[-1]])], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert "BCS-K8S-001" in setup.stdout and "alice" in setup.stdout
+    kubeconfig = yaml.safe_load((home / ".kube" / "config").read_text())
+    assert [c["name"] for c in kubeconfig["contexts"]] == ["bcs-BCS-K8S-001"]
+    assert (home / ".kube" / "config").stat().st_mode & 0o077 == 0
+    assert (home / ".config" / "bcs-middleware" / "config.json").stat().st_mode & 0o077 == 0
+    # No kube-agent in this run: kubectl reaches the gateway, which says why the cluster cannot serve yet.
+    assert last.returncode != 0 and "has no credentials yet" in last.stderr, last.stderr
