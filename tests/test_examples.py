@@ -459,3 +459,58 @@ def test_the_readme_command_line_client_section_runs_as_written(clone: Path, tmp
     assert (home / ".config" / "bcs-middleware" / "config.json").stat().st_mode & 0o077 == 0
     # No kube-agent in this run: kubectl reaches the gateway, which says why the cluster cannot serve yet.
     assert last.returncode != 0 and "has no credentials yet" in last.stderr, last.stderr
+
+
+def test_the_readme_certs_line_prints_a_serve_line_that_serves(clone: Path) -> None:
+    """README: `certs --gateway --host … --out …` prints the `serve --certfile … --keyfile … --ca-file …` line."""
+    made = subprocess.run([str(BIN / "bcs-middleware"), "certs", "--gateway", "--host", "localhost,127.0.0.1",
+                           "--out", "tls"], cwd=clone, env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    line = next(x.strip() for x in made.stdout.splitlines() if x.strip().startswith("bcs-middleware serve "))
+    words = line.split()
+    assert words[2:] == ["--certfile", f"{clone}/tls/server.crt", "--keyfile", f"{clone}/tls/server.key",
+                         "--ca-file", f"{clone}/tls/ca.crt"], line
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), *words[1:], "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(BCS_ADMIN_TOKEN=ADMIN), scheme="https",
+                       timeout=60):
+        cafile = str(clone / "tls" / "ca.crt")
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        assert http_get(f"https://localhost:{port}/healthz", cafile=cafile)[0] == 200
+        _create_cluster(port, auth, cafile)
+        status, _, body = http_get(f"https://localhost:{port}/rest/clusters/BCS-K8S-EX/client_credentials",
+                                   headers=auth, cafile=cafile)
+        assert status == 200 and json.loads(body)["cacert_data"] == (clone / "tls" / "ca.crt").read_text()
+    assert not (clone / "bcs-data" / "tls").exists()  # the named certificate, not a generated one
+
+
+def test_the_readme_key_rotation_keygen_then_new_and_old_keys(tmp_path: Path) -> None:
+    """README: BCS_SECRET_KEY from `keygen`; "NEW,OLD" rotates: the first encrypts, all decrypt."""
+    from tests.support.fake_apiserver import FakeAPIServer
+    from tests.support.gateway import SA_TOKEN, register_cluster, served_gateway, write_kubeconfig
+
+    def keygen() -> str:
+        return subprocess.run([str(BIN / "bcs-middleware"), "keygen"], capture_output=True, text=True,
+                              check=True, timeout=60).stdout.strip()
+
+    old, new = keygen(), keygen()
+    assert old != new and Fernet(old.encode()) and Fernet(new.encode())
+    data = tmp_path / "data"
+    path = "/tunnels/clusters/BCS-K8S-ROT/api/v1/namespaces/default/pods"
+    with FakeAPIServer(token=SA_TOKEN) as api:
+        with served_gateway(data, env={"BCS_SECRET_KEY": old}, workers=1) as gw:
+            register_token = register_cluster(gw, "BCS-K8S-ROT", server_url=api.url, ca_pem=api.ca_pem)
+            assert gw.call("GET", path)[0] == 200
+        with served_gateway(data, env={"BCS_SECRET_KEY": f"{new},{old}"}, workers=1) as gw:
+            assert gw.call("GET", path)[0] == 200  # the old key still decrypts
+            # The agent reports again: the credential is now encrypted with the new key.
+            kubeconfig = tmp_path / "agent.kubeconfig"
+            write_kubeconfig(kubeconfig, server=api.url, token=SA_TOKEN, ca_pem=api.ca_pem)
+            agent = subprocess.run(
+                [str(BIN / "bcs-middleware"), "kube-agent", "--bke-address", gw.url, "--cluster-id", "BCS-K8S-ROT",
+                 "--kubeconfig", str(kubeconfig), "--once"],
+                env={**os.environ, "REGISTER_TOKEN": register_token, "SERVER_CERT": Path(gw.ca_file).read_text()},
+                capture_output=True, text=True, timeout=60)
+            assert agent.returncode == 0, agent.stderr
+        with served_gateway(data, env={"BCS_SECRET_KEY": new}, workers=1) as gw:
+            assert gw.call("GET", path)[0] == 200  # the old key is gone: everything reads with the new one
