@@ -4,13 +4,18 @@ Tools that read a kube-apiserver's audit log (Falco's k8saudit plugin, Elastic's
 Kubernetes audit integration, Loki/Promtail pipelines) read these too: one JSON
 object per line, ``"kind": "Event"``, ``"apiVersion": "audit.k8s.io/v1"``.
 
-Per request, as the apiserver does: ``RequestReceived`` when it arrives,
+Per request, as the apiserver does: ``RequestReceived`` (stamped with the time it
+arrived, written once the user is known: when the response starts),
 ``ResponseStarted`` when a long-running answer starts (watch, ``logs -f``, exec,
 attach, port-forward, proxy), ``ResponseComplete`` when it has been sent, ``Panic``
 when the gateway failed unexpectedly; each stage can be omitted by the policy
 (:mod:`.policy`). An exec/attach/port-forward session's ``ResponseStarted`` is its
 start, its ``ResponseComplete`` its end, with the session's duration and bytes in
 ``annotations``.
+
+Requests refused before the tunnel (401 for the token, 403, 404) are audited too,
+as a kube-apiserver audits failed authentication: the layer sits in front of token
+authentication, and an unauthenticated request's ``user`` is ``system:anonymous``.
 
 ``user`` is the gateway user; ``impersonatedUser`` the identity the cluster was
 asked to act as (``Impersonate-User``), when there is one. Never a token: the

@@ -386,3 +386,21 @@ def test_the_audit_filter_rejects_unknown_keys_and_needs_a_log() -> None:
         filter_factory({}, path="x")
     with pytest.raises(ConfigError, match="needs log"):
         filter_factory({})
+
+
+def test_audit_log_dash_writes_events_to_stdout_beside_the_access_log(tmp_path: Path) -> None:
+    """README: `serve --audit-log -` — the events share stdout with the access log, told apart by kind."""
+    with served_gateway(tmp_path / "data", args=["--audit-log", "-"], workers=1) as gateway:
+        status, _ = gateway.call("GET", "/tunnels/clusters/BCS-K8S-NONE/api/v1/pods", token="",
+                                 headers={"X-Request-Id": "audit-stdout-1"})
+        assert status == 401
+        deadline = time.monotonic() + 10
+        found: list[dict[str, Any]] = []
+        while len(found) < 2 and time.monotonic() < deadline:
+            lines = [line for line in gateway.server.output().splitlines() if '"kind":"Event"' in line]
+            found = [e for e in map(json.loads, lines) if e["auditID"] == "audit-stdout-1"]
+            time.sleep(0.1)
+    for event in found:
+        validate(event)
+    assert [(e["stage"], e.get("responseStatus", {}).get("code")) for e in found] == [
+        ("RequestReceived", None), ("ResponseComplete", 401)]
