@@ -344,6 +344,19 @@ def test_driver_ini_serves_with_a_static_scheduler_and_the_gateway_data_dir(clon
     assert not (clone / "examples" / "bcs-data").exists()
 
 
+def test_driver_ini_with_serve_config_keeps_its_state_in_the_banner_data_dir(clone: Path) -> None:
+    """bcs-middleware serve --config examples/driver.ini --role driver: one data directory, the banner's."""
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--config", "examples/driver.ini", "--role", "driver",
+            "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60) as server:
+        data = clone / "bcs-data"
+        assert http_get(f"https://localhost:{port}/healthz", cafile=str(data / "tls" / "ca.crt"))[0] == 200
+    assert f"driver on https://127.0.0.1:{port}/  (data: {data})" in server.output()
+    assert {"bcs.sqlite3", "secret.key", "tls"} <= {p.name for p in data.iterdir()}
+    assert not (clone / "examples" / "bcs-data").exists()
+
+
 def test_audited_gateway_ini_audits_refused_tunnel_requests(clone: Path) -> None:
     """gunicorn --paste examples/audited_gateway.ini -c examples/gunicorn.conf.py: events in bcs-data."""
     port = free_port()
