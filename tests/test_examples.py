@@ -42,7 +42,18 @@ def test_every_entry_point_loads() -> None:
     assert ("paste.app_factory", "management_api") in loaded
     assert ("paste.app_factory", "driver") in loaded
     assert ("paste.filter_factory", "mesos_routing") in loaded
+    assert ("paste.filter_factory", "audit") in loaded
+    assert ("paste.filter_factory", "request_context") in loaded
     assert all(callable(obj) for obj in loaded.values())
+
+
+def test_the_readme_names_every_paste_entry_point() -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    names = [ep.name for group in ("paste.app_factory", "paste.filter_factory")
+             for ep in importlib.metadata.entry_points(group=group)
+             if ep.dist is not None and ep.dist.name == "bcs-middleware"]
+    assert len(names) >= 10
+    assert [name for name in names if f"`{name}`" not in readme] == []
 
 
 @pytest.fixture

@@ -336,6 +336,7 @@ def test_the_audit_filter_from_an_ini_audits_refused_and_served_requests(tmp_pat
 
     from bcs_middleware.audit import AuditMiddleware
     from bcs_middleware.middleware.auth import TokenAuthMiddleware
+    from bcs_middleware.middleware.context import RequestContextMiddleware
     from bcs_middleware.store.crypto import token_digest
 
     token = "audit-ini-token-" + "t" * 30
@@ -349,7 +350,8 @@ def test_the_audit_filter_from_an_ini_audits_refused_and_served_requests(tmp_pat
         "    return app\n")
     ini = tmp_path / "audited.ini"
     ini.write_text(
-        "[pipeline:main]\npipeline = audit token_auth hello\n\n"
+        "[pipeline:main]\npipeline = request_context audit token_auth hello\n\n"
+        "[filter:request_context]\nuse = egg:bcs-middleware#request_context\naccess_log = false\n\n"
         "[filter:audit]\nuse = egg:bcs-middleware#audit\nlog = %(here)s/audit.jsonl\n"
         "policy_file = %(here)s/policy.yaml\n\n"
         "[filter:token_auth]\nuse = egg:bcs-middleware#token_auth\ntokens_file = %(here)s/tokens.txt\n\n"
@@ -360,20 +362,24 @@ def test_the_audit_filter_from_an_ini_audits_refused_and_served_requests(tmp_pat
         app = loadapp(f"config:{ini}")
     finally:
         sys.path.remove(str(tmp_path))
-    assert isinstance(app, AuditMiddleware) and isinstance(app.app, TokenAuthMiddleware)
-    assert app.policy.rules[0].level == "None"  # the policy file's
+    assert isinstance(app, RequestContextMiddleware) and app.access_log is False
+    audit = app.app
+    assert isinstance(audit, AuditMiddleware) and isinstance(audit.app, TokenAuthMiddleware)
+    assert audit.policy.rules[0].level == "None"  # the policy file's
     client = Client(app)
     client.get("/tunnels/clusters/C/api/v1/pods", headers={"Authorization": f"Bearer {token}"}).close()
-    client.get("/tunnels/clusters/C/api/v1/pods", headers={"Authorization": "Bearer wrong"}).close()
+    refused = client.get("/tunnels/clusters/C/api/v1/pods", headers={"Authorization": "Bearer wrong"})
+    refused.close()
     client.get("/rest/users").close()  # not a tunnel path: not audited
-    app.sink.drain()
+    audit.sink.drain()
     found = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     for event in found:
         validate(event)
     assert [(e["stage"], e["user"]["username"], e.get("responseStatus", {}).get("code")) for e in found] == [
         ("RequestReceived", "carol", None), ("ResponseComplete", "carol", 200),
         ("RequestReceived", "system:anonymous", None), ("ResponseComplete", "system:anonymous", 401)]
-    app.sink.close()
+    assert found[-1]["auditID"] == refused.headers["X-Request-Id"]  # the access log's request id
+    audit.sink.close()
     assert token not in (tmp_path / "audit.jsonl").read_text()
     assert (tmp_path / "audit.jsonl").stat().st_mode & 0o077 == 0
 
