@@ -354,6 +354,10 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
         # The gateway-wide definitions and this cluster's own (managed through the gateway's
         # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
+        if data_dir and not database_url:
+            from .datadir import prepare
+
+            data_dir = prepare(data_dir)  # the gateway's data directory: created 0700, as serve does
         store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
                                    bcs_cluster=cluster_id, inherit=True)
     elif definitions_file:

@@ -351,13 +351,6 @@ def build_gateway(
         tls_server_name=config.tls_server_name,
         verify=config.upstream_verify,
     )
-    if config.audit_log:
-        from .audit import DEFAULT_POLICY, AuditMiddleware, AuditSink, load_policy
-
-        policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY
-        tunnel = AuditMiddleware(tunnel, sink=AuditSink.open(config.audit_log), policy=policy)
-    elif config.audit_policy_file:
-        raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
     ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
     cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
     api = ManagementAPI(
@@ -430,10 +423,18 @@ def build_gateway(
         if config.client_cert_subjects
         else None
     )
-    authed = TokenAuthMiddleware(
+    authed: Any = TokenAuthMiddleware(
         dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
         public_requests=(AGENT_REPORT,),
     )
+    if config.audit_log:
+        from .audit import DEFAULT_POLICY, AuditMiddleware, AuditSink, load_policy
+
+        # Outside token auth: a tunnel request refused for its token is audited too.
+        policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY
+        authed = AuditMiddleware(authed, sink=AuditSink.open(config.audit_log), policy=policy)
+    elif config.audit_policy_file:
+        raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
     return RequestContextMiddleware(authed, access_log=config.access_log)
 
 

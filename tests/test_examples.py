@@ -42,7 +42,18 @@ def test_every_entry_point_loads() -> None:
     assert ("paste.app_factory", "management_api") in loaded
     assert ("paste.app_factory", "driver") in loaded
     assert ("paste.filter_factory", "mesos_routing") in loaded
+    assert ("paste.filter_factory", "audit") in loaded
+    assert ("paste.filter_factory", "request_context") in loaded
     assert all(callable(obj) for obj in loaded.values())
+
+
+def test_the_readme_names_every_paste_entry_point() -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    names = [ep.name for group in ("paste.app_factory", "paste.filter_factory")
+             for ep in importlib.metadata.entry_points(group=group)
+             if ep.dist is not None and ep.dist.name == "bcs-middleware"]
+    assert len(names) >= 10
+    assert [name for name in names if f"`{name}`" not in readme] == []
 
 
 @pytest.fixture
@@ -59,7 +70,8 @@ def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
         "token_auth_app.ini": {"data_dir": str(data_dir)},
         "admission_app.ini": {"definitions_file": str(definitions)},
         "reverse_proxy.ini": {},
-        "driver.ini": {"database_url": f"sqlite:///{data_dir}/driver.sqlite3"},
+        "driver.ini": {"data_dir": str(data_dir)},
+        "audited_gateway.ini": {"data_dir": str(data_dir)},
     }
     env = {"BCS_ADMIN_TOKEN": ADMIN, "BCS_SECRET_KEY": Fernet.generate_key().decode()}
     old = {k: os.environ.get(k) for k in env}
@@ -73,6 +85,8 @@ def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
         for name in inis:
             app = loadapp(f"config:{EXAMPLES / name}", global_conf=overrides.get(name, {}))
             assert callable(app), name
+            if hasattr(app, "sink"):
+                app.sink.close()  # the audit filter's file
     finally:
         sys.path.remove(str(EXAMPLES))
         for k, v in old.items():
@@ -315,16 +329,17 @@ def test_wrap_app_as_written_uses_the_gateway_tokens(clone: Path) -> None:
         assert http_get(f"{server.url}/x")[0] == 401
 
 
-def test_driver_ini_serves_with_a_static_scheduler(data_dir: Path) -> None:
+def test_driver_ini_serves_with_a_static_scheduler_and_the_gateway_data_dir(clone: Path) -> None:
+    """gunicorn --paste examples/driver.ini, as its comments show: state in ./bcs-data, none in examples/."""
     from tests.support.fake_scheduler import FakeScheduler
 
     scheduler = FakeScheduler("scheduler")
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/driver.ini", "--bind", f"127.0.0.1:{port}",
+            "--workers", "1", "--no-control-socket",
+            "--paste-global", f"scheduler={scheduler.url}", "--paste-global", "cluster_id=BCS-MESOS-EX"]
     try:
-        with gunicorn(
-            str(EXAMPLES / "driver.ini"), workers=1,
-            extra=["--paste-global", f"scheduler={scheduler.url}", "--paste-global", "cluster_id=BCS-MESOS-EX",
-                   "--paste-global", f"database_url=sqlite:///{data_dir}/driver.sqlite3"],
-        ) as server:
+        with ServerProcess(argv, port=port, cwd=clone, env=_clean_env()) as server:
             status, _, body = http_get(f"{server.url}/mesosdriver/v4/namespaces/ns/apps?x=1",
                                        headers={"BCS-ClusterID": "BCS-MESOS-EX"})
             answer = json.loads(body)
@@ -334,6 +349,57 @@ def test_driver_ini_serves_with_a_static_scheduler(data_dir: Path) -> None:
             assert http_get(f"{server.url}/healthz")[0] == 200
     finally:
         scheduler.stop()
+    data = clone / "bcs-data"
+    assert (data / "bcs.sqlite3").exists() and (data / "secret.key").exists()
+    assert data.stat().st_mode & 0o077 == 0
+    assert not (clone / "examples" / "bcs-data").exists()
+
+
+def test_driver_ini_with_serve_config_keeps_its_state_in_the_banner_data_dir(clone: Path) -> None:
+    """bcs-middleware serve --config examples/driver.ini --role driver: one data directory, the banner's."""
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--config", "examples/driver.ini", "--role", "driver",
+            "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60) as server:
+        data = clone / "bcs-data"
+        assert http_get(f"https://localhost:{port}/healthz", cafile=str(data / "tls" / "ca.crt"))[0] == 200
+    assert f"driver on https://127.0.0.1:{port}/  (data: {data})" in server.output()
+    assert {"bcs.sqlite3", "secret.key", "tls"} <= {p.name for p in data.iterdir()}
+    assert not (clone / "examples" / "bcs-data").exists()
+
+
+def test_audited_gateway_ini_audits_refused_tunnel_requests(clone: Path) -> None:
+    """gunicorn --paste examples/audited_gateway.ini -c examples/gunicorn.conf.py: events in bcs-data."""
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/audited_gateway.ini", "-c", "examples/gunicorn.conf.py",
+            "--no-control-socket"]
+    with ServerProcess(argv, port=port, cwd=clone, scheme="https", timeout=60,
+                       env=_clean_env(BCS_BIND=f"127.0.0.1:{port}", BCS_WORKERS="1", BCS_THREADS="8")):
+        data = clone / "bcs-data"
+        cafile = str(data / "tls" / "ca.crt")
+        admin = (data / "admin.token").read_text().strip()
+        url = f"https://localhost:{port}/tunnels/clusters/BCS-K8S-NONE/api/v1/pods"
+        assert http_get(url, headers={"X-Request-Id": "ex-audit-401"}, cafile=cafile)[0] == 401
+        assert http_get(url, headers={"X-Request-Id": "ex-audit-404", "Authorization": f"Bearer {admin}"},
+                        cafile=cafile)[0] == 404
+        deadline = time.monotonic() + 10
+        log = data / "audit.jsonl"
+        events: list[dict] = []
+        while len(events) < 4 and time.monotonic() < deadline:
+            text = log.read_text() if log.exists() else ""
+            events = [json.loads(line) for line in text.split("\n")[:-1]]
+            time.sleep(0.1)
+    seen = [(e["auditID"], e["stage"], e["user"]["username"], e.get("responseStatus", {}).get("code"))
+            for e in events]
+    assert seen == [
+        ("ex-audit-401", "RequestReceived", "system:anonymous", None),
+        ("ex-audit-401", "ResponseComplete", "system:anonymous", 401),
+        ("ex-audit-404", "RequestReceived", "admin", None),
+        ("ex-audit-404", "ResponseComplete", "admin", 404),
+    ]
+    assert all(e["apiVersion"] == "audit.k8s.io/v1" and e["kind"] == "Event" for e in events)
+    assert admin not in log.read_text() and log.stat().st_mode & 0o077 == 0
+    assert not (clone / "examples" / "bcs-data").exists()
 
 
 def test_kube_agent_manifest_is_valid_yaml() -> None:
@@ -372,3 +438,103 @@ def test_the_readme_tour_runs_as_written(clone: Path, tmp_path: Path) -> None:
     assert '"permission": "view"' in result.stdout and '"code_name"' not in result.stdout, result.stdout
     # The last line is kubectl, which says why the cluster cannot be reached yet.
     assert "has no credentials yet" in result.stderr
+
+
+def test_the_readme_command_line_client_section_runs_as_written(clone: Path, tmp_path: Path) -> None:
+    """README "Command-line client": every line by bash against `serve` in a fresh directory.
+
+    Substituted: the port, ``<alice's token>`` (a token of alice's, made by the same CLI), and the
+    user's own ``inject.yaml``/``sidecar.yaml`` are written first.
+    """
+    import yaml
+
+    from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("## Command-line client", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    port = free_port()
+    block = block.replace("localhost:8443", f"localhost:{port}")
+    made_token = ("$(bcs-middleware tokens create alice -o json | "
+                  "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"user_token\"])')")
+    assert "<alice's token>" in block
+    block = block.replace("<alice's token>", made_token)
+    lines = block.strip().splitlines()
+    assert lines[-1].startswith("kubectl --context bcs-BCS-K8S-001")
+    hook_ca = trustme.CA()
+    (clone / "inject.yaml").write_text(yaml.safe_dump(bcs_definition("inject", [bcs_webhook("inject.bcs", hook_ca)])))
+    (clone / "sidecar.yaml").write_text(yaml.safe_dump(
+        k8s_configuration("sidecar", [k8s_webhook("sidecar.example.com", "sidecar.bcs-system", hook_ca)])))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _clean_env(HOME=str(home), PATH=f"{BIN}:{os.environ['PATH']}")
+    for key in [k for k in env if k.startswith(("BCS_", "KUBECONFIG", "XDG_"))]:
+        env.pop(key)
+    argv = [str(BIN / "bcs-middleware"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60):
+        setup = subprocess.run(["bash", "-ec", "\n".join(lines[:-1])], cwd=clone, env=env,
+                               capture_output=True, text=True, timeout=180)
+        assert setup.returncode == 0, setup.stdout + setup.stderr
+        last = subprocess.run(["bash", "-c", "\n".join([*lines[:2], lines[-1]])], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert "BCS-K8S-001" in setup.stdout and "alice" in setup.stdout
+    kubeconfig = yaml.safe_load((home / ".kube" / "config").read_text())
+    assert [c["name"] for c in kubeconfig["contexts"]] == ["bcs-BCS-K8S-001"]
+    assert (home / ".kube" / "config").stat().st_mode & 0o077 == 0
+    assert (home / ".config" / "bcs-middleware" / "config.json").stat().st_mode & 0o077 == 0
+    # No kube-agent in this run: kubectl reaches the gateway, which says why the cluster cannot serve yet.
+    assert last.returncode != 0 and "has no credentials yet" in last.stderr, last.stderr
+
+
+def test_the_readme_certs_line_prints_a_serve_line_that_serves(clone: Path) -> None:
+    """README: `certs --gateway --host … --out …` prints the `serve --certfile … --keyfile … --ca-file …` line."""
+    made = subprocess.run([str(BIN / "bcs-middleware"), "certs", "--gateway", "--host", "localhost,127.0.0.1",
+                           "--out", "tls"], cwd=clone, env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    line = next(x.strip() for x in made.stdout.splitlines() if x.strip().startswith("bcs-middleware serve "))
+    words = line.split()
+    assert words[2:] == ["--certfile", f"{clone}/tls/server.crt", "--keyfile", f"{clone}/tls/server.key",
+                         "--ca-file", f"{clone}/tls/ca.crt"], line
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), *words[1:], "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(BCS_ADMIN_TOKEN=ADMIN), scheme="https",
+                       timeout=60):
+        cafile = str(clone / "tls" / "ca.crt")
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        assert http_get(f"https://localhost:{port}/healthz", cafile=cafile)[0] == 200
+        _create_cluster(port, auth, cafile)
+        status, _, body = http_get(f"https://localhost:{port}/rest/clusters/BCS-K8S-EX/client_credentials",
+                                   headers=auth, cafile=cafile)
+        assert status == 200 and json.loads(body)["cacert_data"] == (clone / "tls" / "ca.crt").read_text()
+    assert not (clone / "bcs-data" / "tls").exists()  # the named certificate, not a generated one
+
+
+def test_the_readme_key_rotation_keygen_then_new_and_old_keys(tmp_path: Path) -> None:
+    """README: BCS_SECRET_KEY from `keygen`; "NEW,OLD" rotates: the first encrypts, all decrypt."""
+    from tests.support.fake_apiserver import FakeAPIServer
+    from tests.support.gateway import SA_TOKEN, register_cluster, served_gateway, write_kubeconfig
+
+    def keygen() -> str:
+        return subprocess.run([str(BIN / "bcs-middleware"), "keygen"], capture_output=True, text=True,
+                              check=True, timeout=60).stdout.strip()
+
+    old, new = keygen(), keygen()
+    assert old != new and Fernet(old.encode()) and Fernet(new.encode())
+    data = tmp_path / "data"
+    path = "/tunnels/clusters/BCS-K8S-ROT/api/v1/namespaces/default/pods"
+    with FakeAPIServer(token=SA_TOKEN) as api:
+        with served_gateway(data, env={"BCS_SECRET_KEY": old}, workers=1) as gw:
+            register_token = register_cluster(gw, "BCS-K8S-ROT", server_url=api.url, ca_pem=api.ca_pem)
+            assert gw.call("GET", path)[0] == 200
+        with served_gateway(data, env={"BCS_SECRET_KEY": f"{new},{old}"}, workers=1) as gw:
+            assert gw.call("GET", path)[0] == 200  # the old key still decrypts
+            # The agent reports again: the credential is now encrypted with the new key.
+            kubeconfig = tmp_path / "agent.kubeconfig"
+            write_kubeconfig(kubeconfig, server=api.url, token=SA_TOKEN, ca_pem=api.ca_pem)
+            agent = subprocess.run(
+                [str(BIN / "bcs-middleware"), "kube-agent", "--bke-address", gw.url, "--cluster-id", "BCS-K8S-ROT",
+                 "--kubeconfig", str(kubeconfig), "--once"],
+                env={**os.environ, "REGISTER_TOKEN": register_token, "SERVER_CERT": Path(gw.ca_file).read_text()},
+                capture_output=True, text=True, timeout=60)
+            assert agent.returncode == 0, agent.stderr
+        with served_gateway(data, env={"BCS_SECRET_KEY": new}, workers=1) as gw:
+            assert gw.call("GET", path)[0] == 200  # the old key is gone: everything reads with the new one

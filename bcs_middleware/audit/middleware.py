@@ -4,13 +4,18 @@ Tools that read a kube-apiserver's audit log (Falco's k8saudit plugin, Elastic's
 Kubernetes audit integration, Loki/Promtail pipelines) read these too: one JSON
 object per line, ``"kind": "Event"``, ``"apiVersion": "audit.k8s.io/v1"``.
 
-Per request, as the apiserver does: ``RequestReceived`` when it arrives,
+Per request, as the apiserver does: ``RequestReceived`` (stamped with the time it
+arrived, written once the user is known: when the response starts),
 ``ResponseStarted`` when a long-running answer starts (watch, ``logs -f``, exec,
 attach, port-forward, proxy), ``ResponseComplete`` when it has been sent, ``Panic``
 when the gateway failed unexpectedly; each stage can be omitted by the policy
 (:mod:`.policy`). An exec/attach/port-forward session's ``ResponseStarted`` is its
 start, its ``ResponseComplete`` its end, with the session's duration and bytes in
 ``annotations``.
+
+Requests refused before the tunnel (401 for the token, 403, 404) are audited too,
+as a kube-apiserver audits failed authentication: the layer sits in front of token
+authentication, and an unauthenticated request's ``user`` is ``system:anonymous``.
 
 ``user`` is the gateway user; ``impersonatedUser`` the identity the cluster was
 asked to act as (``Impersonate-User``), when there is one. Never a token: the
@@ -26,26 +31,29 @@ Events are formatted and written off the request thread
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlencode
 
+from .. import converters as conv
 from .. import environ as env
 from ..admission.review import parse_api_path, user_info
 from ..bodies import parse_json
-from ..errors import BCSError
+from ..errors import BCSError, ConfigError
 from ..logsetup import LineWriterHandler
-from .policy import DEFAULT_POLICY, Level, Policy, RequestInfo
+from ..middleware.routing import TUNNEL_PREFIX
+from .policy import DEFAULT_POLICY, Level, Policy, RequestInfo, load_policy
 
 MAX_CAPTURED = 1024 * 1024
-TUNNEL_PREFIX = "/tunnels/clusters/"
 _VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _STREAM_SUBRESOURCES = {"exec", "attach", "portforward", "proxy"}
 ANNOTATION_PREFIX = "bcs-middleware/"
@@ -156,6 +164,12 @@ class AuditSink:
     def drain(self) -> None:
         self._writer.drain()
 
+    def close(self) -> None:
+        """Write what is queued and close the file (standard output stays open)."""
+        self._writer.drain()
+        if self._writer.stream is not sys.stdout:
+            self._writer.stream.close()
+
 
 class _Audited:
     """The response body: captures what RequestResponse needs, writes the last stage on close."""
@@ -196,13 +210,59 @@ class _Audited:
             self._on_close(self._body, captured, self._panicked)
 
 
+class _TeeInput:
+    """The request body as the layers below read it, copied (bounded) for ``requestObject``."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+        self.copy: bytearray | None = bytearray()
+
+    def _keep(self, data: bytes) -> bytes:
+        if self.copy is not None:
+            if len(self.copy) + len(data) > self._limit:
+                self.copy = None  # too large to write: the event goes without it
+            else:
+                self.copy += data
+        return data
+
+    def read(self, *args: Any) -> bytes:
+        return self._keep(self._stream.read(*args))
+
+    def readline(self, *args: Any) -> bytes:
+        return self._keep(self._stream.readline(*args))
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in self._stream:
+            yield self._keep(line)
+
+
 class AuditMiddleware:
     """Write an ``audit.k8s.io/v1`` Event per stage of every tunnel request.
 
-    :param app: the tunnel (cluster routing, admission, proxy): the layers that set
-        the user, cluster, upstream and admission results the events report.
+    It sits *outside* token authentication, so that a request refused before the
+    tunnel (401 for a missing or bad token, 403, 404 for a cluster the user may not
+    see) is audited too, as a kube-apiserver audits failed authentication. The user
+    is known only once the layers below have run, and the policy may decide by user:
+    the ``RequestReceived`` event is therefore written when the response starts,
+    stamped with the time the request arrived. A request without a valid token is
+    audited as ``system:anonymous``; the token itself is never part of an event.
+
+    Reads ``bcs.request_id`` (:class:`RequestContextMiddleware`, outside it), and
+    when the response starts ``bcs.user``, ``bcs.cluster``, ``bcs.upstream`` and
+    ``bcs.admission`` as the layers below set them; sets nothing. When the policy
+    can ask for ``Request`` bodies it wraps ``wsgi.input`` to copy (at most
+    :data:`MAX_CAPTURED` bytes of) what the layers below read — it never reads a
+    body itself, so an unauthenticated request's body stays unread.
+
+    :param app: token authentication and the tunnel behind it (cluster routing,
+        admission, proxy): the layers that set what the events report.
     :param sink: where events go.
     :param policy: which requests, at which level, which stages.
+
+    Example (PasteDeploy: :func:`filter_factory`)::
+
+        AuditMiddleware(TokenAuthMiddleware(tunnel, ...), sink=AuditSink.open("audit.jsonl"))
     """
 
     def __init__(self, app: Any, *, sink: AuditSink, policy: Policy = DEFAULT_POLICY,
@@ -211,6 +271,7 @@ class AuditMiddleware:
         self.sink = sink
         self.policy = policy
         self._clock = clock
+        self._may_capture = any(rule.level in ("Request", "RequestResponse") for rule in policy.rules)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -219,37 +280,56 @@ class AuditMiddleware:
         received = self._clock()
         method = environ.get("REQUEST_METHOD", "GET")
         query = environ.get("QUERY_STRING", "")
-        user = env.get_user(environ)
-        # The policy decides on the path as the cluster sees it (the tunnel prefix off).
+        # The policy decides on the path as the cluster sees it (the tunnel prefix off),
+        # read now: the layers below rewrite PATH_INFO.
         _, _, rest = path[len(TUNNEL_PREFIX):].partition("/")
-        info = request_info(method, "/" + rest, query, user)
-        level, omit = self.policy.decide(info)
-        if level == "None":
-            return self.app(environ, start_response)
-        if level != "Metadata" and _carries_credentials(info):
-            level = "Metadata"  # whatever the policy says: never a secret's data or a token
-        request_body = self._request_body(environ, method) if level in ("Request", "RequestResponse") else None
-        long_running = _long_running(info, query)
-        # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
-        state: dict[str, Any] = {"code": 0, "started": None,
-                                 "audit_id": environ.get(env.REQUEST_ID) or str(uuid.uuid4())}
+        anonymous = request_info(method, "/" + rest, query, None)
+        tee: _TeeInput | None = None
+        if self._may_capture and method in ("POST", "PUT", "PATCH", "DELETE") \
+                and not _carries_credentials(anonymous):
+            tee = _TeeInput(environ["wsgi.input"], MAX_CAPTURED)
+            environ["wsgi.input"] = tee
+        long_running = _long_running(anonymous, query)
+        # Decided once, when the response starts (the user is known then, if there is one).
+        state: dict[str, Any] = {"code": 0, "started": None, "decided": False, "level": "None",
+                                 "omit": frozenset(), "info": anonymous}
+
+        def decide() -> None:
+            if state["decided"]:
+                return
+            state["decided"] = True
+            # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
+            state["audit_id"] = environ.get(env.REQUEST_ID) or str(uuid.uuid4())
+            user = env.get_user(environ)
+            info = dataclasses.replace(anonymous, user=user.name, groups=("system:authenticated", *user.groups)) \
+                if user is not None else anonymous
+            level, omit = self.policy.decide(info)
+            if level != "Metadata" and level != "None" and _carries_credentials(info):
+                level = "Metadata"  # whatever the policy says: never a secret's data or a token
+            state.update(info=info, level=level, omit=omit)
+            body = None
+            if tee is not None and tee.copy and level in ("Request", "RequestResponse"):
+                body = bytes(tee.copy)
+            event("RequestReceived", request_body=body, at=received)
+            state["request_body"] = body
 
         def event(stage: str, **extra: Any) -> None:
-            if stage in omit:
+            if state["level"] == "None" or stage in state["omit"]:
                 return
-            self.sink.emit(self._event(environ, info, level, stage, received, query, state, request_body, **extra))
-
-        event("RequestReceived")
+            self.sink.emit(self._event(environ, state["info"], state["level"], stage, received, query, state,
+                                       **extra))
 
         def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             state["code"] = int(status[:3])
             state["content_type"] = next((v for k, v in headers if k.lower() == "content-type"), "")
+            decide()
             if long_running or state["code"] == 101:
                 state["started"] = self._clock()
-                event("ResponseStarted")
+                event("ResponseStarted", request_body=state["request_body"])
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         def _closed(body: Any, captured: bytes | None, panicked: bool) -> None:
+            decide()
             annotations: dict[str, str] = {}
             result = getattr(body, "result", None)
             if state["started"] is not None and (state["code"] == 101 or result is not None):
@@ -258,42 +338,34 @@ class AuditMiddleware:
                     annotations[ANNOTATION_PREFIX + "bytes-to-upstream"] = str(result.to_upstream)
                     annotations[ANNOTATION_PREFIX + "bytes-to-client"] = str(result.to_client)
                     annotations[ANNOTATION_PREFIX + "ended-by"] = str(result.ended_by)
+            request_body = state["request_body"]
             if panicked:
-                event("Panic", extra_annotations=annotations, code=500)
+                event("Panic", extra_annotations=annotations, code=500, request_body=request_body)
                 return
+            level = state["level"]
             response = captured if level == "RequestResponse" and "json" in state.get("content_type", "") else None
-            event("ResponseComplete", extra_annotations=annotations, response_body=response)
+            event("ResponseComplete", extra_annotations=annotations, response_body=response,
+                  request_body=request_body)
 
         try:
             body = self.app(environ, _start_response)
-        except BCSError:
-            raise
+        except BCSError as exc:
+            decide()
+            event("ResponseComplete", code=exc.status, request_body=state["request_body"])
+            raise  # rendered at the edge
         except Exception:
-            event("Panic", code=500)
+            decide()
+            event("Panic", code=500, request_body=state["request_body"])
             raise
-        capture = level == "RequestResponse" and not long_running
+        # What RequestResponse needs is known only when the response starts: capture
+        # whenever the policy could ask for it, and drop it unless it did.
+        capture = self._may_capture and not long_running
         return _Audited(body, capture, _closed)
 
-    @staticmethod
-    def _request_body(environ: dict[str, Any], method: str) -> bytes | None:
-        if method not in ("POST", "PUT", "PATCH", "DELETE"):
-            return None
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            return None
-        if not 0 < length <= MAX_CAPTURED:
-            return None
-        data: bytes = environ["wsgi.input"].read(length)
-        # The layers below read the same bytes (admission, the proxy).
-        environ["wsgi.input"] = io.BytesIO(data)
-        environ["CONTENT_LENGTH"] = str(len(data))
-        return data
-
     def _event(self, environ: dict[str, Any], info: RequestInfo, level: Level, stage: str, received: float,
-               query: str, state: dict[str, Any], request_body: bytes | None, *,
+               query: str, state: dict[str, Any], *, request_body: bytes | None = None,
                extra_annotations: dict[str, str] | None = None, response_body: bytes | None = None,
-               code: int | None = None) -> AuditEvent:
+               code: int | None = None, at: float | None = None) -> AuditEvent:
         user = env.get_user(environ)
         upstream = env.get_upstream(environ)
         safe_query = _safe_query(query)
@@ -309,7 +381,7 @@ class AuditMiddleware:
             "user": user_info(user),
             "sourceIPs": [environ.get("REMOTE_ADDR", "")],
             "requestReceivedTimestamp": _timestamp(received),
-            "stageTimestamp": _timestamp(self._clock()),
+            "stageTimestamp": _timestamp(at if at is not None else self._clock()),
         }
         if upstream is not None:
             impersonated = [v for k, v in upstream.set_headers if k.lower() == "impersonate-user"]
@@ -341,3 +413,43 @@ class AuditMiddleware:
             event["annotations"] = annotations
         return AuditEvent(event, request_body if level != "Metadata" else None, response_body)
 
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    "log": conv.text,
+    "policy_file": conv.text,
+    "data_dir": conv.text,
+}
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#audit``: audit events for tunnel requests.
+
+    ``log`` is a file path (appended, created 0600) or ``-`` for standard output;
+    a relative path is in ``data_dir`` when one is given (the gateway's data
+    directory), as the gateway's other files are. ``policy_file`` is an
+    ``audit.k8s.io/v1`` Policy (default: every request at ``Metadata``). Put it in
+    front of ``token_auth`` (or of the whole ``gateway`` app, see
+    ``examples/audited_gateway.ini``) so that refused requests are audited too::
+
+        [filter:audit]
+        use = egg:bcs-middleware#audit
+        log = /var/log/bcs/audit.jsonl
+        policy_file = /etc/bcs/audit-policy.yaml
+
+        [pipeline:main]
+        pipeline = audit token_auth cluster_routing upstream
+    """
+    opts = conv.convert_options("filter:audit", local_conf, _OPTIONS)
+    if not opts.get("log"):
+        raise ConfigError("[filter:audit] needs log (a file path, or - for standard output)")
+    policy = load_policy(opts["policy_file"]) if opts.get("policy_file") else DEFAULT_POLICY
+    log_path = opts["log"]
+    if log_path not in ("-", "stdout") and opts.get("data_dir"):
+        log_path = str(Path(opts["data_dir"]) / log_path)  # an absolute log stays as it is
+    sink = AuditSink.open(log_path)
+
+    def make(app: Any) -> AuditMiddleware:
+        return AuditMiddleware(app, sink=sink, policy=policy)
+
+    return make

@@ -25,10 +25,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import monotonic
 from typing import Any
 
+from .. import converters as conv
 from .. import environ as env
 from ..logsetup import LineWriterHandler
 from ..metrics import BATCH
@@ -256,3 +257,27 @@ class RequestContextMiddleware:
         if type(body) is list:
             return _FinishedList(body, _log)
         return _Finished(body, _log)
+
+
+_OPTIONS: dict[str, conv.Converter] = {"access_log": conv.asbool}
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#request_context``: request id, metrics, access log.
+
+    Outermost in a pipeline, so that every layer after it (and the audit events) share the
+    request id::
+
+        [filter:request_context]
+        use = egg:bcs-middleware#request_context
+        access_log = true
+
+        [pipeline:main]
+        pipeline = request_context audit token_auth myapp
+    """
+    opts = conv.convert_options("filter:request_context", local_conf, _OPTIONS)
+
+    def make(app: Any) -> RequestContextMiddleware:
+        return RequestContextMiddleware(app, access_log=opts.get("access_log", True))
+
+    return make

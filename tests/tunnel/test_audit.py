@@ -297,3 +297,116 @@ def test_verbs_as_the_apiserver_derives_them(method: str, path: str, query: str,
     from bcs_middleware.audit import request_info
 
     assert request_info(method, path, query, None).verb == verb
+
+
+@pytest.mark.parametrize("token, headers, code", [
+    pytest.param(None, {}, 401, id="no-token"),
+    pytest.param("not-a-real-token-" + "x" * 30, {}, 401, id="unknown-token"),
+    pytest.param("BOB", {"Impersonate-User": "admin"}, 403, id="client-impersonation"),
+    pytest.param("BOB", {}, 404, id="cluster-not-visible"),
+])
+def test_a_request_refused_before_the_tunnel_is_audited_without_its_token(
+    gw: Gateway, bob: str, token: str | None, headers: dict[str, str], code: int,
+) -> None:
+    """kube-apiserver audits failed authentication and refusals; so does the gateway, and never a token."""
+    cluster = "BCS-K8S-NOT-VISIBLE" if code == 404 else CLUSTER
+    request_id = f"audit-refused-{code}-{len(headers)}-{token is None}"
+    sent = {"X-Request-Id": request_id, **headers}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {bob if token == 'BOB' else token}"
+    status, _ = gw.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces/default/secrets?limit=1",
+                        token="", headers=sent)
+    assert status == code
+    found = events(gw, request_id, 2)
+    assert [(e["stage"], e.get("responseStatus", {}).get("code")) for e in found] == [
+        ("RequestReceived", None), ("ResponseComplete", code)]
+    complete = found[-1]
+    assert complete["verb"] == "list" and complete["objectRef"]["resource"] == "secrets"
+    expected_user = "system:anonymous" if code == 401 else "bob-audit"
+    assert complete["user"]["username"] == expected_user
+    assert "impersonatedUser" not in complete
+    text = (gw.data / "audit.jsonl").read_text()
+    assert bob not in text and (token is None or token == "BOB" or token not in text)
+
+
+def test_the_audit_filter_from_an_ini_audits_refused_and_served_requests(tmp_path: Path) -> None:
+    """[filter:audit] in a PasteDeploy pipeline in front of token_auth, loaded from a real .ini."""
+    from paste.deploy import loadapp
+    from werkzeug.test import Client
+
+    from bcs_middleware.audit import AuditMiddleware
+    from bcs_middleware.middleware.auth import TokenAuthMiddleware
+    from bcs_middleware.middleware.context import RequestContextMiddleware
+    from bcs_middleware.store.crypto import token_digest
+
+    token = "audit-ini-token-" + "t" * 30
+    (tmp_path / "tokens.txt").write_text(f"carol {token_digest(token)}\n")
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    (tmp_path / "hello.py").write_text(
+        "def app_factory(global_conf, **local):\n"
+        "    def app(environ, start_response):\n"
+        "        start_response('200 OK', [('Content-Type', 'application/json')])\n"
+        "        return [b'{}']\n"
+        "    return app\n")
+    ini = tmp_path / "audited.ini"
+    ini.write_text(
+        "[pipeline:main]\npipeline = request_context audit token_auth hello\n\n"
+        "[filter:request_context]\nuse = egg:bcs-middleware#request_context\naccess_log = false\n\n"
+        "[filter:audit]\nuse = egg:bcs-middleware#audit\nlog = %(here)s/audit.jsonl\n"
+        "policy_file = %(here)s/policy.yaml\n\n"
+        "[filter:token_auth]\nuse = egg:bcs-middleware#token_auth\ntokens_file = %(here)s/tokens.txt\n\n"
+        "[app:hello]\npaste.app_factory = hello:app_factory\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        app = loadapp(f"config:{ini}")
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert isinstance(app, RequestContextMiddleware) and app.access_log is False
+    audit = app.app
+    assert isinstance(audit, AuditMiddleware) and isinstance(audit.app, TokenAuthMiddleware)
+    assert audit.policy.rules[0].level == "None"  # the policy file's
+    client = Client(app)
+    client.get("/tunnels/clusters/C/api/v1/pods", headers={"Authorization": f"Bearer {token}"}).close()
+    refused = client.get("/tunnels/clusters/C/api/v1/pods", headers={"Authorization": "Bearer wrong"})
+    refused.close()
+    client.get("/rest/users").close()  # not a tunnel path: not audited
+    audit.sink.drain()
+    found = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    for event in found:
+        validate(event)
+    assert [(e["stage"], e["user"]["username"], e.get("responseStatus", {}).get("code")) for e in found] == [
+        ("RequestReceived", "carol", None), ("ResponseComplete", "carol", 200),
+        ("RequestReceived", "system:anonymous", None), ("ResponseComplete", "system:anonymous", 401)]
+    assert found[-1]["auditID"] == refused.headers["X-Request-Id"]  # the access log's request id
+    audit.sink.close()
+    assert token not in (tmp_path / "audit.jsonl").read_text()
+    assert (tmp_path / "audit.jsonl").stat().st_mode & 0o077 == 0
+
+
+def test_the_audit_filter_rejects_unknown_keys_and_needs_a_log() -> None:
+    from bcs_middleware.audit.middleware import filter_factory
+    from bcs_middleware.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[filter:audit\] unknown key 'path'"):
+        filter_factory({}, path="x")
+    with pytest.raises(ConfigError, match="needs log"):
+        filter_factory({})
+
+
+def test_audit_log_dash_writes_events_to_stdout_beside_the_access_log(tmp_path: Path) -> None:
+    """README: `serve --audit-log -` — the events share stdout with the access log, told apart by kind."""
+    with served_gateway(tmp_path / "data", args=["--audit-log", "-"], workers=1) as gateway:
+        status, _ = gateway.call("GET", "/tunnels/clusters/BCS-K8S-NONE/api/v1/pods", token="",
+                                 headers={"X-Request-Id": "audit-stdout-1"})
+        assert status == 401
+        deadline = time.monotonic() + 10
+        found: list[dict[str, Any]] = []
+        while len(found) < 2 and time.monotonic() < deadline:
+            lines = [line for line in gateway.server.output().splitlines() if '"kind":"Event"' in line]
+            found = [e for e in map(json.loads, lines) if e["auditID"] == "audit-stdout-1"]
+            time.sleep(0.1)
+    for event in found:
+        validate(event)
+    assert [(e["stage"], e.get("responseStatus", {}).get("code")) for e in found] == [
+        ("RequestReceived", None), ("ResponseComplete", 401)]
