@@ -108,6 +108,26 @@ def _post_fork(server: Any, worker: Any) -> None:
     configure_logging(server.cfg.loglevel)
 
 
+# Idle keep-alive connections a gthread worker holds beyond its threads (gunicorn's default
+# worker_connections). They wait in the worker's poller and cost a socket and a TLS session,
+# no thread; with too few, gthread answers "Connection: close" and the clients come back with
+# a new TLS handshake while the worker has threads to spare.
+KEEPALIVE_SLOTS = 1000
+
+
+def connection_slots(worker_class: str, threads: int) -> dict[str, int]:
+    """gunicorn's ``worker_connections`` for ``worker_class``.
+
+    gthread counts every open connection (busy, queued or idle in keep-alive) against
+    ``worker_connections`` and keeps at most ``worker_connections - threads`` idle: give it
+    ``threads`` busy ones plus :data:`KEEPALIVE_SLOTS` idle ones. gevent's
+    ``worker_connections`` is its greenlet bound and keeps gunicorn's meaning (no override).
+    """
+    if worker_class == "gthread":
+        return {"worker_connections": threads + KEEPALIVE_SLOTS}
+    return {}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -173,16 +193,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # OPTIONAL: token clients keep working; a certificate that is presented must verify.
         settings.update(ca_certs=str(Path(args.client_ca_file).absolute()), cert_reqs=ssl.CERT_OPTIONAL)
 
+    from .tls import gunicorn_ssl_context
+
     settings.update(
         bind=[bind],
         workers=args.workers,
-        worker_class="gthread",
+        worker_class=args.worker_class,
         threads=args.threads,
-        # A gthread worker accepts connections up to worker_connections and queues the active
-        # ones it has no thread for: a queued watch would wait behind streams that never end.
-        # So accept little more than the threads can serve; the slack is for idle keep-alive
-        # connections (gthread refuses keep-alive entirely when there is none).
-        worker_connections=args.threads + max(8, args.threads // 4),
+        **connection_slots(args.worker_class, args.threads),
         timeout=60,
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,
@@ -195,6 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         child_exit=_child_exit,
         post_fork=_post_fork,
         post_worker_init=post_worker_init,
+        ssl_context=gunicorn_ssl_context,
         proc_name="bcs-middleware",
     )
 
@@ -368,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=128,
                        help="threads per worker; each open watch/log/exec stream holds one (default 128; "
                             "threads start on demand)")
+    serve.add_argument("--worker-class", choices=("gthread", "gevent"), default="gthread",
+                       help="gunicorn worker class (default gthread)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
     serve.add_argument("--database-url", help="use this database instead of SQLite in the data directory")
     serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")

@@ -38,11 +38,11 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -629,7 +629,8 @@ class CertificateRenewer:
 
     :func:`ensure_gateway_pki` renews the server certificate ``renew_before`` its
     expiry (certifying the same key again, one atomic file replace). gunicorn's
-    gthread and sync workers load ``certfile``/``keyfile`` for every new connection,
+    gthread and sync workers ask for a server context for every new connection
+    (:func:`gunicorn_ssl_context` reloads it when the files changed),
     so the renewed certificate is served from the next connection on: a gateway that
     runs for longer than a certificate lives needs no restart. Run it in one process
     (the gunicorn master); a failed check is logged and retried at the next interval.
@@ -668,6 +669,34 @@ class CertificateRenewer:
         while True:
             time.sleep(self.interval)
             self.check()
+
+
+# One server SSLContext per version of the certificate files, for gunicorn's ``ssl_context``
+# hook. gunicorn's gthread worker asks for a context on every new connection and its default
+# factory parses the certificate chain and key each time; reused, a new connection costs the
+# handshake only. Keyed by the files' modification times, so a renewed certificate (see
+# CertificateRenewer) is still served from the next connection on.
+_server_context: tuple[tuple[int, ...], Any] | None = None
+
+
+def _file_version(path: str | None) -> int:
+    if not path:
+        return 0
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def gunicorn_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], Any]) -> Any:
+    """gunicorn's ``ssl_context`` server hook: build the default context once per file version."""
+    global _server_context
+    version = (_file_version(conf.certfile), _file_version(conf.keyfile), _file_version(conf.ca_certs))
+    current = _server_context
+    if current is None or current[0] != version:
+        # Two threads may build it at once on the first connections; either result is right.
+        current = _server_context = (version, default_ssl_context_factory())
+    return current[1]
 
 
 def _prepare_out_dir(out_dir: Path, files: Sequence[Path], force: bool) -> None:

@@ -22,10 +22,12 @@ bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
 workers = int(os.environ.get("BCS_WORKERS", "2"))
 worker_class = "gthread"
 threads = int(os.environ.get("BCS_THREADS", "512"))
-# Accept little more than the threads can serve: gthread queues active connections it has no
-# thread for, and a queued request would wait behind streams that may never end while another
-# worker sits idle. The slack holds idle keep-alive connections (none = no keep-alive at all).
-worker_connections = threads + max(8, threads // 4)
+# gthread counts idle keep-alive connections against worker_connections and closes a
+# connection after its answer when worker_connections - threads are idle already: clients then
+# pay a new TLS handshake while the worker has threads to spare. Idle connections cost no
+# thread, so hold many (gevent's worker_connections is its greenlet bound: keep its default).
+if worker_class == "gthread":
+    worker_connections = threads + 1000
 timeout = 60
 graceful_timeout = 30
 keepalive = 75
@@ -38,6 +40,13 @@ forwarded_allow_ips = os.environ.get("BCS_FORWARDED_ALLOW_IPS", "")
 
 certfile = os.environ.get("BCS_CERTFILE") or None
 keyfile = os.environ.get("BCS_KEYFILE") or None
+
+
+def ssl_context(conf, default_ssl_context_factory):  # type: ignore[no-untyped-def]
+    # gthread asks for a server context per connection; reuse one while the files are unchanged.
+    from bcs_middleware.tls import gunicorn_ssl_context
+
+    return gunicorn_ssl_context(conf, default_ssl_context_factory)
 
 loglevel = "info"
 errorlog = "-"
