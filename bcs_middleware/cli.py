@@ -200,6 +200,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         worker_class=args.worker_class,
         threads=args.threads,
+        # Every worker listens on its own SO_REUSEPORT socket and the kernel spreads new
+        # connections over them. On one shared socket the worker that wakes first accepts a
+        # whole burst: measured (bench/README.md) one gevent worker holding every connection
+        # while the other idled. The cost: connections still in a stopping worker's accept
+        # queue are reset.
+        reuse_port=args.reuse_port,
         **connection_slots(args.worker_class, args.threads),
         timeout=60,
         graceful_timeout=args.graceful_timeout,
@@ -387,8 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=128,
                        help="threads per worker; each open watch/log/exec stream holds one (default 128; "
                             "threads start on demand)")
-    serve.add_argument("--worker-class", choices=("gthread", "gevent"), default="gthread",
+    serve.add_argument("--worker-class", choices=("gthread", "gevent"), default=DEFAULT_WORKER_CLASS,
                        help="gunicorn worker class (default gthread)")
+    serve.add_argument("--reuse-port", action=argparse.BooleanOptionalAction, default=True,
+                       help="one SO_REUSEPORT listening socket per worker, so the kernel spreads "
+                            "connections evenly (default on)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
     serve.add_argument("--database-url", help="use this database instead of SQLite in the data directory")
     serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")
@@ -455,9 +464,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULT_WORKER_CLASS = "gthread"
+
+
+def _serves_with_gevent(argv: Sequence[str]) -> bool:
+    """``serve`` with the gevent worker, read from the raw arguments (before the parser exists)."""
+    if not argv or argv[0] != "serve":
+        return False
+    worker_class = DEFAULT_WORKER_CLASS
+    for i, arg in enumerate(argv):
+        if arg == "--worker-class" and i + 1 < len(argv):
+            worker_class = argv[i + 1]
+        elif arg.startswith("--worker-class="):
+            worker_class = arg.partition("=")[2]
+    return worker_class == "gevent"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import ConfigError
 
+    if _serves_with_gevent(sys.argv[1:] if argv is None else argv):
+        # Before anything imports ssl, urllib3 or requests (building the parser does): a
+        # module that took ssl's classes before gevent patched them recurses forever
+        # (RecursionError in SSLContext.minimum_version) once the worker has patched, and
+        # gunicorn patches only in the worker, after the master imported them.
+        from gevent import monkey
+
+        monkey.patch_all()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -503,7 +503,7 @@ def register_cluster(base: str, cafile: str, cluster_id: str, apiserver_url: str
            "user_token": "cluster-sa-token-" + "c" * 24})
 
 
-def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path
+def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, extra: Sequence[str] = ()
                 ) -> tuple[ServerProcess, dict[str, str]]:
     """``bcs-middleware serve`` with its documented defaults (HTTPS with its generated CA), one
     cluster registered through the REST API, a superuser and a ``view`` user.
@@ -514,7 +514,7 @@ def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path
     port = free_port()
     argv = [str(BIN / "bcs-middleware"), "serve", "--data-dir", str(data_dir),
             "--bind", f"127.0.0.1:{port}", "--workers", str(GUNICORN["workers"]),
-            "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"])]
+            "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"]), *extra]
     server = ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": SERVE_ADMIN}, scheme="https",
                            timeout=60)
     cafile = str(data_dir / "tls" / "ca.crt")
@@ -533,8 +533,9 @@ def _served(ctx: Context) -> tuple[ServerProcess, dict[str, str]]:
     return ctx.served
 
 
-def _served_tunnel(ctx: Context, user: str) -> Running:
-    server, tokens = _served(ctx)
+def _served_tunnel(ctx: Context, user: str, served: tuple[ServerProcess, dict[str, str]] | None = None
+                   ) -> Running:
+    server, tokens = served or _served(ctx)
     return Running(tokens["base"] + f"/tunnels/clusters/{CLUSTER_ID}", _gunicorn_tree(server, ctx, True),
                    headers={"Authorization": f"Bearer {tokens[user]}"}, stop=server.stop,
                    workers=_workers(server), cafile=tokens["cafile"])
@@ -550,6 +551,12 @@ def start_served_tunnel_impersonate(ctx: Context) -> Running:
     return _served_tunnel(ctx, "bench-user")
 
 
+def start_served_tunnel_shared_socket(ctx: Context) -> Running:
+    """Diagnostic: ``serve --no-reuse-port`` (every worker accepting from one shared socket)."""
+    served = start_serve(ctx.tmp, "serve-shared", ctx.nginx_tls_url, ctx.pki.ca_file, ["--no-reuse-port"])
+    return _served_tunnel(ctx, "bench-admin", served)
+
+
 # The headline: the production path. Every name without the http_ prefix is HTTPS end to end.
 CONTENDERS = [
     Contender("nginx_proxy", start_nginx_proxy),
@@ -561,6 +568,7 @@ CONTENDERS = [
 # Diagnostics over plain HTTP (client and upstream), run only when named in --only or with
 # --diagnostics: the WSGI path without TLS, as measured up to session 5.
 EXTRA_CONTENDERS = [
+    Contender("tunnel_shared_socket", start_served_tunnel_shared_socket),
     Contender("http_nginx", start_nginx_direct),
     Contender("http_upstream_proxy", start_upstream_proxy),
     Contender("http_tunnel", start_tunnel),

@@ -198,16 +198,15 @@ class ClusterRoutingMiddleware:
         # Positional: a dataclass __init__ called with ten keywords costs three times as
         # much (bench/README.md). The order is env.Upstream's (tests/tunnel/test_tunnel_paths.py).
         environ[env.UPSTREAM] = env.Upstream(
-            creds.server_addresses,  # base_urls
-            tunnel.rest,  # path
-            environ.get("QUERY_STRING", ""),  # query
-            creds.cacert_pem,  # ca_pem
-            self.tls_server_name,  # server_name
-            self.verify,  # verify
-            creds.user_token,  # bearer_token
-            headers,  # set_headers
-            None,  # client_cert
-            f"cluster:{cluster.id}",  # name
+            base_urls=creds.server_addresses,
+            path=tunnel.rest,
+            query=environ.get("QUERY_STRING", ""),
+            ca_pem=creds.cacert_pem,
+            server_name=self.tls_server_name,
+            verify=self.verify,
+            bearer_token=creds.user_token,
+            set_headers=headers,
+            name=f"cluster:{cluster.id}",
         )
 
 
