@@ -195,8 +195,6 @@ class ClusterRoutingMiddleware:
             )
         headers = _impersonating(user) if self.rbac and not user.is_superuser else ()
         environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
-        # Positional: a dataclass __init__ called with ten keywords costs three times as
-        # much (bench/README.md). The order is env.Upstream's (tests/tunnel/test_tunnel_paths.py).
         environ[env.UPSTREAM] = env.Upstream(
             base_urls=creds.server_addresses,
             path=tunnel.rest,
