@@ -443,8 +443,8 @@ def _production_config(tmp: Path) -> Path:
 
 
 def _serve_tls(ctx: Context, app: str, env: dict[str, str] | None = None) -> ServerProcess:
-    """gunicorn over HTTPS with the settings ``serve`` uses (one listening socket, as ``serve``)."""
-    extra = ["-c", str(_production_config(ctx.tmp))]
+    """gunicorn over HTTPS with the settings ``serve`` uses (``--reuse-port`` unless --shared-socket)."""
+    extra = ["-c", str(_production_config(ctx.tmp)), *GUNICORN_EXTRA]
     if not app.endswith(".ini"):
         extra += ["--chdir", str(BENCH)]
     tls = {"certfile": str(ctx.pki.cert_file), "keyfile": str(ctx.pki.key_file)}
@@ -514,7 +514,8 @@ def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, ex
     port = free_port()
     argv = [str(BIN / "bcs-middleware"), "serve", "--data-dir", str(data_dir),
             "--bind", f"127.0.0.1:{port}", "--workers", str(GUNICORN["workers"]),
-            "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"]), *extra]
+            "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"]),
+            *([] if "--reuse-port" in GUNICORN_EXTRA else ["--no-reuse-port"]), *extra]
     server = ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": SERVE_ADMIN}, scheme="https",
                            timeout=60)
     cafile = str(data_dir / "tls" / "ca.crt")
@@ -891,7 +892,7 @@ def main() -> int:
     print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
           f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
           f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']} "
-          f"(HTTPS contenders: one shared listening socket as serve; http_*: {' '.join(GUNICORN_EXTRA)})"
+          f"{' '.join(GUNICORN_EXTRA)}"
           f"{f', switch interval {args.switch_interval:g} s' if args.switch_interval else ''}, "
           f"{os.cpu_count()} CPUs")
     # Capacity: in each round, each contender's best level. A contender that waits on an
