@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -629,9 +630,8 @@ class CertificateRenewer:
 
     :func:`ensure_gateway_pki` renews the server certificate ``renew_before`` its
     expiry (certifying the same key again, one atomic file replace). gunicorn's
-    gthread and sync workers ask for a server context for every new connection
-    (:func:`gunicorn_ssl_context` reloads it when the files changed),
-    so the renewed certificate is served from the next connection on: a gateway that
+    workers hand every new connection to :class:`ServerContext`, which reloads the
+    files when they changed, so the renewed certificate is served from the next connection on: a gateway that
     runs for longer than a certificate lives needs no restart. Run it in one process
     (the gunicorn master); a failed check is logged and retried at the next interval.
     """
@@ -671,14 +671,6 @@ class CertificateRenewer:
             self.check()
 
 
-# One server SSLContext per version of the certificate files, for gunicorn's ``ssl_context``
-# hook. gunicorn's gthread worker asks for a context on every new connection and its default
-# factory parses the certificate chain and key each time; reused, a new connection costs the
-# handshake only. Keyed by the files' modification times, so a renewed certificate (see
-# CertificateRenewer) is still served from the next connection on.
-_server_context: tuple[tuple[int, ...], Any] | None = None
-
-
 def _file_version(path: str | None) -> int:
     if not path:
         return 0
@@ -688,15 +680,45 @@ def _file_version(path: str | None) -> int:
         return 0
 
 
-def gunicorn_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], Any]) -> Any:
-    """gunicorn's ``ssl_context`` server hook: build the default context once per file version."""
+class ServerContext:
+    """The server side's TLS context, rebuilt when the certificate files change.
+
+    gunicorn's gthread worker asks for a context on every new connection and its default
+    factory parses the certificate chain and key each time; the gevent worker asks once
+    and keeps it for the worker's life. Both only call ``wrap_socket`` on it, so this
+    object builds one ``SSLContext`` per version (modification times) of the files and
+    hands each connection to the current one: a connection costs the handshake only, TLS
+    sessions can be resumed (tickets are per context), and a renewed certificate (see
+    :class:`CertificateRenewer`) is served from the next connection on under either worker.
+    """
+
+    def __init__(self, conf: Any, factory: Callable[[], ssl.SSLContext]) -> None:
+        self._conf = conf
+        self._factory = factory
+        self._current: tuple[tuple[int, ...], ssl.SSLContext] | None = None
+
+    def context(self) -> ssl.SSLContext:
+        conf = self._conf
+        version = (_file_version(conf.certfile), _file_version(conf.keyfile), _file_version(conf.ca_certs))
+        current = self._current
+        if current is None or current[0] != version:
+            # Two threads may build it at once after a change; either result is right.
+            current = self._current = (version, self._factory())
+        return current[1]
+
+    def wrap_socket(self, sock: socket.socket, **kwargs: Any) -> ssl.SSLSocket:
+        return self.context().wrap_socket(sock, **kwargs)
+
+
+_server_context: ServerContext | None = None
+
+
+def gunicorn_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ServerContext:
+    """gunicorn's ``ssl_context`` server hook: this process's :class:`ServerContext`."""
     global _server_context
-    version = (_file_version(conf.certfile), _file_version(conf.keyfile), _file_version(conf.ca_certs))
-    current = _server_context
-    if current is None or current[0] != version:
-        # Two threads may build it at once on the first connections; either result is right.
-        current = _server_context = (version, default_ssl_context_factory())
-    return current[1]
+    if _server_context is None:
+        _server_context = ServerContext(conf, default_ssl_context_factory)
+    return _server_context
 
 
 def _prepare_out_dir(out_dir: Path, files: Sequence[Path], force: bool) -> None:
