@@ -801,10 +801,11 @@ def _report(title: str, samples: dict[str, list[Sample]]
         ("http_tunnel", "http_ceiling"), ("http_tunnel", "http_werkzeug"),
         ("http_tunnel_imp", "http_ceiling"), ("http_werkzeug", "http_ceiling"),
         ("http_tunnel", "http_tunnel_nolog"), ("tunnel", "http_tunnel"), ("ceiling", "http_ceiling"),
+        ("tunnel", "tunnel_shared_socket"),
     ) if a in names and b in names]
     ratios = {f"{a}/{b} req/s": ratio(a, b) for a, b in pairs}
     for a, b in pairs:
-        if "nginx" not in a + b and "werkzeug" not in a:
+        if "nginx" not in a + b and "werkzeug" not in a and "shared" not in b:
             ratios[f"{a}/{b} CPU/req"] = ratio(a, b, "cpu_us_per_req")
     print("\nmedian of per-round ratios")
     for name, value in ratios.items():
