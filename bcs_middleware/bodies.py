@@ -68,6 +68,11 @@ def declared_length(environ: dict[str, Any]) -> int | None:
     return length
 
 
+def media_type(environ: dict[str, Any]) -> str:
+    """The request's media type, lower case, without parameters (``""`` when absent)."""
+    return str(environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
+
+
 def read_bounded(environ: dict[str, Any], limit: int, *, what: str = "request body") -> bytes:
     """The whole body, at most ``limit`` bytes: 413 beyond it, 400 for a bad ``Content-Length``."""
     stream = environ["wsgi.input"]

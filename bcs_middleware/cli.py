@@ -26,34 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .datadir import ADMIN_TOKEN_FILE, admin_token_source, announce_admin_token
 from .lifecycle import post_worker_init
 from .logsetup import configure_logging
 
 log = logging.getLogger("bcs_middleware.cli")
 
 DEFAULT_BIND = "127.0.0.1:8443"
-
-
-def _write_secret_file(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(value + "\n")
-
-
-def _admin_token_source(data_dir: Path) -> tuple[str, str | None]:
-    """Where the bootstrap admin's token comes from, and a value to print once (new only)."""
-    if os.environ.get("BCS_ADMIN_TOKEN", "").strip():
-        return "env:BCS_ADMIN_TOKEN", None
-    path = data_dir / "admin.token"
-    if path.exists():
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)  # left readable to others by hand or by a restored backup
-        return f"file:{path}", None
-    from .store.crypto import new_token
-
-    token = new_token()
-    _write_secret_file(path, token)
-    return f"file:{path}", token
 
 
 def _bind_is_loopback(bind: str) -> bool:
@@ -64,6 +43,54 @@ def _bind_is_loopback(bind: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bind_problem(bind: str) -> str | None:
+    """Why gunicorn could not listen on ``bind`` (checked before anything is printed)."""
+    import errno
+    import socket
+
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - probing the operator's bind address
+    if not port.isdigit():
+        return None  # a unix socket or a spec gunicorn will judge itself
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As gunicorn binds: SO_REUSEADDR, so a port in TIME_WAIT is not reported busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "the address is already in use (is another gateway running?)"
+            return exc.strerror or str(exc)
+    return None
+
+
+def _shared_data_dir(config_file: Path, data_dir: Path, *, cert_file: str | None = None,
+                     ca_file: str | None = None) -> dict[str, str]:
+    """The global_conf that makes an ini's ``[DEFAULT] data_dir`` this data directory.
+
+    Only ``[DEFAULT]`` values are replaced (PasteDeploy drops a section's own option that
+    has the name of a global one); an app section that sets its own ``data_dir`` keeps it,
+    with a warning when that splits the state from ``--data-dir``'s TLS files. An explicit
+    certificate and CA replace ``[DEFAULT]``'s ``gateway_cert_file``/``gateway_ca_file``.
+    """
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(config_file)
+    defaults = parser.defaults()
+    if "data_dir" in defaults:
+        shared = {"data_dir": str(data_dir)}
+        for key, value in (("gateway_cert_file", cert_file), ("gateway_ca_file", ca_file)):
+            if value and key in defaults:
+                shared[key] = str(Path(value).absolute())
+        return shared
+    for section in parser.sections():
+        own = parser.get(section, "data_dir", fallback=None)
+        if own and not own.startswith("%") and Path(own).absolute() != data_dir:
+            log.warning("[%s] data_dir %s is not the data directory %s (where the TLS files are); "
+                        "use data_dir in [DEFAULT] to share one", section, own, data_dir)
+    return {}
 
 
 def _server_section(config_file: Path) -> dict[str, str]:
@@ -144,6 +171,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     renewer = None  # keeps the generated certificate fresh while serving
     server = _server_section(Path(args.config)) if args.config else {}
     bind = args.bind or server.get("bind") or DEFAULT_BIND
+    busy = _bind_problem(bind)
+    if busy:
+        print(f"error: cannot listen on {bind}: {busy}", file=sys.stderr)
+        return 1
+    if args.config and (args.audit_log or args.audit_policy):
+        print("error: with --config, set audit_log/audit_policy_file in the ini's [app:main]", file=sys.stderr)
+        return 2
     certfile = args.certfile or server.get("certfile")
     keyfile = args.keyfile or server.get("keyfile")
     ca_file = args.ca_file or server.get("ca_file")
@@ -226,11 +260,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loader: Callable[[], Any]
     if args.config:
         config_path = str(Path(args.config).absolute())
+        # One data directory: the ini's data_dir is this one (the CA above is in it too).
+        global_conf = _shared_data_dir(Path(config_path), data_dir, cert_file=certfile,
+                                       ca_file=ca_file if certfile else None)
+        if f"file:{ADMIN_TOKEN_FILE}" in Path(config_path).read_text():
+            # The ini's bootstrap admin reads the data directory's token: make it once, here.
+            announce_admin_token(data_dir, *admin_token_source(data_dir))
 
         def loader() -> Any:
             from paste.deploy import loadapp
 
-            return loadapp(f"config:{config_path}")
+            return loadapp(f"config:{config_path}", global_conf=global_conf)
 
         # Not built in the master: an app may start background work (the RBAC sync), which
         # must live in a worker. Migrations are safe from several workers at once (locked).
@@ -254,7 +294,7 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
     from .gateway import build_gateway, config_from_options
     from .store import open_store
 
-    token_source, new_admin_token = _admin_token_source(data_dir)
+    token_source, new_admin_token = admin_token_source(data_dir)
     options: dict[str, Any] = {
         "data_dir": str(data_dir),
         "bootstrap_users": {"admin": token_source},
@@ -272,6 +312,10 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["trusted_proxies"] = ",".join(args.forwarded_allow_ips)
     if args.no_access_log:
         options["access_log"] = "false"
+    if args.audit_log:
+        options["audit_log"] = args.audit_log
+    if args.audit_policy:
+        options["audit_policy_file"] = str(Path(args.audit_policy).absolute())
     if args.zookeeper:
         options["zookeeper_hosts"] = args.zookeeper
         options["zookeeper_root"] = args.zookeeper_root
@@ -293,18 +337,7 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
     store.dispose()
-    # The value goes to a person at a terminal, never to stdout (the access log's stream,
-    # usually collected): piped or under a supervisor, only the file is named.
-    if new_admin_token and sys.stderr.isatty():
-        print(
-            "\n  Generated the bootstrap admin token (shown only this once; also in "
-            f"{data_dir / 'admin.token'}, mode 0600):\n\n    {new_admin_token}\n",
-            file=sys.stderr, flush=True,
-        )
-    elif new_admin_token:
-        print(f"Generated the bootstrap admin token in {data_dir / 'admin.token'} (mode 0600)", flush=True)
-    elif token_source.startswith("file:"):
-        print(f"Admin token: {data_dir / 'admin.token'}", flush=True)
+    announce_admin_token(data_dir, token_source, new_admin_token)
 
     def loader() -> Any:
         return build_gateway(config)
@@ -334,6 +367,15 @@ def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any
         options["static_schedulers"] = " ".join(args.scheduler)
     if args.scheduler_ca_file:
         options["scheduler_ca_file"] = args.scheduler_ca_file
+    if args.console_port:
+        options["console_port"] = args.console_port
+    if args.console_ca_file:
+        options["console_ca_file"] = args.console_ca_file
+    if args.console_http:
+        options["console_scheme"] = "http"
+    for key in ("upstream_allow", "upstream_deny"):
+        if getattr(args, key):
+            options[key] = " ".join(getattr(args, key))
     open_store(args.database_url, data_dir=data_dir).dispose()  # migrate once, in the master
     app_factory({}, **options)  # fail on bad options before forking
 
@@ -359,7 +401,7 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     import socket
 
     from .discovery import DEFAULT_ROOT, Endpoint
-    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks
+    from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks, mesos_driver_path
 
     address = args.advertise or bind
     host, _, port = address.rpartition(":")
@@ -369,8 +411,12 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     root = args.zookeeper_root or DEFAULT_ROOT
     endpoint = Endpoint(ip=host, port=int(port), scheme=scheme, cluster=args.cluster_id or "",
                         hostname=socket.gethostname(), version=__version__)
-    path = driver_path(args.cluster_id, root) if args.role == "driver" else apiserver_path(root)
-    when_ready, on_exit = gunicorn_hooks(args.zookeeper, path, endpoint)
+    if args.role == "driver":
+        # Both layouts, as bk-bcs's driver registers (the gateways' and the Mesos cluster's own).
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, driver_path(args.cluster_id, root), endpoint,
+                                             also=[(mesos_driver_path(root), endpoint)])
+    else:
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, apiserver_path(root), endpoint)
     return {"when_ready": when_ready, "on_exit": on_exit}
 
 
@@ -386,7 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bcs-middleware {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway under gunicorn")
+    serve = sub.add_parser(
+        "serve", help="run the gateway (or a mesos-driver) under gunicorn",
+        description="Run the gateway under gunicorn: HTTPS with a CA generated in the data directory (unless "
+                    "--certfile), a bootstrap admin token (env BCS_ADMIN_TOKEN, else DATA_DIR/admin.token, generated "
+                    "once), SQLite in the data directory (unless --database-url). With --config, the ini's app "
+                    "uses the same data directory.",
+    )
     serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
     serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
     serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
@@ -399,7 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one SO_REUSEPORT listening socket per worker, so the kernel spreads "
                             "connections evenly (default on)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
-    serve.add_argument("--database-url", help="use this database instead of SQLite in the data directory")
+    serve.add_argument("--database-url", metavar="URL",
+                       help="use this database instead of SQLite in the data directory (postgresql://… needs "
+                            "pip install 'bcs-middleware[postgresql]')")
     serve.add_argument("--public-url", help="the gateway's external https URL, if clients reach it by another name")
     serve.add_argument("--tls-host", action="append", default=[], metavar="NAME",
                        help="extra name or IP for the generated certificate (repeatable, comma-separated)")
@@ -425,7 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gateway (bcs-api) or a Mesos cluster's driver (mesos-driver)")
     serve.add_argument("--zookeeper", metavar="HOSTS",
                        help="ZooKeeper hosts (h1:2181,h2:2181): discovery, and this server's registration")
-    serve.add_argument("--zookeeper-root", default="/bcs/services/endpoints")
+    serve.add_argument("--zookeeper-root", default="/bcs/services/endpoints", metavar="PATH",
+                       help="ZooKeeper path under which servers register and are discovered "
+                            "(default /bcs/services/endpoints)")
     serve.add_argument("--advertise", metavar="HOST:PORT", help="address registered in ZooKeeper (default --bind)")
     serve.add_argument("--static-driver", action="append", default=[], metavar="CLUSTER=URL",
                        help="gateway without ZooKeeper: a mesos-driver of a cluster (repeatable)")
@@ -434,28 +490,47 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--scheduler", action="append", default=[], metavar="URL",
                        help="driver without ZooKeeper: the scheduler (first = master; repeatable)")
     serve.add_argument("--scheduler-ca-file", help="driver: the CA an https scheduler's certificate chains to")
+    serve.add_argument("--console-port", type=int, help="driver: the webconsole proxy port on the hosts (8083)")
+    serve.add_argument("--console-ca-file", help="driver: the CA the webconsole proxies' certificates chain to")
+    serve.add_argument("--console-http", action="store_true",
+                       help="driver: the webconsole proxies run without TLS (http/ws)")
     serve.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="IP|CIDR",
                        help="a TLS-terminating proxy in front of the gateway whose X-Forwarded-Proto "
                             "(https) is believed (repeatable, comma-separated; default: none — "
                             "gunicorn's own default trusts 127.0.0.1)")
-    serve.add_argument("--graceful-timeout", type=int, default=30)
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--graceful-timeout", type=int, default=30, metavar="SECONDS",
+                       help="on SIGTERM, how long workers may finish requests in flight (default 30)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"),
+                       help="level of the log on stderr (default info)")
     serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")
+    serve.add_argument("--audit-log", metavar="PATH|-",
+                       help="write a Kubernetes audit.k8s.io/v1 Event (JSON line) per stage of every tunnel "
+                            "request to this file (appended, 0600), or to stdout with '-'")
+    serve.add_argument("--audit-policy", metavar="FILE",
+                       help="an audit.k8s.io/v1 Policy (YAML/JSON) choosing level and stages per user, verb, "
+                            "resource, namespace (default: every request at Metadata level)")
     serve.set_defaults(func=cmd_serve)
 
     from . import cli_certs
 
-    certs = sub.add_parser("certs", help="write TLS certificates (gateway, webhook service, client)")
+    certs = sub.add_parser("certs", help="write TLS certificates (gateway, webhook service, client)",
+                           description="Write TLS certificates signed by a CA: for the gateway, for an admission "
+                                       "webhook's Service (prints its caBundle), or a client certificate.")
     cli_certs.configure_parser(certs)
     certs.set_defaults(func=cli_certs.run)
 
     from . import kube_agent
 
-    agent = sub.add_parser("kube-agent", help="report this cluster's apiserver credentials to a gateway")
+    agent = sub.add_parser("kube-agent", help="report this cluster's apiserver credentials to a gateway",
+                           description=kube_agent.DESCRIPTION, epilog=kube_agent.ENVIRONMENT,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     kube_agent.configure_parser(agent)
     agent.set_defaults(func=kube_agent.run)
 
-    keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)")
+    keygen = sub.add_parser("keygen", help="print a new secret key (for BCS_SECRET_KEY / secret_key)",
+                            description="Print a new Fernet key. Credentials are encrypted at rest with it "
+                                        "(env BCS_SECRET_KEY or the ini's secret_key; several comma-separated "
+                                        "keys: the first encrypts, all decrypt, for rotation).")
     keygen.set_defaults(func=cmd_keygen)
 
     from .client import commands as client_commands

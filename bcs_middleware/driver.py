@@ -6,13 +6,26 @@ One driver (usually three replicas) per Mesos cluster. Request flow::
       ├ /healthz /readyz                         health; readiness = discovery fresh + a master known
       ├ {driver_prefix}namespaces/{ns}/admissionwebhook…, {driver_prefix}admissionwebhooks
       │                                          AdmissionWebhookAPI (definition CRUD, never intercepted)
-      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400
+      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400 (1405234)
+          ├ webconsole/{uri}?host_ip=IP          WebconsoleRouting → the console proxy of that host
+          │                                      (HTTP or WebSocket; middleware/webconsole.py)
           └ AdmissionMiddleware (bcs definitions)
               └ SchedulerRouting                 bcs.upstream = scheduler master (read per request)
-                  └ UpstreamProxy                → {scheduler_prefix}{uri}?{query}
+                  └ UpstreamProxy                → the scheduler's /v1 call (bcs_middleware.scheduler),
+                                                   or {scheduler_prefix}{uri}?{query} for the rest
+
+Protocol conversion: the routes the source's driver converts (applications,
+processes, deployments, configmaps, secrets, services ...) become the
+bcs-scheduler's own ``/v1`` calls, after admission saw the v4 body — see
+:mod:`bcs_middleware.scheduler.routes`. The scheduler's answer is relayed as
+it came (status and body), as the source relays it.
 
 The scheduler master is read from the discovery snapshot for every request, so
 when the master changes the next request follows it.
+
+Errors under ``{driver_prefix}`` are the source's bcs envelope
+(``bcs.error_style = "bcs"``); the header filter and admission failures are
+HTTP 400 with code 1405234, as the source's driver answers them.
 
 Registration: the driver announces itself in ZooKeeper once per gunicorn
 server (not per worker) — see :func:`gunicorn_hooks`.
@@ -22,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,16 +43,27 @@ from . import converters as conv
 from . import environ as env
 from .admission.api import AdmissionWebhookAPI
 from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
+from .bodies import media_type, parse_json, read_bounded, replace_body
 from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from .errors import BadRequest, BCSError, ConfigError, NotFound, ServiceUnavailable
+from .errors import (
+    BadRequest,
+    BcsCode,
+    BCSError,
+    ConfigError,
+    NotFound,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
 from .middleware.admission import AdmissionMiddleware
-from .middleware.mesos import DRIVER_PATH, cluster_header, safe_subpath
+from .middleware.mesos import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
+from .middleware.webconsole import WEBCONSOLE, WebconsoleRouting
+from .scheduler import scheduler_call
+from .upstream.addresses import AddressPolicy
 from .upstream.proxy import UpstreamProxy
+from .upstream.transport import PooledTransport
 
 log = logging.getLogger(__name__)
 
-# Definition CRUD (relative to the driver prefix): served, never admitted or forwarded.
-_DEFINITIONS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 
 
 def _json(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -59,6 +82,9 @@ class SchedulerRouting:
     :param scheduler_prefix: the path prefix on the scheduler.
     :param ca_pem: PEM bundle ``https`` schedulers must chain to.
     :param verify: ``False`` turns TLS verification towards schedulers off (explicit, logged).
+    :param convert: turn the source's converted routes into scheduler ``/v1`` calls
+        (:mod:`bcs_middleware.scheduler`); ``False`` forwards everything unchanged.
+    :param max_body: largest body read for a conversion (413 beyond).
     """
 
     def __init__(
@@ -70,6 +96,8 @@ class SchedulerRouting:
         scheduler_prefix: str = "/v4/",
         ca_pem: str | None = None,
         verify: bool = True,
+        convert: bool = True,
+        max_body: int = 3 * 1024 * 1024,
     ) -> None:
         self.app = app
         self.discovery = discovery
@@ -77,6 +105,8 @@ class SchedulerRouting:
         self.scheduler_prefix = scheduler_prefix.rstrip("/") + "/"
         self.ca_pem = ca_pem
         self.verify = verify
+        self.convert = convert
+        self.max_body = max_body
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         try:
@@ -84,18 +114,36 @@ class SchedulerRouting:
                                environ.get("RAW_URI") or environ.get("REQUEST_URI"))
             master = self.discovery.scheduler_master()
             if master is None:
-                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER")
+                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER",
+                                         bcs_code=BcsCode.HTTP_DO)
+            path, query = self.scheduler_prefix + uri, environ.get("QUERY_STRING", "")
+            call = self.scheduler_call(environ, uri) if self.convert else None
         except BCSError as exc:
             return exc(environ, start_response)
+        if call is not None:
+            environ["REQUEST_METHOD"], path, query = call.method, call.path, call.query
+            replace_body(environ, call.body or b"", content_type="application/json" if call.body else None)
         environ[env.UPSTREAM] = env.Upstream(
             base_urls=(master.base_url(),),
-            path=self.scheduler_prefix + uri,
-            query=environ.get("QUERY_STRING", ""),
+            path=path,
+            query=query,
             ca_pem=self.ca_pem,
             verify=self.verify,
             name="scheduler",
         )
         return self.app(environ, start_response)
+
+    def scheduler_call(self, environ: dict[str, Any], uri: str) -> Any:
+        def body() -> Any:
+            # Only what the admission layer parses as JSON is converted: admission skips other
+            # media types (and reads YAML with another parser), so converting them could create
+            # objects no webhook ever saw.
+            mime = media_type(environ)
+            if mime and ("json" not in mime or "yaml" in mime):
+                raise UnsupportedMediaType("the body must be JSON (application/json)")
+            return parse_json(read_bounded(environ, self.max_body), what="the request body")
+
+        return scheduler_call(environ.get("REQUEST_METHOD", "GET"), uri, environ.get("QUERY_STRING", ""), body)
 
 
 class DriverApp:
@@ -106,6 +154,7 @@ class DriverApp:
     :param admission: the admission layer wrapping the scheduler route.
     :param definitions_api: the definition CRUD app.
     :param driver_prefix: path prefix of the driver API.
+    :param webconsole: the webconsole route (``None``: no webconsole).
     """
 
     def __init__(
@@ -116,7 +165,9 @@ class DriverApp:
         admission: Any,
         definitions_api: Any,
         driver_prefix: str = DRIVER_PATH,
+        webconsole: Any = None,
     ) -> None:
+        self.webconsole = webconsole
         self.cluster_id = cluster_id
         self.discovery = discovery
         self.admission = admission
@@ -132,19 +183,21 @@ class DriverApp:
             return self.readyz(start_response)
         if not path.startswith(self.driver_prefix):
             return NotFound(f"no route for {path}")(environ, start_response)
+        environ[env.ERROR_STYLE] = "bcs"
         rest = path[len(self.driver_prefix):]
-        if _DEFINITIONS.match(rest):
+        if DEFINITION_PATHS.match(rest):
             return self.definitions_api(environ, start_response)
-        try:
-            cluster_id = cluster_header(environ)
-            if cluster_id != self.cluster_id:
-                raise BadRequest(
-                    f"this driver serves cluster {self.cluster_id!r}, not {cluster_id!r}",
-                    code_name="WRONG_CLUSTER",
-                )
-        except BCSError as exc:
-            return exc(environ, start_response)
+        cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
+        if cluster_id != self.cluster_id:
+            # The source's header filter: a missing and a wrong header are one failure.
+            return BadRequest(
+                f"http header BCS-ClusterID {cluster_id!r} is not this driver's cluster {self.cluster_id!r}",
+                code_name="CLUSTER_ID_REQUIRED" if not cluster_id else "WRONG_CLUSTER",
+                bcs_code=BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED,
+            )(environ, start_response)
         environ[env.CLUSTER] = self.cluster
+        if rest.startswith(WEBCONSOLE) and self.webconsole is not None:
+            return self.webconsole(environ, start_response)
         return self.admission(environ, start_response)
 
     def readyz(self, start_response: Any) -> list[bytes]:
@@ -172,6 +225,8 @@ def build_driver(
     scheduler_verify: bool = True,
     admission_options: Mapping[str, Any] | None = None,
     definitions_require_superuser: bool = True,
+    convert: bool = True,
+    webconsole_options: Mapping[str, Any] | None = None,
 ) -> DriverApp:
     """Assemble the driver role.
 
@@ -182,25 +237,34 @@ def build_driver(
     :param definitions_require_superuser: the definition CRUD needs a superuser
         ``bcs.user`` — put the token auth layer in front of the driver to manage
         definitions through it.
+    :param convert: the source's protocol conversion to the scheduler's ``/v1``
+        API (``False``: forward every request to ``{scheduler_prefix}{uri}``).
+    :param webconsole_options: keyword arguments for :class:`WebconsoleRouting`
+        (``port``, ``scheme``, ``ca_pem``, ``verify``, ``client_cert``).
     """
     if not cluster_id or "/" in cluster_id:
         raise ConfigError(f"bad cluster id {cluster_id!r}")
     if not driver_prefix.startswith("/") or not driver_prefix.endswith("/"):
         raise ConfigError("driver_prefix must start and end with '/'")
     store = admission_store if admission_store is not None else MemoryDefinitionStore()
+    proxy = proxy if proxy is not None else UpstreamProxy()
     routing = SchedulerRouting(
-        proxy if proxy is not None else UpstreamProxy(),
+        proxy,
         discovery=discovery,
         driver_prefix=driver_prefix,
         scheduler_prefix=scheduler_prefix,
         ca_pem=scheduler_ca_pem,
         verify=scheduler_verify,
+        convert=convert,
+        **({"max_body": admission_options["max_body"]} if admission_options and "max_body" in admission_options
+           else {}),
     )
     admission = AdmissionMiddleware(routing, store=store, mode="bcs", **dict(admission_options or {}))
     api = AdmissionWebhookAPI(store, engine=admission.engine,
                               require_superuser=definitions_require_superuser)
+    webconsole = WebconsoleRouting(proxy, driver_prefix=driver_prefix, **dict(webconsole_options or {}))
     return DriverApp(cluster_id=cluster_id, discovery=discovery, admission=admission,
-                     definitions_api=api, driver_prefix=driver_prefix)
+                     definitions_api=api, driver_prefix=driver_prefix, webconsole=webconsole)
 
 
 def _schedulers(value: str) -> list[Endpoint]:
@@ -221,6 +285,15 @@ _OPTIONS: dict[str, conv.Converter] = {
     "data_dir": conv.text,
     "secret_key": conv.text,
     "definitions_require_superuser": conv.asbool,
+    "convert": conv.asbool,
+    "console_port": conv.asint,
+    "console_scheme": conv.text,
+    "console_ca_file": conv.text,
+    "console_verify": conv.asbool,
+    "console_cert_file": conv.text,
+    "console_key_file": conv.text,
+    "upstream_allow": conv.networks,
+    "upstream_deny": conv.networks,
     "total_budget": conv.seconds,
     "default_timeout": conv.seconds,
     "max_body": conv.size,
@@ -238,7 +311,13 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         cluster_id = BCS-MESOS-10001
         zookeeper_hosts = zk1:2181,zk2:2181,zk3:2181
         # static_schedulers = http://10.0.0.9:8080   ; without ZooKeeper (first = master)
-        scheduler_prefix = /v4/
+        scheduler_prefix = /v4/           ; for the routes the driver does not convert
+        # convert = true                  ; the source's conversion to the scheduler's /v1 API
+        # webconsole: {driver_prefix}webconsole/{uri}?host_ip=IP -> https://IP:8083/bcsapi/v1/consoleproxy/{uri}
+        # console_port = 8083
+        # console_ca_file = /etc/bcs/console-ca.pem
+        # console_cert_file = /etc/bcs/driver.crt   ; with console_key_file: presented to the console
+        # upstream_deny = 10.0.0.0/24              ; where neither schedulers nor consoles may be
         # admission definitions: the shared SQL store (or SQLite in data_dir), or a file (else in memory)
         database_url = postgresql://bcs@db/bcs
         # definitions_file = /etc/bcs/admission.yaml
@@ -273,7 +352,10 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         from .store.definitions import SQLDefinitionStore
 
         # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
-        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key))
+        # The gateway-wide definitions and this cluster's own (managed through the gateway's
+        # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
+        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
+                                   bcs_cluster=cluster_id, inherit=True)
     elif definitions_file:
         store = load_definitions_file(definitions_file)
     else:
@@ -288,8 +370,28 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
     verify = opts.pop("scheduler_verify", True)
     if not verify:
         log.warning("TLS verification towards the Mesos scheduler is OFF (scheduler_verify = false)")
-    proxy = UpstreamProxy(connect_timeout=opts.pop("connect_timeout", 5.0),
-                          read_timeout=opts.pop("read_timeout", 60.0))
+    # Webconsole hosts come from the request: every connection goes through the address policy.
+    policy = AddressPolicy(allow=opts.pop("upstream_allow", ()), deny=opts.pop("upstream_deny", ()))
+    proxy = UpstreamProxy(transport=PooledTransport(connect_timeout=opts.pop("connect_timeout", 5.0),
+                                                    read_timeout=opts.pop("read_timeout", 60.0),
+                                                    address_policy=policy))
+    console: dict[str, Any] = {}
+    for key in ("port", "scheme", "verify"):
+        if f"console_{key}" in opts:
+            console[key] = opts.pop(f"console_{key}")
+    if console.get("verify") is False:
+        log.warning("TLS verification towards webconsole proxies is OFF (console_verify = false)")
+    console_ca = opts.pop("console_ca_file", None)
+    if console_ca:
+        try:
+            console["ca_pem"] = Path(console_ca).read_text()
+        except OSError as exc:
+            raise ConfigError(f"[{section}] cannot read console_ca_file {console_ca!r}: {exc.strerror}") from None
+    cert_file, key_file = opts.pop("console_cert_file", None), opts.pop("console_key_file", None)
+    if bool(cert_file) != bool(key_file):
+        raise ConfigError(f"[{section}] set console_cert_file and console_key_file together")
+    if cert_file and key_file:
+        console["client_cert"] = (cert_file, key_file)
     admission_keys = ("total_budget", "default_timeout", "max_body", "address_map")
     admission_options: dict[str, Any] = {k: opts.pop(k) for k in admission_keys if k in opts}
     return build_driver(
@@ -302,6 +404,8 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         scheduler_verify=verify,
         admission_options=admission_options,
         definitions_require_superuser=opts.pop("definitions_require_superuser", True),
+        convert=opts.pop("convert", True),
+        webconsole_options=console,
     )
 
 
@@ -313,7 +417,8 @@ def gunicorn_hooks(
     root: str = DEFAULT_ROOT,
     timeout: float = 10.0,
 ) -> tuple[Any, Any]:
-    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server.
+    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server,
+    under both ZooKeeper layouts, and deregister first on SIGTERM.
 
     ``gunicorn.conf.py``::
 
@@ -326,9 +431,11 @@ def gunicorn_hooks(
     """
     import dataclasses
 
-    from .discovery.registration import driver_path
+    from .discovery.registration import driver_path, mesos_driver_path
     from .discovery.registration import gunicorn_hooks as hooks
 
     if not endpoint.cluster:
         endpoint = dataclasses.replace(endpoint, cluster=cluster_id)
-    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout)
+    # Both layouts, as bk-bcs's driver registers (bk-bcs #136): the gateways' and the Mesos cluster's own.
+    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout,
+                 also=[(mesos_driver_path(root), endpoint)])

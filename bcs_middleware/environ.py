@@ -12,7 +12,7 @@ key                       value
 ``bcs.upstream``          :class:`Upstream` — where the proxy sends it
 ``bcs.admission``         :class:`AdmissionResult` — what admission did
 ``bcs.request_id``        ``str`` — the request id (accepted or generated)
-``bcs.error_style``       ``"json"`` or ``"kubernetes"`` — how errors render
+``bcs.error_style``       ``"json"``, ``"kubernetes"`` or ``"bcs"`` — how errors render
 ``bcs.upgrade``           ``str`` — the upgrade protocol, ``""`` for none
                           (:mod:`bcs_middleware.upgrade_request` decides)
 ========================  ==================================================
@@ -32,7 +32,7 @@ REQUEST_ID = "bcs.request_id"
 ERROR_STYLE = "bcs.error_style"
 UPGRADE = "bcs.upgrade"
 
-ErrorStyle = Literal["json", "kubernetes"]
+ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]
 
 
@@ -127,4 +127,5 @@ def get_upstream(environ: dict[str, Any]) -> Upstream | None:
 
 
 def get_error_style(environ: dict[str, Any]) -> ErrorStyle:
-    return "kubernetes" if environ.get(ERROR_STYLE) == "kubernetes" else "json"
+    style = environ.get(ERROR_STYLE)
+    return style if style == "kubernetes" or style == "bcs" else "json"

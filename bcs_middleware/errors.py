@@ -2,9 +2,17 @@
 
 Every error is a WSGI app: ``raise NotFound("...")`` inside, and the layer that
 catches it does ``return exc(environ, start_response)``. The body is the API's
-shape ``{"code_name": "...", "message": "..."}``, or a Kubernetes ``Status``
+shape ``{"code_name": "...", "message": "..."}``, a Kubernetes ``Status``
 object on tunnel paths (``bcs.error_style == "kubernetes"``) so kubectl prints
-the message instead of a decoding error.
+the message instead of a decoding error, or the source system's envelope
+``{"result": false, "code": <bk-bcs error number>, "message": "...", "data": null}``
+on the Mesos paths (``"bcs"``), which bcs clients and tools parse.
+
+The bcs envelope keeps real HTTP statuses: bcs-api answered its Mesos errors
+with HTTP 200 and only ``result``/``code`` said they failed; clients that read
+the envelope are unaffected, and HTTP-aware ones no longer mistake a failure
+for a success. Filter and admission failures on a driver stay the source's
+400 (:attr:`BCSError.bcs_status`).
 
 Messages are written for the client and must never contain a token or a
 credential: callers build them from names and ids only.
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from enum import IntEnum
 from typing import Any
 
 from . import environ as env
@@ -56,16 +65,59 @@ _PHRASES = {
 }
 
 
+class BcsCode(IntEnum):
+    """bk-bcs error numbers (``bcs-common/common/errorCode.go``: 1405000 + n) for the bcs envelope."""
+
+    HTTP_READ_BODY_FAIL = 1405006
+    HTTP_PARAMETERS_FAILED = 1405007
+    REQUEST_DATA_ERR = 1405008
+    HTTP_DO = 1405009
+    API_INTERNAL_FAIL = 1405050
+    API_GET_MESOS_API_FAIL = 1405051
+    API_REQUEST_MESOS_API_FAIL = 1405053
+    API_AUTH_CHECK_FAIL = 1405057
+    API_AUTH_CHECK_NO_AUTHORITY = 1405058
+    API_UNAUTHORIZED = 1405059
+    API_BAD_REQUEST = 1405061
+    API_MEDIA_TYPE_ERROR = 1405065
+    MESOS_DRIVER_COMMON = 1405230
+    MESOS_DRIVER_HTTP_FILTER_FAILED = 1405234
+
+
+# The bcs code an error gets when the raising code names none, by HTTP status.
+_BCS_CODES = {
+    400: BcsCode.HTTP_PARAMETERS_FAILED,
+    401: BcsCode.API_AUTH_CHECK_FAIL,
+    403: BcsCode.API_AUTH_CHECK_NO_AUTHORITY,
+    404: BcsCode.API_GET_MESOS_API_FAIL,
+    413: BcsCode.REQUEST_DATA_ERR,
+    415: BcsCode.API_MEDIA_TYPE_ERROR,
+    502: BcsCode.API_REQUEST_MESOS_API_FAIL,
+    503: BcsCode.API_GET_MESOS_API_FAIL,
+    504: BcsCode.API_REQUEST_MESOS_API_FAIL,
+}
+
+
 class BCSError(Exception):
     """Base of every error the project raises on purpose.
 
     :param message: human-readable, safe to show the client.
     :param code_name: SCREAMING_SNAKE name; defaults per subclass.
     :param headers: extra response headers (``WWW-Authenticate`` ...).
+    :param bcs_code: the bk-bcs error number in the bcs envelope; by default one
+        chosen by status (4xx parameters, 401/403 auth, 5xx internal...).
     """
 
     status = 500
     code_name = "INTERNAL_ERROR"
+    #: the bk-bcs error number of the bcs envelope (``None``: chosen by status)
+    bcs_code: int | None = None
+    #: the HTTP status in the bcs style when it differs from :attr:`status`
+    bcs_status: int | None = None
+    #: On tunnel paths, answer with the message as text/plain instead of a Status:
+    #: kubectl's discovery drops a Status's message and, for a 5xx other than 503,
+    #: prints a text body ("an error on the server (\"...\") has prevented ...").
+    kubernetes_text = False
 
     def __init__(
         self,
@@ -74,6 +126,7 @@ class BCSError(Exception):
         code_name: str | None = None,
         status: int | None = None,
         headers: Iterable[tuple[str, str]] = (),
+        bcs_code: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message or _PHRASES.get(self.status, "Error")
@@ -81,9 +134,14 @@ class BCSError(Exception):
             self.code_name = code_name
         if status is not None:
             self.status = status
+        if bcs_code is not None:
+            self.bcs_code = bcs_code
         self.headers = list(headers)
 
     def body(self, style: env.ErrorStyle = "json") -> dict[str, Any]:
+        if style == "bcs":
+            code = self.bcs_code or _BCS_CODES.get(self.status, BcsCode.API_INTERNAL_FAIL)
+            return {"result": False, "code": int(code), "message": self.message, "data": None}
         if style == "kubernetes":
             return {
                 "kind": "Status",
@@ -100,10 +158,14 @@ class BCSError(Exception):
     def response_parts(
         self, style: env.ErrorStyle = "json"
     ) -> tuple[str, list[tuple[str, str]], bytes]:
-        payload = json.dumps(self.body(style)).encode()
-        status_line = f"{self.status} {_PHRASES.get(self.status, 'Error')}"
+        if style == "kubernetes" and self.kubernetes_text:
+            payload, content_type = self.message.encode() + b"\n", "text/plain; charset=utf-8"
+        else:
+            payload, content_type = json.dumps(self.body(style)).encode(), "application/json"
+        status = (self.bcs_status or self.status) if style == "bcs" else self.status
+        status_line = f"{status} {_PHRASES.get(status, 'Error')}"
         headers = [
-            ("Content-Type", "application/json"),
+            ("Content-Type", content_type),
             ("Content-Length", str(len(payload))),
             ("Cache-Control", "no-store"),
             *self.headers,
@@ -223,6 +285,18 @@ class UpstreamUnreachable(BadGateway):
 class ServiceUnavailable(BCSError):
     status = 503
     code_name = "SERVICE_UNAVAILABLE"
+
+
+class ClusterNotReady(BCSError):
+    """A cluster whose kube-agent has not reported yet: nothing to forward to.
+
+    502, as text for kubectl: it prints such a body, while for a 503 it prints only
+    "the server is currently unable to handle the request".
+    """
+
+    status = 502
+    code_name = "CLUSTER_CREDENTIALS_MISSING"
+    kubernetes_text = True
 
 
 class GatewayTimeout(BCSError):

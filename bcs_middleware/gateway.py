@@ -9,7 +9,9 @@ Request flow::
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
               ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
-              │                                → UpstreamProxy (the driver admits)
+              │                                → UpstreamProxy (the driver admits), or, for
+              │                                …/admissionwebhook(s): ClusterDefinitionsAPI
+              ├ /bcsapi/v1/webconsole/…        the same, to the driver's /mesosdriver/v4/webconsole/…
               └ /rest/… /clusters/…            ManagementAPI (→ admission definitions API)
 
 Everything a gateway needs is described by :class:`GatewayConfig`; the paste
@@ -28,16 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from . import converters as conv
-from .api.app import ManagementAPI
+from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
+from .clusters import CachedDirectory
 from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, NotFound
 from .metrics import BATCH
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
-from .middleware.mesos import MESOS_PREFIX, MesosRoutingMiddleware
-from .middleware.routing import TUNNEL_PREFIX, CachedDirectory, ClusterRoutingMiddleware
+from .middleware.mesos import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
+from .middleware.routing import TUNNEL_PREFIX, ClusterRoutingMiddleware
+from .middleware.webconsole import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
+from .middleware.webconsole import WEBCONSOLE
 from .permissions import ClusterAuthorizer
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
@@ -61,34 +66,55 @@ class BootstrapUser:
     token_digest: str = field(repr=False)
 
 
-def parse_bootstrap_users(spec: Mapping[str, str]) -> list[BootstrapUser]:
+def parse_bootstrap_users(spec: Mapping[str, str], base: Path | None = None) -> list[BootstrapUser]:
     """``name = env:VAR`` | ``file:/path`` | ``sha256:HEX`` → bootstrap users.
 
     Token values never sit in an ini file: they come from the environment or a
-    file (mode 0600), or only their digest is written.
+    file (mode 0600), or only their digest is written. Several sources separated
+    by spaces are alternatives, the first available wins — ``env:BCS_ADMIN_TOKEN
+    file:admin.token`` is what ``serve`` does. A relative ``file:`` is in ``base``
+    (the data directory).
     """
     users = []
     for name, source in spec.items():
-        kind, _, value = source.partition(":")
-        if kind == "env":
-            token = os.environ.get(value, "").strip()
-            if not token:
-                raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
-            digest = token_digest(token)
-        elif kind == "file":
-            try:
-                token = Path(value).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"bootstrap user {name!r}: cannot read {value}: {exc.strerror}") from None
-            if not token:
-                raise ConfigError(f"bootstrap user {name!r}: {value} is empty")
-            digest = token_digest(token)
-        elif kind == "sha256" and len(value) == 64:
-            digest = value.lower()
-        else:
+        choices = source.split()
+        digest = None
+        for choice in choices:
+            digest = _bootstrap_digest(name, choice, base, last=choice is choices[-1])
+            if digest is not None:
+                break
+        if digest is None:
             raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
         users.append(BootstrapUser(name, digest))
     return users
+
+
+def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool) -> str | None:
+    """The digest from one source; ``None`` when it is absent and another may follow."""
+    kind, _, value = source.partition(":")
+    if kind == "env":
+        token = os.environ.get(value, "").strip()
+        if token:
+            return token_digest(token)
+        if last:
+            raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
+        return None
+    if kind == "file":
+        path = Path(value)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        if not path.exists() and not last:
+            return None
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"bootstrap user {name!r}: cannot read {path}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"bootstrap user {name!r}: {path} is empty")
+        return token_digest(token)
+    if kind == "sha256" and len(value) == 64:
+        return value.lower()
+    raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
 
 
 def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
@@ -124,6 +150,9 @@ class GatewayConfig:
     trusted_proxies: tuple[str, ...] = ()
     admission: bool = True
     access_log: bool = True
+    # Kubernetes audit events for tunnel requests: a file path, or "-" for stdout.
+    audit_log: str | None = None
+    audit_policy_file: str | None = None
     upgrade_idle_timeout: float = 3600.0
     upgrade_max_duration: float = 86400.0
     # Permission subscription (issue 9): grants turned into RBAC bindings in every cluster.
@@ -138,12 +167,15 @@ class GatewayConfig:
     static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     driver_ca_file: Path | None = None
     driver_verify: bool = True
-    prefer_external: bool = False
+    prefer_external: bool = True
     max_yaml: int = 1024 * 1024
     # Client-certificate authentication (the server must ask for certificates: serve --client-ca-file).
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
+    # A webhook failing this many times in a row is not called for the cooldown.
+    admission_breaker_threshold: int = 5
+    admission_breaker_cooldown: float = 30.0
     admission_refresh: float = 2.0
     webhook_address_map: tuple[tuple[str, str], ...] = ()
     # Upstream address policy (upstream/addresses.py): CIDRs on top of the built-in refusals.
@@ -169,7 +201,9 @@ class GatewayDispatcher:
         rbac_status: Any = None,
         mesos: Any = None,
         discovery: Discovery | None = None,
+        webconsole: Any = None,
     ) -> None:
+        self.webconsole = webconsole
         self.api = api
         self.tunnel = tunnel
         self.store = store
@@ -197,6 +231,8 @@ class GatewayDispatcher:
             return _text_response(start_response, "503 Service Unavailable", {"status": "not ready", **report})
         if path.startswith(MESOS_PREFIX) and self.mesos is not None:
             return self.mesos(environ, start_response)
+        if path.startswith(WEBCONSOLE_PREFIX) and self.webconsole is not None:
+            return self.webconsole(environ, start_response)
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/rest/rbac/status" and self.rbac_status is not None:
@@ -245,14 +281,17 @@ def build_gateway(
     """Assemble the gateway from a config (the one place the layers are stacked).
 
     :param store: an already open store (tests, the ``serve`` master); else opened from config.
-    :param transport: the upstream connection layer shared by the proxy and the admission
-        layer's cluster reads; a :class:`PooledTransport` from config by default.
+    :param transport: the gateway's one outbound HTTP stack, shared by every layer that
+        calls out — the proxy (tunnel and Mesos drivers), webhooks, the admission layer's
+        cluster reads, the RBAC source and sync; a :class:`PooledTransport` from config
+        (timeouts, address policy) by default. One gateway per process (each ``serve``
+        worker builds its own after the fork), so one transport per process.
     :param background: start background work (the RBAC sync) in this process. The
         ``serve`` master builds the app once with ``False`` (to migrate and check the
         configuration) and every worker builds its own with ``True``; only the worker
         holding the store's lease reconciles.
     """
-    from .admission.api import AdmissionWebhookAPI
+    from .admission.api import AdmissionWebhookAPI, ClusterDefinitionsAPI
     from .middleware.admission import AdmissionMiddleware
     from .store.definitions import SQLDefinitionStore
 
@@ -298,10 +337,13 @@ def build_gateway(
             mode="kubernetes",
             max_body=config.admission_max_body,
             total_budget=config.admission_budget,
+            breaker_threshold=config.admission_breaker_threshold,
+            breaker_cooldown=config.admission_breaker_cooldown,
             address_map=dict(config.webhook_address_map),
+            transport=transport,
         )
         engine, inner = admission.engine, admission
-    tunnel = ClusterRoutingMiddleware(
+    tunnel: Any = ClusterRoutingMiddleware(
         inner,
         directory=directory,
         access=tunnel_access,
@@ -309,6 +351,13 @@ def build_gateway(
         tls_server_name=config.tls_server_name,
         verify=config.upstream_verify,
     )
+    if config.audit_log:
+        from .audit import DEFAULT_POLICY, AuditMiddleware, AuditSink, load_policy
+
+        policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY
+        tunnel = AuditMiddleware(tunnel, sink=AuditSink.open(config.audit_log), policy=policy)
+    elif config.audit_policy_file:
+        raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
     ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
     cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
     api = ManagementAPI(
@@ -318,7 +367,8 @@ def build_gateway(
             address_policy=address_policy,
         ),
         access=api_access,
-        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access),
+        fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access,
+                                     address_policy=address_policy, transport=transport),
     )
     discovery = _discovery(config)
     if background and hasattr(discovery, "start"):
@@ -331,6 +381,24 @@ def build_gateway(
         prefer_external=config.prefer_external,
         max_yaml=config.max_yaml,
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
+        verify=config.driver_verify,
+        access=tunnel_access,
+        # A Mesos cluster's admission definitions are served here, for its editors, and
+        # reach its drivers through the database they share with the gateway.
+        definitions=ClusterDefinitionsAPI(
+            lambda cluster_id: SQLDefinitionStore(store, refresh=config.admission_refresh, bcs_cluster=cluster_id),
+            engine=engine,
+        ),
+    )
+    # bcs-api's webconsole: the same Mesos route (auth, view, a live driver), to the driver's webconsole.
+    webconsole = MesosRoutingMiddleware(
+        proxy,
+        discovery=discovery,
+        prefix=WEBCONSOLE_PREFIX,
+        driver_path=DRIVER_PATH + WEBCONSOLE,
+        prefer_external=config.prefer_external,
+        max_yaml=config.max_yaml,
+        ca_pem=mesos.ca_pem,
         verify=config.driver_verify,
         access=tunnel_access,
     )
@@ -346,13 +414,15 @@ def build_gateway(
             tls_server_name=config.tls_server_name,
             verify=config.upstream_verify,
             address_policy=address_policy,
+            transport=transport,
         )
         if background:
             service.start()
             # gunicorn workers leave through sys.exit: hand the lease over at once.
             atexit.register(service.stop)
     dispatcher = GatewayDispatcher(
-        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery
+        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
+        webconsole=webconsole,
     )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     peer = (
@@ -361,7 +431,8 @@ def build_gateway(
         else None
     )
     authed = TokenAuthMiddleware(
-        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer
+        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
+        public_requests=(AGENT_REPORT,),
     )
     return RequestContextMiddleware(authed, access_log=config.access_log)
 
@@ -387,6 +458,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "trusted_proxies": conv.aslist,
     "admission": conv.asbool,
     "access_log": conv.asbool,
+    "audit_log": conv.text,
+    "audit_policy_file": conv.text,
     "upgrade_idle_timeout": conv.seconds,
     "upgrade_max_duration": conv.seconds,
     "rbac_source_file": conv.text,
@@ -404,6 +477,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "client_cert_subjects": parse_subject_map,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
+    "admission_breaker_threshold": conv.positive_int,
+    "admission_breaker_cooldown": conv.seconds,
     "admission_refresh": conv.seconds,
     "webhook_address_map": conv.mapping,
     "upstream_allow": conv.networks,
@@ -413,6 +488,9 @@ _OPTIONS: dict[str, conv.Converter] = {
 
 def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:
     opts = conv.convert_options(section, local_conf, _OPTIONS)
+    for key in ("gateway_ca_file", "gateway_cert_file"):
+        if opts.get(key) == "":
+            del opts[key]  # an empty [DEFAULT] value an entry point did not fill in
     if not opts.get("database_url") and not opts.get("data_dir"):
         raise ConfigError(f"[{section}] needs database_url or data_dir")
     paths = {
@@ -421,8 +499,16 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     for key in ("gateway_ca_file", "gateway_cert_file", "driver_ca_file"):
         if key in paths and not paths[key].is_file():
             raise ConfigError(f"[{section}] {key}: no such file {paths[key]}")
+    data_dir = paths.get("data_dir")
+    if data_dir is not None and not {"gateway_ca_file", "gateway_cert_file"} & paths.keys():
+        # The CA ``serve`` and examples/gunicorn.conf.py generate in the data directory:
+        # without it client_credentials and kubeconfigs would carry no CA.
+        generated = data_dir / "tls"
+        if (generated / "ca.crt").is_file() and (generated / "server.crt").is_file():
+            paths["gateway_ca_file"] = generated / "ca.crt"
+            paths.setdefault("gateway_cert_file", generated / "server.crt")
     values: dict[str, Any] = {**opts, **paths}
-    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {})))
+    values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {}), data_dir))
     for key in ("public_paths", "trusted_proxies", "upstream_allow", "upstream_deny"):
         if key in values:
             values[key] = tuple(values[key])

@@ -37,6 +37,14 @@ import yaml
 
 log = logging.getLogger("bcs_middleware.kube_agent")
 
+DESCRIPTION = "Report this cluster's apiserver addresses, CA and service-account token to a gateway, periodically."
+ENVIRONMENT = """environment:
+  REGISTER_TOKEN  the cluster's register token (POST /rest/clusters/ID/register_tokens); required
+                  unless --client-cert
+  SERVER_CERT     the CA the gateway's certificate chains to: PEM text or a file path
+                  (the gateway's data_dir/tls/ca.crt); default: the system trust store
+"""
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TIMEOUT = (5.0, 20.0)
 
@@ -100,7 +108,13 @@ def discover_in_cluster(sa_dir: Path | None = None) -> tuple[str, str, str]:
     return server, (sa_dir / "ca.crt").read_text(), (sa_dir / "token").read_text().strip()
 
 
-def discover_from_kubeconfig(path: Path, context: str | None = None) -> tuple[str, str, str]:
+def discover_from_kubeconfig(path: Path, context: str | None = None, *,
+                             service_account: str = "kube-system/bcs-kube-agent") -> tuple[str, str, str]:
+    """The apiserver, CA and bearer token of ``path``'s (current) context.
+
+    A user with a client certificate and no token (kind, minikube) gets a token of
+    ``service_account`` through the TokenRequest API, which the gateway then uses.
+    """
     config = yaml.safe_load(path.read_text()) or {}
     name = context or config.get("current-context")
     ctx = next((c["context"] for c in config.get("contexts", []) if c["name"] == name), None)
@@ -115,14 +129,74 @@ def discover_from_kubeconfig(path: Path, context: str | None = None) -> tuple[st
     else:
         raise AgentError(f"kubeconfig {path}: the cluster has no certificate authority")
     token = user.get("token") or (Path(user["tokenFile"]).read_text().strip() if "tokenFile" in user else "")
-    if not token:
-        raise AgentError(f"kubeconfig {path}: the user has no bearer token")
+    if token:
+        return cluster["server"], ca_pem, token
+    cert_pem = _kubeconfig_pem(path, user, "client-certificate")
+    key_pem = _kubeconfig_pem(path, user, "client-key")
+    if cert_pem is None or key_pem is None:
+        raise AgentError(f"kubeconfig {path}: the user has neither a bearer token nor a client certificate")
+    # The gateway forwards with a bearer token, never with this certificate: ask the
+    # cluster for a service account's token with it (kind and minikube kubeconfigs).
+    token = service_account_token(cluster["server"], ca_pem, (cert_pem, key_pem), service_account)
     return cluster["server"], ca_pem, token
+
+
+def _kubeconfig_pem(path: Path, user: dict[str, Any], key: str) -> str | None:
+    if f"{key}-data" in user:
+        return base64.b64decode(user[f"{key}-data"]).decode()
+    if key in user:
+        return (path.parent / user[key]).read_text()
+    return None
+
+
+#: ``(server, namespace/name)`` → (token, monotonic time to ask again): one TokenRequest
+#: per half of the token's life, not one per report.
+_TOKENS: dict[tuple[str, str], tuple[str, float]] = {}
+TOKEN_SECONDS = 24 * 3600
+
+
+def service_account_token(server: str, ca_pem: str, client_cert: tuple[str, str], service_account: str) -> str:
+    """A token of ``service_account`` (``namespace/name``) by TokenRequest, authenticated by ``client_cert``."""
+    namespace, _, name = service_account.partition("/")
+    if not namespace or not name:
+        raise AgentError(f"--service-account {service_account!r}: expected NAMESPACE/NAME")
+    cached = _TOKENS.get((server, service_account))
+    if cached is not None and time.monotonic() < cached[1]:
+        return cached[0]
+    files = [_pem_file(ca_pem), _pem_file(client_cert[0]), _pem_file(client_cert[1])]
+    try:
+        resp = requests.post(
+            f"{server.rstrip('/')}/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                  "spec": {"expirationSeconds": TOKEN_SECONDS}},
+            verify=files[0], cert=(files[1], files[2]), timeout=TIMEOUT, allow_redirects=False,
+        )
+    except requests.RequestException as exc:
+        raise AgentError(f"cannot request a token for {service_account}: {type(exc).__name__}") from None
+    finally:
+        for file in files:
+            os.unlink(file)
+    if resp.status_code == 404:
+        raise AgentError(
+            f"service account {service_account} does not exist; create it with the rights the gateway "
+            f"needs: kubectl -n {namespace} create serviceaccount {name} && kubectl create clusterrolebinding "
+            f"{name} --clusterrole=cluster-admin --serviceaccount={namespace}:{name}"
+        )
+    if resp.status_code not in (200, 201):
+        raise AgentError(f"requesting a token for {service_account}: HTTP {resp.status_code}")
+    token = str((resp.json().get("status") or {}).get("token") or "")
+    if not token:
+        raise AgentError(f"requesting a token for {service_account}: the answer has no token")
+    _TOKENS[(server, service_account)] = (token, time.monotonic() + TOKEN_SECONDS / 2)
+    log.info("obtained a %dh token for service account %s with the kubeconfig's client certificate",
+             TOKEN_SECONDS // 3600, service_account)
+    return token
 
 
 def gather(args: argparse.Namespace) -> ClusterAccess:
     if args.kubeconfig:
-        server, ca_pem, token = discover_from_kubeconfig(Path(args.kubeconfig))
+        server, ca_pem, token = discover_from_kubeconfig(Path(args.kubeconfig),
+                                                         service_account=args.service_account)
     else:
         server, ca_pem, token = discover_in_cluster()
     if args.external_proxy_addresses:
@@ -212,20 +286,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bke-address", required=True, help="the gateway's base URL (https://…)")
-    parser.add_argument("--cluster-id", required=True)
-    parser.add_argument("--periodsync", type=int, default=60, help="seconds between reports (default 60)")
-    parser.add_argument("--external-proxy-addresses", help="';'-separated apiserver URLs to report instead")
-    parser.add_argument("--kubeconfig", help="outside a cluster: where the apiserver, CA and token come from")
+    parser.add_argument("--bke-address", required=True, metavar="URL",
+                        help="the gateway's base URL (https://…); the register token never crosses plain HTTP")
+    parser.add_argument("--cluster-id", required=True, metavar="ID",
+                        help="the cluster this agent reports for, as created on the gateway (POST /rest/clusters/bcs)")
+    parser.add_argument("--periodsync", type=int, default=60, metavar="SECONDS",
+                        help="seconds between reports (default 60); failures retry sooner, with backoff")
+    parser.add_argument("--external-proxy-addresses", metavar="URL;URL",
+                        help="';'-separated apiserver URLs to report instead of the default/kubernetes Endpoints")
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="outside a cluster: where the apiserver, CA and token come from; a user with a client "
+                             "certificate and no token (kind, minikube) gets a --service-account token instead")
+    parser.add_argument("--service-account", default="kube-system/bcs-kube-agent", metavar="NAMESPACE/NAME",
+                        help="with a client-certificate kubeconfig: the service account whose token (TokenRequest, "
+                             "24h, renewed at half-life) the gateway uses (default kube-system/bcs-kube-agent)")
     parser.add_argument("--insecure-skip-verify", action="store_true",
                         help="do not verify the gateway's certificate (logged at every report)")
-    parser.add_argument("--client-cert", help="present this client certificate (instead of REGISTER_TOKEN, when the "
-                                              "gateway maps its subject to this cluster)")
-    parser.add_argument("--client-key", help="the key of --client-cert (default: in the same file)")
-    parser.add_argument("--once", action="store_true", help="report once and exit (0 on success)")
+    parser.add_argument("--client-cert", metavar="FILE",
+                        help="present this client certificate to the gateway (instead of REGISTER_TOKEN, when the "
+                             "gateway maps its subject to this cluster: serve --client-cert-map)")
+    parser.add_argument("--client-key", metavar="FILE", help="the key of --client-cert (default: in the same file)")
+    parser.add_argument("--once", action="store_true", help="report once and exit (0 on success, 1 on failure)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bcs-middleware kube-agent")
+    parser = argparse.ArgumentParser(prog="bcs-middleware kube-agent", description=DESCRIPTION,
+                                     epilog=ENVIRONMENT, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(parser)
     return run(parser.parse_args(argv))

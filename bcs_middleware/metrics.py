@@ -9,6 +9,7 @@ source system's names are kept where they exist (``bcs_api_request_*``).
 from __future__ import annotations
 
 import bisect
+import threading
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -98,6 +99,37 @@ def code_label(code: str) -> str:
     return code if code in _CODES else OTHER
 
 
+class BoundedValues:
+    """At most ``limit`` distinct values of one label in a process; later new ones read ``other``.
+
+    Cluster ids, webhook names and upstream names come from records, not from the
+    request, but users make those records: any user may register clusters, and a
+    cluster's ``edit`` holders define its webhooks. Without a cap each new name
+    would add series for the life of the process. The cap is far above what a
+    real installation names (the values seen first keep their own series).
+    """
+
+    def __init__(self, limit: int = 2000) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return OTHER
+
+
+#: Bounds for the label values records name: clusters, webhooks and upstreams.
+cluster_label = BoundedValues()
+webhook_label = BoundedValues()
+upstream_label = BoundedValues()
+
+
 class MetricBatch:
     """Per-request metric updates, applied to ``prometheus_client`` a few times a second.
 
@@ -131,8 +163,9 @@ class MetricBatch:
 
         ``method`` and ``code`` may be anything a client or upstream sent: they are
         bounded (:func:`method_label`, :func:`code_label`) when applied, off the
-        request's thread. ``kind`` and ``cluster`` must already be bounded (a route
-        kind; a cluster the store or discovery knows, else ``""``).
+        request's thread. ``kind`` must already be bounded (a route kind) and
+        ``cluster`` be a cluster the store or discovery knows, else ``""`` (its
+        distinct values are capped by :data:`cluster_label`).
         """
         self._queue.put((_REQUEST, (kind, cluster, method, code), seconds))
 
@@ -147,7 +180,7 @@ def _apply(updates: list[tuple[Any, tuple[str, ...], float | None]]) -> None:
     for metric, labels, value in updates:
         if metric is _REQUEST:
             kind, cluster, method, code = labels
-            labels = (kind, cluster, method_label(method), code_label(code))
+            labels = (kind, cluster_label(cluster), method_label(method), code_label(code))
             counts[REQUESTS, labels] = counts.get((REQUESTS, labels), 0) + 1
             observed.setdefault((LATENCY, (labels[0], labels[2])), []).append(value)  # type: ignore[arg-type]
         elif value is None:

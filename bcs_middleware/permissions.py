@@ -18,7 +18,7 @@ A user without ``view`` gets the same 404 as for a cluster that does not exist â
 everywhere, the tunnel included â€” so cluster ids do not leak; a user with ``view``
 who tries to manage gets 403.
 
-The tunnel asks through a :class:`~bcs_middleware.ttlcache.TTLCache`: a granted or
+The tunnel asks through a :class:`~bcs_middleware.lru.LoadingCache`: a granted or
 revoked permission takes effect there within its ``ttl`` (the gateway's
 ``cluster_cache_ttl``, 5 s by default). The management API asks the store every time.
 """
@@ -29,8 +29,8 @@ from typing import Protocol
 
 from . import environ as env
 from .errors import Forbidden, NotFound
+from .lru import LoadingCache
 from .store import ClusterRecord
-from .ttlcache import TTLCache
 
 VIEW = "view"
 EDIT = "edit"
@@ -84,7 +84,7 @@ class ClusterAuthorizer:
     def __init__(self, store: PermissionStore, *, rbac_grants: bool = False, ttl: float = 0.0) -> None:
         self.store = store
         self.rbac_grants = rbac_grants
-        self._cache: TTLCache[tuple[env.User, str], str | None] = TTLCache(ttl=ttl)
+        self._cache: LoadingCache[tuple[env.User, str], str | None] = LoadingCache(ttl=ttl)
 
     def permission(self, user: env.User, cluster_id: str) -> str | None:
         """``"edit"``, ``"view"`` or ``None`` (the cluster's existence is not checked)."""

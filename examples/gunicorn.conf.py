@@ -1,7 +1,15 @@
 """A gunicorn configuration for the gateway: gunicorn --paste examples/gateway.ini -c examples/gunicorn.conf.py
 
 Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
-BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS).
+BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS,
+BCS_INSECURE_HTTP, BCS_TLS_HOSTS, BCS_CA_FILE).
+
+As ``bcs-middleware serve`` does, it uses one data directory (BCS_DATA_DIR, default ./bcs-data;
+handed to the ini as its ``data_dir``), generates the bootstrap admin's token there
+(``admin.token``, 0600) unless BCS_ADMIN_TOKEN is set, and serves HTTPS with a CA generated in
+``data_dir/tls/`` (clients: ``curl --cacert bcs-data/tls/ca.crt``) unless BCS_CERTFILE/BCS_KEYFILE
+name another certificate (BCS_CA_FILE: the CA handed to clients then). BCS_INSECURE_HTTP=1 serves
+plain HTTP (kubectl then cannot be used: client-go never sends a bearer token to an http:// server).
 
 Worker class: long watch, ``logs -f`` and exec streams hold a worker thread each for as long as
 the client keeps them open, so the gateway runs the **gthread** worker with many threads. Threads
@@ -16,7 +24,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
+
+from bcs_middleware.datadir import DEFAULT_DATA_DIR, admin_token_source, announce_admin_token
+from bcs_middleware.datadir import prepare as prepare_data_dir
+from bcs_middleware.tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki
 
 bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
 workers = int(os.environ.get("BCS_WORKERS", "2"))
@@ -38,8 +51,33 @@ control_socket_disable = True
 # the gateway, if any (comma-separated IPs/CIDRs); no one by default.
 forwarded_allow_ips = os.environ.get("BCS_FORWARDED_ALLOW_IPS", "")
 
+_data_dir = prepare_data_dir(os.environ.get("BCS_DATA_DIR", DEFAULT_DATA_DIR))
+# The ini's data_dir is this one (a --paste-global on the command line replaces this list).
+raw_paste_global_conf = [f"data_dir={_data_dir}"]
+announce_admin_token(_data_dir, *admin_token_source(_data_dir))
+
 certfile = os.environ.get("BCS_CERTFILE") or None
 keyfile = os.environ.get("BCS_KEYFILE") or None
+_renewer = None
+if os.environ.get("BCS_INSECURE_HTTP", "").lower() in ("1", "true", "yes"):
+    if certfile:
+        raise SystemExit("error: BCS_INSECURE_HTTP contradicts BCS_CERTFILE")
+    print("WARNING: serving plain HTTP (BCS_INSECURE_HTTP): kubectl will not send bearer tokens to an "
+          "http:// server, and tokens cross the network in clear text", file=sys.stderr, flush=True)
+elif not certfile:
+    _hosts = default_gateway_hosts() + [h for h in os.environ.get("BCS_TLS_HOSTS", "").split(",") if h]
+    _pki = ensure_gateway_pki(_data_dir, _hosts)
+    certfile, keyfile = str(_pki.cert_file), str(_pki.key_file)
+    _renewer = CertificateRenewer(_data_dir, _hosts, interval=6 * 3600)
+    print(f"HTTPS certificate authority: {_pki.ca_file}  (clients use: curl --cacert {_pki.ca_file})",
+          flush=True)
+elif not keyfile:
+    raise SystemExit("error: BCS_CERTFILE and BCS_KEYFILE go together")
+else:
+    # Another certificate: the gateway hands out BCS_CA_FILE (if any), not the generated CA.
+    raw_paste_global_conf += [f"gateway_cert_file={Path(certfile).absolute()}"]
+    if os.environ.get("BCS_CA_FILE"):
+        raw_paste_global_conf += [f"gateway_ca_file={Path(os.environ['BCS_CA_FILE']).absolute()}"]
 
 
 def ssl_context(conf, default_ssl_context_factory):  # type: ignore[no-untyped-def]
@@ -73,7 +111,6 @@ logconfig_dict = {
 }
 
 # /metrics aggregates every worker's samples through prometheus_client's multiprocess mode.
-_data_dir = Path(os.environ.get("BCS_DATA_DIR", "bcs-data")).absolute()
 _metrics_dir = _data_dir / "prometheus"
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(_metrics_dir))
 
@@ -106,6 +143,8 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
 
 
 def when_ready(server):  # type: ignore[no-untyped-def]
+    if _renewer is not None:
+        _renewer.start()  # keeps the generated certificate fresh while serving
     # One ZooKeeper registration per server (not per worker), in the master once the socket is
     # bound: the gateway announces itself under /bcs/services/endpoints/apiserver/.
     hosts = os.environ.get("BCS_ZOOKEEPER")

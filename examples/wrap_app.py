@@ -18,17 +18,33 @@ from hello_app import application as hello
 
 from bcs_middleware.admission import load_definitions_file
 from bcs_middleware.middleware.admission import AdmissionMiddleware
-from bcs_middleware.middleware.auth import CachingAuthenticator, StaticAuthenticator, TokenAuthMiddleware
+from bcs_middleware.middleware.auth import (
+    Authenticator,
+    CachingAuthenticator,
+    StaticAuthenticator,
+    StoreAuthenticator,
+    TokenAuthMiddleware,
+    open_gateway_store,
+)
 from bcs_middleware.upstream.proxy import UpstreamProxy
 
 HERE = Path(__file__).resolve().parent
 
 
 def token_auth(app: Any, tokens_file: str | None = None) -> TokenAuthMiddleware:
-    """Token auth with digests from a file (``NAME SHA256_HEX [superuser]`` per line)."""
-    path = tokens_file or os.environ.get("BCS_TOKENS_FILE", str(HERE / "tokens.txt"))
-    authenticator = CachingAuthenticator(StaticAuthenticator.from_file(path), ttl=5.0)
-    return TokenAuthMiddleware(app, authenticator=authenticator, public_paths=["/healthz"])
+    """Token auth: the gateway's tokens, or digests from a file.
+
+    By default the tokens of the gateway whose data directory is ``BCS_DATA_DIR``
+    (default ``./bcs-data``, where ``bcs-middleware serve`` keeps it); with
+    ``BCS_TOKENS_FILE`` a file of ``NAME SHA256_HEX [superuser]`` lines.
+    """
+    path = tokens_file or os.environ.get("BCS_TOKENS_FILE")
+    inner: Authenticator
+    if path:
+        inner = StaticAuthenticator.from_file(path)
+    else:
+        inner = StoreAuthenticator(open_gateway_store(data_dir=os.environ.get("BCS_DATA_DIR", "bcs-data")))
+    return TokenAuthMiddleware(app, authenticator=CachingAuthenticator(inner, ttl=5.0), public_paths=["/healthz"])
 
 
 def admission(app: Any, definitions_file: str | None = None) -> AdmissionMiddleware:

@@ -102,8 +102,8 @@ def test_the_token_cache_is_bounded_and_drops_its_oldest_entries() -> None:
         cache.authenticate(token)
     assert calls == ["good-1", "bad-1", "good-2"]  # hits, negative answers included
     cache.authenticate("good-3")  # full: the oldest (good-1) goes
-    assert len(cache._entries) == 3
-    assert token_digest("good-1") not in cache._entries
+    assert len(cache._cache) == 3
+    assert token_digest("good-1") not in cache._cache
     assert cache.authenticate("good-2") == env.User(3, "good-2")
     cache.authenticate("good-1")
     assert calls[-1] == "good-1" and len(calls) == 5
@@ -141,7 +141,7 @@ def test_revocation_takes_effect_within_the_cache_ttl(tmp_path: Path) -> None:
 def test_filter_factory_rejects_unknown_keys_and_needs_a_source() -> None:
     with pytest.raises(ConfigError, match=r"\[filter:token_auth\] unknown key 'databse_url'"):
         filter_factory({}, databse_url="sqlite://")
-    with pytest.raises(ConfigError, match="needs database_url or tokens_file"):
+    with pytest.raises(ConfigError, match="needs data_dir, database_url or tokens_file"):
         filter_factory({})
     with pytest.raises(ConfigError, match="cache_ttl"):
         filter_factory({}, tokens_file="x", cache_ttl="soon")

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -54,8 +55,8 @@ def data_dir(tmp_path: Path) -> Path:
 def test_every_example_ini_loads(data_dir: Path, tmp_path: Path) -> None:
     definitions = _definitions_copy(tmp_path, trustme.CA())
     overrides = {
-        "gateway.ini": {"data_dir": str(data_dir), "database_url": f"sqlite:///{data_dir}/bcs.sqlite3"},
-        "token_auth_app.ini": {"database_url": f"sqlite:///{data_dir}/bcs.sqlite3"},
+        "gateway.ini": {"data_dir": str(data_dir)},
+        "token_auth_app.ini": {"data_dir": str(data_dir)},
         "admission_app.ini": {"definitions_file": str(definitions)},
         "reverse_proxy.ini": {},
         "driver.ini": {"database_url": f"sqlite:///{data_dir}/driver.sqlite3"},
@@ -142,19 +143,106 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
     assert ADMIN not in output
 
 
-def test_token_auth_in_front_of_an_existing_app(data_dir: Path) -> None:
-    key = Fernet.generate_key().decode()
-    store = open_store(f"sqlite:///{data_dir}/bcs.sqlite3", secret_key=key)
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A directory laid out like a fresh clone (examples/ only): commands run in it as written."""
+    root = tmp_path / "clone"
+    shutil.copytree(EXAMPLES, root / "examples", ignore=shutil.ignore_patterns("bcs-data", "__pycache__"))
+    return root
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PROMETHEUS_MULTIPROC_DIR", "BCS_ADMIN_TOKEN", "BCS_SECRET_KEY", "BCS_DATA_DIR")}
+    return {**env, **extra}
+
+
+def _gateway_user_token(clone: Path) -> str:
+    """A user and token in the gateway's database in clone/bcs-data (as the REST API makes them)."""
+    store = open_store(data_dir=clone / "bcs-data")
     user = store.create_user("webuser")
     _, token = store.create_token(user.id)
     store.dispose()
-    with gunicorn(str(EXAMPLES / "token_auth_app.ini"), workers=1,
-                  extra=["--pythonpath", str(EXAMPLES), "--paste-global", f"database_url=sqlite:///{data_dir}/bcs.sqlite3"],
-                  env={"BCS_SECRET_KEY": key}) as server:
+    return token
+
+
+def test_token_auth_in_front_of_an_existing_app(clone: Path) -> None:
+    token = _gateway_user_token(clone)
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/token_auth_app.ini", "--pythonpath", "examples",
+            "--bind", f"127.0.0.1:{port}", "--no-control-socket"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env()) as server:
         status, _, body = http_get(f"{server.url}/anything", headers={"Authorization": f"Bearer {token}"})
         assert status == 200 and json.loads(body)["hello"] == "webuser"
         assert http_get(f"{server.url}/anything")[0] == 401
         assert http_get(f"{server.url}/healthz")[0] == 200
+
+
+def test_token_auth_without_a_gateway_database_refuses_to_start(clone: Path) -> None:
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/token_auth_app.ini", "--pythonpath", "examples",
+            "--bind", f"127.0.0.1:{port}", "--no-control-socket"]
+    result = subprocess.run(argv, cwd=clone, env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "no gateway database in" in result.stdout + result.stderr
+
+
+def test_gunicorn_path_as_the_readme_shows(clone: Path) -> None:
+    """gunicorn --paste examples/gateway.ini -c examples/gunicorn.conf.py: HTTPS, one data dir, admin."""
+    port = free_port()
+    argv = [str(BIN / "gunicorn"), "--paste", "examples/gateway.ini", "-c", "examples/gunicorn.conf.py",
+            "--no-control-socket"]
+    with ServerProcess(argv, port=port, cwd=clone, scheme="https", timeout=60,
+                       env=_clean_env(BCS_BIND=f"127.0.0.1:{port}", BCS_WORKERS="1", BCS_THREADS="8")) as server:
+        data = clone / "bcs-data"
+        cafile = str(data / "tls" / "ca.crt")
+        admin = (data / "admin.token").read_text().strip()
+        assert (data / "admin.token").stat().st_mode & 0o077 == 0
+        auth = {"Authorization": f"Bearer {admin}"}
+        status, _, body = http_get(f"https://localhost:{port}/rest/users/admin", headers=auth, cafile=cafile)
+        assert status == 200 and json.loads(body)["is_super_user"] is True
+        _create_cluster(port, auth, cafile)
+        status, _, body = http_get(f"https://localhost:{port}/rest/clusters/BCS-K8S-EX/client_credentials",
+                                   headers=auth, cafile=cafile)
+        creds = json.loads(body)
+        assert creds["server_address"].startswith("https://")
+        assert creds["cacert_data"] == (data / "tls" / "ca.crt").read_text()
+    output = server.output()
+    assert admin not in output
+    assert "HTTPS certificate authority" in output
+    assert not (clone / "examples" / "bcs-data").exists()
+    assert {"admin.token", "bcs.sqlite3", "secret.key", "tls"} <= {p.name for p in data.iterdir()}
+
+
+def _create_cluster(port: int, auth: dict[str, str], cafile: str) -> None:
+    import ssl
+    import urllib.request
+
+    body = json.dumps({"id": "BCS-K8S-EX", "project_id": "p1", "cluster_type": "k8s"}).encode()
+    request = urllib.request.Request(f"https://localhost:{port}/rest/clusters/bcs", data=body, method="POST",
+                                     headers={**auth, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=cafile),
+                                timeout=10) as response:
+        assert response.status == 201
+
+
+def test_serve_with_the_example_config_as_the_readme_shows(clone: Path) -> None:
+    """bcs-middleware serve --config examples/gateway.ini: one data directory, the banner's."""
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--config", "examples/gateway.ini",
+            "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60) as server:
+        data = clone / "bcs-data"
+        cafile = str(data / "tls" / "ca.crt")
+        auth = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+        status, _, body = http_get(f"https://localhost:{port}/rest/users/admin", headers=auth, cafile=cafile)
+        assert status == 200, body
+        _create_cluster(port, auth, cafile)
+        status, _, body = http_get(f"https://localhost:{port}/rest/clusters/BCS-K8S-EX/client_credentials",
+                                   headers=auth, cafile=cafile)
+        assert json.loads(body)["cacert_data"] == (data / "tls" / "ca.crt").read_text()
+    assert f"(data: {data})" in server.output()
+    assert (data / "bcs.sqlite3").exists() and not (clone / "examples" / "bcs-data").exists()
 
 
 @pytest.fixture
@@ -216,20 +304,15 @@ def test_wrap_app_stacks(tmp_path: Path) -> None:
         assert http_get(f"{server.url}/x")[0] == 401
 
 
-def test_serve_with_the_example_config(data_dir: Path) -> None:
+def test_wrap_app_as_written_uses_the_gateway_tokens(clone: Path) -> None:
+    token = _gateway_user_token(clone)
     port = free_port()
-    argv = [str(BIN / "bcs-middleware"), "serve", "--config", str(EXAMPLES / "gateway.ini"),
-            "--bind", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--workers", "1"]
-    # The ini's data_dir default is examples/bcs-data: point it at the test's directory.
-    ini = data_dir / "gateway.ini"
-    shutil.copy(EXAMPLES / "gateway.ini", ini)
-    argv[3] = str(ini)
-    with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60):
-        cafile = str(data_dir / "tls" / "ca.crt")
-        status, _, body = http_get(f"https://localhost:{port}/rest/users/admin",
-                                   headers={"Authorization": f"Bearer {ADMIN}"}, cafile=cafile)
-        assert status == 200, body
-    assert (data_dir / "bcs-data" / "bcs.sqlite3").exists()
+    argv = [str(BIN / "gunicorn"), "wrap_app:protected", "--pythonpath", "examples",
+            "--bind", f"127.0.0.1:{port}", "--no-control-socket"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env()) as server:
+        status, _, body = http_get(f"{server.url}/x", headers={"Authorization": f"Bearer {token}"})
+        assert status == 200 and json.loads(body)["hello"] == "webuser"
+        assert http_get(f"{server.url}/x")[0] == 401
 
 
 def test_driver_ini_serves_with_a_static_scheduler(data_dir: Path) -> None:
@@ -263,3 +346,29 @@ def test_kube_agent_manifest_is_valid_yaml() -> None:
     assert container["command"] == ["bcs-middleware", "kube-agent"]
     assert {e["name"] for e in container["env"]} == {"REGISTER_TOKEN", "SERVER_CERT"}
 
+
+
+def test_the_readme_tour_runs_as_written(clone: Path, tmp_path: Path) -> None:
+    """The README's REST tour, run by bash against `serve` in a fresh directory (port substituted)."""
+    import re
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    tour = readme.split("## A tour of the REST API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    port = free_port()
+    script = tour.replace("localhost:8443", f"localhost:{port}")
+    home = tmp_path / "home"
+    home.mkdir()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with ServerProcess(argv, port=port, cwd=clone, env=_clean_env(), scheme="https", timeout=60):
+        result = subprocess.run(["bash", "-c", script], cwd=clone, env=_clean_env(HOME=str(home)),
+                                capture_output=True, text=True, timeout=120)
+    kubeconfig = home / ".kube" / "bcs-BCS-K8S-001.config"
+    assert kubeconfig.exists(), result.stderr
+    assert kubeconfig.stat().st_mode & 0o077 == 0  # it holds alice's token
+    text = kubeconfig.read_text()
+    assert text.startswith("# WARNING: cluster BCS-K8S-001 has no credentials yet")  # no agent in the tour
+    assert re.search(r"token: \S{40,}", text)
+    assert not (clone / "kubeconfig").exists()
+    assert '"permission": "view"' in result.stdout and '"code_name"' not in result.stdout, result.stdout
+    # The last line is kubectl, which says why the cluster cannot be reached yet.
+    assert "has no credentials yet" in result.stderr

@@ -111,3 +111,26 @@ def test_a_forked_child_starts_empty() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     batch.flush()
     assert registry.get_sample_value("forked_total", {"result": "parent"}) == 1
+
+
+def test_record_named_label_values_are_capped_per_process() -> None:
+    from bcs_middleware.metrics import OTHER, BoundedValues
+
+    bounded = BoundedValues(limit=3)
+    assert [bounded(v) for v in ("a", "b", "c", "d", "a", "e")] == ["a", "b", "c", OTHER, "a", OTHER]
+
+
+def test_cluster_ids_beyond_the_cap_count_under_other() -> None:
+    from bcs_middleware import metrics
+
+    batch = metrics.MetricBatch(period=60)
+    saved = metrics.cluster_label
+    metrics.cluster_label = metrics.BoundedValues(limit=1)
+    try:
+        for cluster in ("cap-a", "cap-b", "cap-c"):
+            batch.request("tunnel", cluster, "GET", "200", 0.01)
+        batch.flush()
+    finally:
+        metrics.cluster_label = saved
+    assert metrics.REQUESTS.labels("tunnel", "cap-a", "GET", "200")._value.get() == 1
+    assert metrics.REQUESTS.labels("tunnel", metrics.OTHER, "GET", "200")._value.get() >= 2

@@ -272,3 +272,18 @@ def test_new_connections_resume_their_tls_session(tmp_path: Path) -> None:
                 session = tls_sock.session
         # A context per connection never resumes a session (0 of 5 before); a shared one does.
         assert sum(reused[1:]) >= 3, reused
+
+
+def test_postgresql_without_its_driver_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bcs_middleware import cli
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the postgresql extra were not installed
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setenv("BCS_ADMIN_TOKEN", "t" * 43)
+    code = cli.main(["serve", "--data-dir", str(tmp_path / "data"), "--bind", f"127.0.0.1:{free_port()}",
+                     "--database-url", "postgresql://bcs@127.0.0.1:1/bcs"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "pip install 'bcs-middleware[postgresql]'" in err and "Traceback" not in err

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
@@ -44,13 +45,17 @@ from ..errors import (
     NotFound,
     PayloadTooLarge,
     Unauthorized,
+    ValidationError,
 )
 from ..permissions import EDIT, ClusterAccess
+from ..upstream.addresses import AddressPolicy
+from ..upstream.transport import Transport
 from .client import WebhookClient
 from .definitions import (
     MUTATING,
     VALIDATING,
     BcsDefinition,
+    ClientConfig,
     K8sConfiguration,
     parse_bcs_definition,
     parse_k8s_configuration,
@@ -79,6 +84,9 @@ class AdmissionWebhookAPI:
         cluster manage its Kubernetes configurations (the gateway passes its
         :class:`~bcs_middleware.permissions.ClusterAuthorizer`).
     :param prefix: mounted under this path prefix (e.g. ``""`` or ``"/bcsapi/v4"``).
+    :param address_policy: the gateway's upstream address policy: a webhook URL whose host
+        is an IP address it refuses is refused when defined (422), not only when called.
+    :param transport: the outbound transport of a default engine's webhook client.
     """
 
     def __init__(
@@ -89,9 +97,12 @@ class AdmissionWebhookAPI:
         require_superuser: bool = True,
         cluster_access: ClusterAccess | None = None,
         prefix: str = "",
+        address_policy: AddressPolicy | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.store = store
-        self.engine = engine or AdmissionEngine(store, client=WebhookClient())
+        self.engine = engine or AdmissionEngine(store, client=WebhookClient(transport=transport))
+        self.address_policy = address_policy
         self.require_superuser = require_superuser
         self.cluster_access = cluster_access
         p = prefix.rstrip("/")
@@ -180,7 +191,24 @@ class AdmissionWebhookAPI:
             self.store.delete_bcs(name)
         return _json(_bcs_doc(found))
 
+    def _check_addresses(self, clients: Iterable[ClientConfig]) -> None:
+        """Refuse a webhook URL at an IP address the gateway never connects to.
+
+        An early, clear answer (as for reported apiserver addresses); a host name is
+        judged when the webhook is called, by the transport's address policy.
+        """
+        if self.address_policy is None:
+            return
+        for client in clients:
+            if not client.url:
+                continue
+            parts = urlsplit(client.url)
+            refused = self.address_policy.literal_refusal(parts.hostname or "", parts.port or 443)
+            if refused:
+                raise ValidationError(f"clientConfig.url: the gateway does not connect to {refused}")
+
     def _save_bcs(self, definition: BcsDefinition, *, create: bool) -> Response:
+        self._check_addresses(w.client for w in definition.webhooks)
         exists = self.store.get_bcs(definition.name) is not None
         if create and exists:
             raise Conflict(f"admissionwebhook {definition.name!r} already exists")
@@ -196,6 +224,7 @@ class AdmissionWebhookAPI:
             items = [dict(c.document) for c in self.store.list_k8s(cluster_id)]
             return _json({"items": items})
         configuration = parse_k8s_configuration(_body(request))
+        self._check_addresses(w.client for w in configuration.webhooks)
         if self.store.get_k8s(cluster_id, configuration.kind, configuration.name) is not None:
             raise Conflict(f"{configuration.kind} {configuration.name!r} already exists")
         self.store.put_k8s(cluster_id, configuration)
@@ -208,6 +237,7 @@ class AdmissionWebhookAPI:
         found = self.store.get_k8s(cluster_id, kind_name, name)
         if request.method == "PUT":
             configuration: K8sConfiguration = parse_k8s_configuration(_body(request))
+            self._check_addresses(w.client for w in configuration.webhooks)
             if (configuration.kind, configuration.name) != (kind_name, name):
                 raise BadRequest("kind and metadata.name: must match the path")
             if found is None:
@@ -224,6 +254,44 @@ class AdmissionWebhookAPI:
 
     def _review(self, request: Request) -> Response:
         return _json(review(self.engine, _body(request), env.get_user(request.environ)))
+
+
+class ClusterDefinitionsAPI:
+    """The bcs definition routes for one Mesos cluster at a time: the one in ``bcs.cluster``.
+
+    The gateway mounts it behind its Mesos route (``/bcsapi/v4/scheduler/mesos/…``,
+    path rewritten under ``/mesosdriver/v4/``), which has already checked that the
+    caller may manage that cluster; so this app authorizes nothing itself and must
+    never be reachable otherwise. Each cluster's definitions live in the store
+    under its id; its drivers read them from the same database (see
+    :class:`~bcs_middleware.store.definitions.SQLDefinitionStore`).
+
+    :param store_for: the definition store of one cluster's own bcs definitions.
+    :param engine: passed to each cluster's :class:`AdmissionWebhookAPI`.
+    :param max_clusters: how many clusters' APIs are kept built.
+    """
+
+    def __init__(self, store_for: Callable[[str], DefinitionStore], *, engine: AdmissionEngine | None = None,
+                 max_clusters: int = 1024) -> None:
+        self.store_for = store_for
+        self.engine = engine
+        self.max_clusters = max_clusters
+        self._apis: dict[str, AdmissionWebhookAPI] = {}
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        cluster = env.get_cluster(environ)
+        if cluster is None:
+            return NotFound("no cluster")(environ, start_response)
+        api = self._apis.get(cluster.id)
+        if api is None:
+            store = self.store_for(cluster.id)
+            if self.engine is None:
+                self.engine = AdmissionEngine(store, client=WebhookClient())
+            api = AdmissionWebhookAPI(store, engine=self.engine, require_superuser=False)
+            while len(self._apis) >= self.max_clusters:
+                self._apis.pop(next(iter(self._apis)))
+            self._apis[cluster.id] = api
+        return api(environ, start_response)
 
 
 def _bcs_doc(definition: BcsDefinition) -> dict[str, Any]:

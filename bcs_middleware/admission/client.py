@@ -1,6 +1,7 @@
 """Calling webhooks: pooled, TLS-verified, time-bounded, size-bounded, circuit-broken.
 
-:class:`WebhookClient` is the only code that opens connections to webhooks.
+:class:`WebhookClient` is the only code that calls webhooks, over the gateway's one
+outbound stack (:mod:`bcs_middleware.upstream.transport`).
 Every failure leaves it as a :class:`WebhookCallError` with a short ``cause``
 (``timeout``, ``connect``, ``tls``, ``status``, ``malformed``, ``circuit_open``)
 — the metric label — and a ``detail`` safe to show a client (names, addresses
@@ -17,30 +18,22 @@ would open the breaker for everyone.
 
 from __future__ import annotations
 
-import os
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import urllib3
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    HTTPError,
-    MaxRetryError,
-    NewConnectionError,
-    ProtocolError,
-    ReadTimeoutError,
-    SSLError,
-)
-from urllib3.util.ssl_ import create_urllib3_context
-
+from .. import environ as env
+from ..errors import BCSError
+from ..upstream.addresses import AddressRefused
+from ..upstream.failures import UpstreamFailure, UpstreamTimeout
+from ..upstream.transport import Transport, default_transport
 from .definitions import ClientConfig
 
 #: Largest webhook answer accepted; the apiserver's own limit for a request body is 3 MiB.
 DEFAULT_MAX_RESPONSE = 3 * 1024 * 1024 + 64 * 1024
+_HEADERS = (("Content-Type", "application/json"), ("Accept", "application/json"))
 
 
 class WebhookCallError(Exception):
@@ -110,31 +103,40 @@ class CircuitBreaker:
 
 
 class WebhookClient:
-    """POST JSON to webhooks over verified HTTPS with pooled connections.
+    """POST JSON to webhooks over verified HTTPS, on the gateway's one outbound transport.
 
+    A call is a POST to an :class:`~bcs_middleware.environ.Upstream` (the caBundle as
+    ``ca_pem``, the service or URL host as ``server_name``) through
+    :class:`~bcs_middleware.upstream.transport.PooledTransport`: its strict codec, its
+    bounded pool (keep-alive connections per webhook identity), its address policy
+    (a webhook URL at the metadata service or the gateway's own port is refused before
+    connecting) and its one error translation, mapped here to a ``cause``.
+
+    :param transport: the process's transport (the gateway passes the one all layers
+        share); default :func:`~bcs_middleware.upstream.transport.default_transport`.
     :param address_map: ``{"name.namespace": "host:port"}`` — connect there while
         still verifying the certificate against the service name (the gateway
         usually cannot resolve cluster service names).
     :param max_response: largest answer body read, in bytes.
     :param breaker: the circuit breaker shared by every call.
-    :param pool_size: connections kept per webhook address.
     """
 
     def __init__(
         self,
         *,
+        transport: Transport | None = None,
         address_map: Mapping[str, str] | None = None,
         max_response: int = DEFAULT_MAX_RESPONSE,
         breaker: CircuitBreaker | None = None,
-        pool_size: int = 10,
     ) -> None:
+        self._transport = transport
         self.address_map = {k.lower(): _split_address(v) for k, v in (address_map or {}).items()}
         self.max_response = max_response
         self.breaker = breaker or CircuitBreaker()
-        self.pool_size = pool_size
-        self._lock = threading.Lock()
-        self._pools: dict[tuple[str, int, str | None, str], urllib3.HTTPSConnectionPool] = {}
-        self._pid = os.getpid()
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport or default_transport()
 
     def target(self, client: ClientConfig) -> Target:
         if client.url:
@@ -170,73 +172,46 @@ class WebhookClient:
         return data
 
     def _post(self, target: Target, body: bytes, timeout: float) -> bytes:
-        pool = self._pool(target)
+        timeout = max(timeout, 0.001)
+        deadline = time.monotonic() + timeout
+        shown = f"[{target.host}]" if ":" in target.host else target.host
+        path, _, query = target.path.partition("?")
+        upstream = env.Upstream(
+            base_urls=(f"https://{shown}:{target.port}",), path=path or "/", query=query,
+            ca_pem=target.ca_pem, server_name=target.server_name, name=f"webhook {target.server_name}",
+        )
         try:
-            response = pool.urlopen(
-                "POST",
-                target.path,
-                body=body,
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
-                timeout=urllib3.Timeout(total=max(timeout, 0.001)),
-                retries=False,
-                redirect=False,
-                preload_content=False,
-                release_conn=False,
-            )
-        except Exception as exc:  # translated at this one boundary
-            raise _translate(exc, timeout) from None
+            response = self.transport.send(upstream, "POST", list(_HEADERS), [body], len(body), timeout=timeout)
+        except BCSError as exc:  # the transport's one translation, mapped to our causes
+            raise _cause(exc, timeout) from None
         try:
             if response.status != 200:
                 # A 4xx is the webhook refusing what it was sent — this request's object.
                 raise WebhookCallError("status", f"webhook answered HTTP {response.status}",
                                        webhook_fault=not 400 <= response.status < 500)
-            try:
-                data = response.read(self.max_response + 1)
-            except Exception as exc:
-                raise _translate(exc, timeout) from None
-            if len(data) > self.max_response:
+            declared = response.length_remaining
+            if declared is not None and declared > self.max_response:
                 raise WebhookCallError("malformed", f"answer larger than {self.max_response} bytes")
-            return bytes(data)
+            chunks: list[bytes] = []
+            size = 0
+            try:
+                while piece := response.read1(65536):
+                    size += len(piece)
+                    if size > self.max_response:
+                        raise WebhookCallError("malformed", f"answer larger than {self.max_response} bytes")
+                    if time.monotonic() > deadline:
+                        raise WebhookCallError("timeout", f"timed out after {timeout:.3g}s")
+                    chunks.append(piece)
+            except BCSError as exc:
+                raise _cause(exc, timeout) from None
+            return b"".join(chunks)
         finally:
-            # Only a fully read answer can leave its connection in the pool.
-            if response.status == 200 and not response.closed and response.length_remaining == 0:
-                response.release_conn()
-            else:
-                response.close()
-                response.release_conn()
-
-    def _pool(self, target: Target) -> urllib3.HTTPSConnectionPool:
-        key = (target.host, target.port, target.ca_pem, target.server_name)
-        with self._lock:
-            if os.getpid() != self._pid:
-                # Forked (gunicorn worker): never share the parent's sockets.
-                self._pools.clear()
-                self._pid = os.getpid()
-            pool = self._pools.get(key)
-            if pool is None:
-                context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED)
-                if target.ca_pem:
-                    context.load_verify_locations(cadata=target.ca_pem)
-                else:
-                    context.load_default_certs()
-                pool = urllib3.HTTPSConnectionPool(
-                    target.host,
-                    target.port,
-                    maxsize=self.pool_size,
-                    block=False,
-                    ssl_context=context,
-                    server_hostname=target.server_name,
-                    assert_hostname=target.server_name,
-                    retries=False,
-                )
-                self._pools[key] = pool
-            return pool
+            # Only a fully read answer lets its connection back into the pool (the
+            # transport decides); anything else closes it.
+            response.release_conn()
 
     def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            pool.close()
+        """Nothing of its own to close: connections belong to the shared transport."""
 
 
 def _split_address(value: str) -> tuple[str, int]:
@@ -246,18 +221,22 @@ def _split_address(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _translate(exc: BaseException, timeout: float) -> WebhookCallError:
-    if isinstance(exc, MaxRetryError) and exc.reason is not None:
-        exc = exc.reason
-    if isinstance(exc, ConnectTimeoutError | ReadTimeoutError | TimeoutError):
+_DETAILS = {
+    "refused": ("connect", "connection refused or host unreachable"),  # never "timeout"
+    "broken": ("connect", "connection broken"),
+    "tls": ("tls", "certificate verification failed"),
+    "hostname": ("tls", "certificate does not match the webhook host name"),
+    "malformed": ("malformed", "answer is not well-formed HTTP"),
+}
+
+
+def _cause(exc: BCSError, timeout: float) -> WebhookCallError:
+    """The transport's error as a :class:`WebhookCallError` (details name no address)."""
+    if isinstance(exc, UpstreamTimeout):
         return WebhookCallError("timeout", f"timed out after {timeout:.3g}s")
-    if isinstance(exc, SSLError | ssl.SSLError | ssl.CertificateError):
-        reason = str(exc)
-        if "hostname" in reason.lower() or "match" in reason.lower():
-            return WebhookCallError("tls", "certificate does not match the webhook host name")
-        return WebhookCallError("tls", "certificate verification failed")
-    if isinstance(exc, NewConnectionError | ConnectionError):
-        return WebhookCallError("connect", "connection failed")
-    if isinstance(exc, ProtocolError | HTTPError | OSError):
-        return WebhookCallError("connect", "connection broken")
-    return WebhookCallError("connect", f"call failed ({type(exc).__name__})")
+    if isinstance(exc, AddressRefused):
+        return WebhookCallError("connect", "the gateway does not connect to this address")
+    if isinstance(exc, UpstreamFailure):
+        cause, detail = _DETAILS[exc.kind]
+        return WebhookCallError(cause, detail)
+    return WebhookCallError("connect", "call failed")

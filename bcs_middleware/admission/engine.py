@@ -28,7 +28,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
@@ -38,7 +37,8 @@ import jsonpatch
 from .. import metrics
 from ..bodies import parse_json
 from ..environ import AdmissionResult, User
-from ..errors import BadRequest, BCSError, ValidationError
+from ..errors import BadRequest, BcsCode, BCSError, ValidationError
+from ..lru import LoadingCache
 from .client import WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
 from .equivalence import convertible, equivalents
@@ -72,6 +72,9 @@ class AdmissionRejected(BCSError):
 
     status = 403
     code_name = "ADMISSION_DENIED"
+    # The source's driver answers every admission failure as a filter failure: 400, 1405234.
+    bcs_status = 400
+    bcs_code = BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED
 
     def __init__(self, message: str, *, steps: Sequence[Step] = (), **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -184,7 +187,9 @@ class AdmissionEngine:
         self._bcs: tuple[int, dict[tuple[str, str], BcsDefinition]] = (-1, {})
         self._bcs_operations: tuple[int, dict[str, frozenset[str]]] = (-1, {})
         self._k8s: dict[str, tuple[int, tuple[K8sWebhook, ...]]] = {}
-        self._ns_labels: OrderedDict[tuple[str, str], tuple[float, dict[str, str]]] = OrderedDict()
+        # Failed reads are not cached (the loader raises); answers for namespace_ttl.
+        self._ns_labels: LoadingCache[tuple[str, str], dict[str, str]] = LoadingCache(
+            ttl=namespace_ttl, max_entries=4096, clock=clock)
 
     # -- bcs definitions ---------------------------------------------------------------
 
@@ -217,6 +222,7 @@ class AdmissionEngine:
         obj: Any,
         user: User | None,
         *,
+        dry_run: bool = False,
         trace: bool = False,
     ) -> Outcome:
         """Run the definition matching (``operation``, ``obj["kind"]``), if any."""
@@ -229,7 +235,7 @@ class AdmissionEngine:
         run = _Run(obj, self._clock() + self.total_budget, trace)
         for webhook in definition.webhooks:
             if webhook.selects_namespace(namespace):
-                self._run_bcs_webhook(run, definition, webhook, operation, user)
+                self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run)
         return run.outcome()
 
     def _run_bcs_webhook(
@@ -239,6 +245,7 @@ class AdmissionEngine:
         webhook: BcsWebhook,
         operation: str,
         user: User | None,
+        dry_run: bool = False,
     ) -> None:
         label = f"{definition.name}/{webhook.name}"
         if webhook.protocol == "kubernetes":
@@ -263,7 +270,7 @@ class AdmissionEngine:
                 name=str(_meta(run.obj).get("name") or ""),
                 old_obj=None,
                 user=user,
-                dry_run=False,
+                dry_run=dry_run,
                 options=None,
             )
             return
@@ -284,7 +291,7 @@ class AdmissionEngine:
             return
         except _PatchRefused as refused:
             self._refused(run, label, "bcs", refused)
-        metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "allowed").inc()
         run.called.append(label)
         changed = answer != before
         run.patched |= changed
@@ -395,12 +402,10 @@ class AdmissionEngine:
         return selector.matches(self.namespace_labels(cluster_id, attrs.namespace))
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
-        key = (cluster_id, namespace)
-        now = self._clock()
-        with self._lock:
-            hit = self._ns_labels.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
+        return self._ns_labels.get((cluster_id, namespace), self._load_namespace_labels)
+
+    def _load_namespace_labels(self, key: tuple[str, str]) -> dict[str, str]:
+        cluster_id, namespace = key
         labels: dict[str, str] = {}
         if self.cluster_reader is not None:
             try:
@@ -416,11 +421,6 @@ class AdmissionEngine:
                     "namespace", f"cannot read labels of namespace {namespace!r}"
                 ) from None
         labels[NAMESPACE_NAME_LABEL] = namespace
-        with self._lock:
-            self._ns_labels[key] = (now + self.namespace_ttl, labels)
-            self._ns_labels.move_to_end(key)
-            while len(self._ns_labels) > 4096:
-                self._ns_labels.popitem(last=False)
         return labels
 
     # -- calling --------------------------------------------------------------------
@@ -485,7 +485,7 @@ class AdmissionEngine:
         run.warnings.extend(response.warnings)
         run.annotations.extend((f"{label}/{k}", v) for k, v in response.audit_annotations)
         if not response.allowed:
-            metrics.WEBHOOK_CALLS.labels(label, "denied").inc()
+            metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "denied").inc()
             status = response.status
             code = status.get("code") if isinstance(status.get("code"), int) else 403
             code = max(int(code), 400) if code else 403
@@ -507,7 +507,7 @@ class AdmissionEngine:
                 steps=run.steps,
                 headers=warning_headers(run.warnings),
             )
-        metrics.WEBHOOK_CALLS.labels(label, "allowed").inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "allowed").inc()
         changed = response.patch is not None and patched != run.obj
         run.patched |= changed
         run.obj = patched
@@ -543,7 +543,7 @@ class AdmissionEngine:
                 full_timeout=timeout <= remaining,
             )
         finally:
-            metrics.WEBHOOK_LATENCY.labels(label).observe(time.perf_counter() - started)
+            metrics.WEBHOOK_LATENCY.labels(metrics.webhook_label(label)).observe(time.perf_counter() - started)
 
     def _checked(self, breaker_key: str, check: Callable[[], Any]) -> Any:
         # Answers that arrive but are unusable count against the breaker too.
@@ -558,7 +558,7 @@ class AdmissionEngine:
     def _refused(
         self, run: _Run, label: str, protocol: Literal["bcs", "kubernetes"], refused: _PatchRefused
     ) -> NoReturn:
-        metrics.WEBHOOK_CALLS.labels(label, "error").inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "error").inc()
         log.warning("admission webhook %s: change refused: %s", label, refused.detail)
         run.steps.append(Step(label, protocol, "failed", "patch", refused.detail))
         raise AdmissionRejected(
@@ -576,8 +576,8 @@ class AdmissionEngine:
         policy: str,
         err: WebhookCallError,
     ) -> None:
-        metrics.WEBHOOK_FAILURES.labels(label, err.cause).inc()
-        metrics.WEBHOOK_CALLS.labels(label, "error").inc()
+        metrics.WEBHOOK_FAILURES.labels(metrics.webhook_label(label), err.cause).inc()
+        metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "error").inc()
         if policy == "Ignore":
             log.warning(
                 "admission webhook %s skipped (failurePolicy Ignore): %s: %s",
@@ -705,8 +705,13 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
     ``{"operation": "CREATE"|"UPDATE"|"Create"|"Update", "object": {...},
     "oldObject"?, "cluster_id"? (Kubernetes definitions), "resource"?
     ("pods" or {"group","version","resource"}), "subResource"?, "namespace"?, "name"?,
-    "dryRun"?}`` → which webhooks ran, what each did, warnings, the final object,
+    }`` → which webhooks ran, what each did, warnings, the final object,
     and whether the request would be allowed.
+
+    A review is always a dry run: webhooks receive ``dryRun: true`` and, as
+    kube-apiserver does, a webhook whose ``sideEffects`` is neither ``None`` nor
+    ``NoneOnDryRun`` is never called — the review answers that it does not support
+    dry run instead.
     """
     if not isinstance(document, dict):
         raise ValidationError("(body): must be a JSON object")
@@ -720,7 +725,11 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
     try:
         if cluster_id is None:
             outcome = engine.admit_bcs(
-                "Create" if operation == "CREATE" else "Update", obj, user, trace=True
+                "Create" if operation == "CREATE" else "Update",
+                obj,
+                user,
+                dry_run=True,
+                trace=True,
             )
         else:
             attrs = _review_attributes(document, obj)
@@ -731,7 +740,7 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
                 obj,
                 document.get("oldObject"),
                 user,
-                dry_run=bool(document.get("dryRun", False)),
+                dry_run=True,
                 trace=True,
             )
     except AdmissionRejected as rejected:

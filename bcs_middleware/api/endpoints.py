@@ -15,7 +15,7 @@ from cryptography import x509
 from werkzeug.wrappers import Response
 
 from .. import environ as env
-from ..errors import Forbidden, NotFound, Unauthorized, ValidationError
+from ..errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationError
 from ..middleware.auth import bearer_token
 from ..permissions import EDIT, VIEW
 from ..schemas import validate
@@ -245,11 +245,27 @@ def _check_pem(field: str, text: str) -> None:
         raise ValidationError(f"{field}: must be a PEM-encoded CA certificate")
 
 
+def _check_body_register_token(ctx: Ctx, cluster_id: str, value: str) -> None:
+    """The source's check of ``register_token`` in the body, with its code names (HTTP 400 as there)."""
+    found = ctx.store.check_register_token(cluster_id, value)
+    if found is None:
+        raise BadRequest("no valid register token found for cluster", code_name="RTOKEN_NOT_FOUND")
+    if not found:
+        raise BadRequest("invalid register token given", code_name="INVALID_RTOKEN")
+
+
 def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
+    """The kube-agent's report: authenticated by the cluster's register token.
+
+    The Go bcs-kube-agent sends the token as ``register_token`` in the body and no
+    ``Authorization`` (the auth layer lets this one route through anonymously); ours
+    sends ``Authorization: Bearer``. A token in the body is checked whatever else
+    the request carries. As bcs-api did, an anonymous caller learns whether a cluster
+    id has a live register token (``RTOKEN_NOT_FOUND`` vs ``INVALID_RTOKEN``), and
+    nothing more: an unknown cluster and one without a token answer alike.
+    """
     agent = env.get_agent(ctx.environ)
     user = ctx.user
-    if agent is None and user is None:
-        raise Unauthorized("missing bearer token: use the cluster's register token")
     if agent is not None and agent.cluster_id != cluster_id:
         raise Forbidden(f"this register token does not belong to cluster {cluster_id!r}")
     if agent is None and user is not None and not user.is_superuser:
@@ -259,9 +275,15 @@ def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
         # The auth layer caches principals for a few seconds; a revoked or rotated
         # register token must not re-point a cluster in that window.
         raise Unauthorized("invalid, expired or revoked token")
-    ctx.store.get_cluster(cluster_id)
     body = ctx.body()
     validate("credentials_put", body)
+    body_token = body.get("register_token")
+    if agent is None and user is None and not body_token:
+        raise Unauthorized("a register token is required: register_token in the body, or Authorization: Bearer")
+    if body_token:
+        _check_body_register_token(ctx, cluster_id, body_token)
+    actor = ctx.actor if agent is not None or user is not None else f"cluster-agent:{cluster_id}"
+    ctx.store.get_cluster(cluster_id)
     addresses = [a for a in body["server_addresses"].split(";") if a]
     for address in addresses:
         parts = urlsplit(address)
@@ -284,7 +306,7 @@ def put_credentials(ctx: Ctx, cluster_id: str) -> Response:
     )
     # Addresses only: the CA and the service-account token never enter the audit trail.
     ctx.store.record_audit(
-        ctx.actor, "credentials.put", f"cluster:{cluster_id}",
+        actor, "credentials.put", f"cluster:{cluster_id}",
         {"old_server_addresses": list(previous) if previous is not None else None,
          "server_addresses": list(record.server_addresses)},
     )
@@ -353,6 +375,15 @@ def kubeconfig(ctx: Ctx, cluster_id: str) -> Response:
         "preferences": {},
     }
     body = yaml.safe_dump(document, sort_keys=False)
+    creds = ctx.store.get_credentials(cluster.id)
+    not_ready = None
+    if creds is None or not creds.server_addresses:
+        # Handed out anyway (the agent may be on its way), but never as if it were ready.
+        not_ready = (f"cluster {cluster.id} has no credentials yet: its kube-agent has not reported, "
+                     "so kubectl cannot reach it until it does")
+        body = f"# WARNING: {not_ready}\n{body}"
     response = Response(body, mimetype="application/yaml")
     response.headers["Cache-Control"] = "no-store"
+    if not_ready:
+        response.headers["Warning"] = f'299 - "{not_ready}"'
     return response

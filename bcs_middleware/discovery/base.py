@@ -55,10 +55,11 @@ class Endpoint:
     external_port: int = 0
 
     def base_url(self, prefer_external: bool = False) -> str:
-        """``scheme://host:port``; with ``prefer_external`` the external address when set."""
+        """``scheme://host:port``; with ``prefer_external`` the external address when
+        both ``external_ip`` and ``external_port`` are set (as bcs-api chose)."""
         host, port = self.ip, self.port
-        if prefer_external and self.external_ip:
-            host, port = self.external_ip, self.external_port or self.port
+        if prefer_external and self.external_ip and self.external_port:
+            host, port = self.external_ip, self.external_port
         shown = f"[{host}]" if ":" in host else host
         return f"{self.scheme or 'http'}://{shown}:{port}"
 
@@ -114,6 +115,13 @@ class Discovery(Protocol):
 
     def drivers(self, cluster_id: str) -> tuple[Endpoint, ...]:
         """The live drivers of a cluster (empty when none is known)."""
+        ...
+
+    def registered(self, cluster_id: str) -> bool:
+        """Whether a driver of the cluster ever registered (its directory exists, or it is configured).
+
+        Tells "no such Mesos cluster" (404) from "its drivers are all gone" (503).
+        """
         ...
 
     def scheduler_master(self) -> Endpoint | None:

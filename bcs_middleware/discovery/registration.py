@@ -7,9 +7,24 @@ writes it again after a session expiry removed it, and deletes it on a clean
 shutdown. The node disappears by itself when the process dies (its session
 ends), which is what lets gateways stop routing to a dead driver.
 
+Node names are the ones bk-bcs's Go services write (``RegisterDiscover`` →
+go-zookeeper's ``CreateProtectedEphemeralSequential``): ``_c_<32 hex guid>-<ip>``
+followed by ZooKeeper's 10-digit sequence, so Go tools listing the directory
+see what they expect.
+
+A Mesos driver registers twice, as bk-bcs's driver does (bk-bcs #136): in the
+gateways' layout ``{root}/mesosdriver/{cluster_id}/`` (:func:`driver_path`), and
+in the Mesos cluster's own layout ``{root}/mesosdriver/`` (:func:`mesos_driver_path`,
+node ``_c_<guid>-<ip><seq>`` directly below it, without the external address),
+where the cluster's own tools look for it. Here both live in the ZooKeeper
+given to the driver (the one its schedulers register in).
+
 Under gunicorn there must be one registration per *server*, not per worker:
 :func:`gunicorn_hooks` returns ``when_ready``/``on_exit`` hooks that register in
-the master process. Example ``gunicorn.conf.py``::
+the master process, and deregister *first* when the master is told to stop
+(SIGTERM, SIGINT, SIGQUIT): the nodes are deleted before gunicorn closes its
+listening sockets and waits for the workers, so gateways stop routing to a
+driver before it stops answering. Example ``gunicorn.conf.py``::
 
     from bcs_middleware.discovery import Endpoint
     from bcs_middleware.discovery.registration import gunicorn_hooks, driver_path
@@ -26,8 +41,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import threading
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from kazoo.client import KazooState
@@ -44,6 +62,16 @@ def driver_path(cluster_id: str, root: str = DEFAULT_ROOT) -> str:
     if not cluster_id or "/" in cluster_id:
         raise ValueError(f"bad cluster id {cluster_id!r}")
     return f"{root.rstrip('/')}/{DRIVER_DIR}/{cluster_id}"
+
+
+def mesos_driver_path(root: str = DEFAULT_ROOT) -> str:
+    """The directory of the Mesos cluster's own layout a driver also registers under."""
+    return f"{root.rstrip('/')}/{DRIVER_DIR}"
+
+
+def go_node_prefix(ip: str) -> str:
+    """``_c_<guid>-<ip>``: the name go-zookeeper's protected sequential nodes get (before the sequence)."""
+    return f"_c_{uuid.uuid4().hex}-{ip}"
 
 
 def apiserver_path(root: str = DEFAULT_ROOT) -> str:
@@ -132,8 +160,12 @@ class Registrar:
             self._registered.set()
         log.info("registered %s as %s", self.endpoint.base_url(), self.node)
 
-    def deregister(self) -> None:
-        """Delete the node and close the session (clean shutdown)."""
+    def deregister(self, wait: float = 1.0) -> None:
+        """Delete the node and close the session (clean shutdown), in at most about ``wait`` seconds.
+
+        With ZooKeeper unreachable the delete cannot happen; the node then expires
+        with the session, and shutting down is not held up by it.
+        """
         with self._lock:
             self._closed = True
             client, self._client = self._client, None
@@ -142,36 +174,80 @@ class Registrar:
         if client is None:
             return
         try:
-            if node is not None:
-                client.delete(node)
+            if node is not None and client.state == KazooState.CONNECTED:
+                client.delete_async(node).get(timeout=wait)
+            elif node is not None:
+                log.warning("ZooKeeper unreachable: %s expires with the session", node)
         except NoNodeError:
             pass
-        except KazooException as exc:
+        except (KazooException, TimeoutError) as exc:
             log.warning("cannot delete %s: %s (it expires with the session)", node, type(exc).__name__)
         finally:
-            client.stop()
-            client.close()
+            # stop() waits for the connection thread, which may be in a reconnect backoff
+            # when ZooKeeper is down: bounded by a daemon thread and a join.
+            closer = threading.Thread(target=_close_client, args=(client,), daemon=True)
+            closer.start()
+            closer.join(wait)
+
+
+def _close_client(client: Any) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # closing must never raise during shutdown
+        log.debug("error closing a ZooKeeper client", exc_info=True)
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 def gunicorn_hooks(
-    zk_hosts: str, path: str, endpoint: Endpoint, *, timeout: float = 10.0
+    zk_hosts: str,
+    path: str,
+    endpoint: Endpoint,
+    *,
+    timeout: float = 10.0,
+    also: Sequence[tuple[str, Endpoint]] = (),
+    go_names: bool = True,
 ) -> tuple[Any, Any]:
     """``(when_ready, on_exit)`` gunicorn server hooks registering once per server.
 
     ``when_ready`` runs in the master after the sockets are bound, so the node
-    only appears once the server can answer; ``on_exit`` removes it.
+    only appears once the server can answer; it also wraps the master's stop
+    signals so the nodes are deleted before gunicorn stops (see the module doc).
+    ``on_exit`` removes whatever is still registered.
+
+    :param also: further ``(directory, endpoint)`` registrations (a driver's second layout).
+    :param go_names: name the nodes as bk-bcs's Go services do (``_c_<guid>-<ip><seq>``).
     """
-    holder: dict[str, Registrar] = {}
+    registrations = [(path, endpoint), *also]
+    registrars: list[Registrar] = []
+
+    def deregister_all() -> None:
+        while registrars:
+            registrars.pop().deregister()
 
     def when_ready(server: Any) -> None:
-        registrar = Registrar(zk_hosts, path, endpoint, timeout=timeout)
-        holder["registrar"] = registrar
-        if not registrar.register(wait=timeout):
-            log.warning("ZooKeeper not reachable yet; %s registers when it is", path)
+        for directory, what in registrations:
+            prefix = go_node_prefix(what.ip) if go_names else ""
+            registrar = Registrar(zk_hosts, directory, what, timeout=timeout, prefix=prefix)
+            registrars.append(registrar)
+            if not registrar.register(wait=timeout):
+                log.warning("ZooKeeper not reachable yet; %s registers when it is", directory)
+        for signum in _STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            signal.signal(signum, _deregister_first(deregister_all, previous))
 
     def on_exit(server: Any) -> None:
-        registrar = holder.pop("registrar", None)
-        if registrar is not None:
-            registrar.deregister()
+        deregister_all()
 
     return when_ready, on_exit
+
+
+def _deregister_first(deregister: Any, previous: Any) -> Any:
+    def on_stop(signum: int, frame: Any) -> None:
+        deregister()
+        if callable(previous):
+            previous(signum, frame)
+
+    return on_stop

@@ -36,6 +36,9 @@ class StaticDiscovery:
     def drivers(self, cluster_id: str) -> tuple[Endpoint, ...]:
         return self._drivers.get(cluster_id, ())
 
+    def registered(self, cluster_id: str) -> bool:
+        return cluster_id in self._drivers
+
     def scheduler_master(self) -> Endpoint | None:
         return self._schedulers[0] if self._schedulers else None
 

@@ -6,7 +6,11 @@
     {root}/scheduler/{seq}                  ephemeral sequential, lowest = master
 
 and keeps an in-memory snapshot that the watch callbacks rebuild and swap in
-whole. Requests only read the snapshot: nothing on the request path talks to
+whole. The snapshot also knows which cluster directories exist: a cluster whose
+directory exists had a driver registered once (:meth:`ZookeeperDiscovery.registered`),
+even when none is live now. Nodes directly under ``{root}/mesosdriver/`` (the
+Mesos cluster's own layout, ``_c_<guid>-<ip><seq>``) are not cluster directories.
+Requests only read the snapshot: nothing on the request path talks to
 ZooKeeper. When the connection is suspended or the session lost, the last
 snapshot keeps serving and :meth:`~ZookeeperDiscovery.stale` turns true (the
 ``bcs_discovery_stale`` gauge follows); kazoo re-arms the watches on reconnect
@@ -45,6 +49,9 @@ class Snapshot:
 
     drivers: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
     schedulers: tuple[Endpoint, ...] = ()
+    #: clusters whose driver directory exists: a driver registered once (the
+    #: directory is persistent, its ephemeral nodes are not)
+    clusters: frozenset[str] = frozenset()
 
 
 def _ordered(children: list[str]) -> list[str]:
@@ -62,20 +69,34 @@ def make_client(hosts: str, timeout: float) -> Any:
     )
 
 
-def start_client(client: Any) -> None:
-    """Start ``client`` in the background, and make sure a process can always exit.
+#: how long a process exiting waits for its ZooKeeper client to stop
+EXIT_WAIT = 1.0
 
-    kazoo registers an exit hook that joins its callback thread; when ZooKeeper is
-    unreachable that thread can be blocked in a watch's read that only a *stopped*
-    client ever releases, and the process would hang at exit (a gunicorn worker
-    until it is killed). Our hook is registered after kazoo's, so it runs first
-    and stops the client, which fails the pending reads and lets kazoo's hook finish.
+
+def start_client(client: Any) -> None:
+    """Start ``client`` in the background, and make sure a process can always exit, quickly.
+
+    kazoo registers an exit hook that joins its callback threads without a time
+    limit; when ZooKeeper is unreachable one of them can be blocked in a watch's
+    read, and stopping the client waits for its connection thread's reconnect
+    backoff: a gunicorn worker would outlive the graceful timeout and be killed.
+    Our hook is registered after kazoo's, so it runs first: it takes kazoo's hook
+    away and stops the client on a daemon thread, waiting at most
+    :data:`EXIT_WAIT` seconds (kazoo's threads are daemons: an exiting process
+    does not wait for them).
     """
     client.start_async()
     atexit.register(_stop_at_exit, client)
 
 
 def _stop_at_exit(client: Any) -> None:
+    atexit.unregister(client.handler.stop)
+    stopper = threading.Thread(target=_stop_quietly, args=(client,), daemon=True)
+    stopper.start()
+    stopper.join(EXIT_WAIT)
+
+
+def _stop_quietly(client: Any) -> None:
     try:
         client.stop()
         client.close()
@@ -163,11 +184,14 @@ class _Session:
             if self._closed:
                 return False
             self.reads += 1
-            wanted = set(children)
+            # Drivers' nodes of the Mesos cluster's own layout sit directly below (named
+            # "_c_<guid>-<ip><seq>" by go-zookeeper): not cluster directories.
+            wanted = {name for name in children if not name.startswith("_c_")}
             with self._lock:
                 new = wanted - self._clusters
                 gone = self._clusters - wanted
                 self._clusters = wanted
+            self._swap(clusters=frozenset(wanted))
             for cluster in gone:
                 self._swap(cluster=cluster, endpoints=None)
             for cluster in sorted(new):
@@ -238,12 +262,14 @@ class _Session:
         cluster: str | None = None,
         endpoints: tuple[Endpoint, ...] | None = None,
         schedulers: tuple[Endpoint, ...] | None = None,
+        clusters: frozenset[str] | None = None,
         clear: str | None = None,
     ) -> None:
         with self._lock:
             old = self.snapshot
             drivers = dict(old.drivers)
             scheds = old.schedulers
+            known = old.clusters if clusters is None else clusters
             if cluster is not None:
                 if endpoints:
                     drivers[cluster] = endpoints
@@ -253,10 +279,11 @@ class _Session:
                 scheds = schedulers
             if clear == DRIVER_DIR:
                 drivers = {}
+                known = frozenset()
                 self._clusters = set()
             elif clear == SCHEDULER_DIR:
                 scheds = ()
-            self.snapshot = Snapshot(drivers, scheds)
+            self.snapshot = Snapshot(drivers, scheds, known)
         with self.changed:
             self.changed.notify_all()
 
@@ -331,6 +358,9 @@ class ZookeeperDiscovery:
 
     def drivers(self, cluster_id: str) -> tuple[Endpoint, ...]:
         return self._current().snapshot.drivers.get(cluster_id, ())
+
+    def registered(self, cluster_id: str) -> bool:
+        return cluster_id in self._current().snapshot.clusters
 
     def scheduler_master(self) -> Endpoint | None:
         schedulers = self._current().snapshot.schedulers

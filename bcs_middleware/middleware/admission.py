@@ -61,7 +61,10 @@ Security: webhooks are only reached over HTTPS verified against their
 :param breaker_threshold: consecutive failures that open a webhook's breaker.
 :param breaker_cooldown: seconds an open breaker fails calls fast.
 :param client: a ready :class:`~bcs_middleware.admission.WebhookClient` (the
-    address map and breaker options are then ignored).
+    address map, breaker and transport options are then ignored).
+:param transport: the outbound transport webhooks are called over (the gateway's one,
+    shared with the proxy); default the process's
+    :func:`~bcs_middleware.upstream.transport.default_transport`.
 
 Example::
 
@@ -106,6 +109,8 @@ from ..errors import (
     UnsupportedMediaType,
 )
 from ..upgrade_request import upgrade_protocol
+from ..upstream.transport import Transport
+from .routing import parse_tunnel_path
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +119,6 @@ Mode = Literal["bcs", "kubernetes", "auto"]
 _CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
 StartResponse = Callable[..., Any]
 
-_TUNNEL = re.compile(r"^/+tunnels/+clusters/+([^/]+)(/.*)?$")
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The gateway's and the mesos-driver's own webhook-definition routes, matched on the whole
 # path: no webhook intercepts changes to webhook definitions (a webhook that refused them
@@ -157,6 +161,7 @@ class AdmissionMiddleware:
         breaker_cooldown: float = 30.0,
         client: WebhookClient | None = None,
         namespace_ttl: float = 5.0,
+        transport: Transport | None = None,
     ) -> None:
         if mode not in ("bcs", "kubernetes", "auto"):
             raise ValueError(f"mode must be bcs, kubernetes or auto, not {mode!r}")
@@ -166,6 +171,7 @@ class AdmissionMiddleware:
         self.mode = mode
         self.max_body = max_body
         client = client or WebhookClient(
+            transport=transport,
             address_map=address_map or {},
             breaker=CircuitBreaker(breaker_threshold, breaker_cooldown),
         )
@@ -184,7 +190,10 @@ class AdmissionMiddleware:
         # (kubectl exec/attach/port-forward); any other request is admitted by its method.
         if method not in _WRITES and upgrade_protocol(environ) is None:
             return self.app(environ, start_response)
-        kubernetes = self._kubernetes(environ)
+        try:
+            kubernetes = self._kubernetes(environ)
+        except BCSError as exc:  # an unsafe tunnel path, refused as routing refuses it
+            return exc(environ, start_response)
         if kubernetes is None and (
             method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", ""))
         ):
@@ -249,19 +258,25 @@ class AdmissionMiddleware:
     # -- Kubernetes -------------------------------------------------------------------
 
     def _kubernetes(self, environ: dict[str, Any]) -> tuple[str, str] | None:
-        """``(cluster_id, api_path)`` when Kubernetes definitions apply, else ``None``."""
+        """``(cluster_id, api_path)`` when Kubernetes definitions apply, else ``None``.
+
+        The routing layer parsed the tunnel path once: the cluster is ``bcs.cluster`` and
+        the path upstream ``bcs.upstream.path``. Without routing in front (a pipeline in
+        ``kubernetes`` mode), the path is split by the same parser, never by one of ours.
+        """
         cluster = env.get_cluster(environ)
         if self.mode == "bcs" or (
             self.mode == "auto" and (cluster is None or cluster.cluster_type != "k8s")
         ):
             return None
-        path = environ.get("PATH_INFO", "")
-        tunnel = _TUNNEL.match(path)
-        cluster_id = cluster.id if cluster else (tunnel.group(1) if tunnel else "")
         upstream = env.get_upstream(environ)
-        if upstream is not None:
-            return cluster_id, upstream.path
-        return cluster_id, (tunnel.group(2) or "/") if tunnel else path
+        if cluster is not None and upstream is not None:
+            return cluster.id, upstream.path
+        path = environ.get("PATH_INFO", "")
+        tunnel = parse_tunnel_path(path, environ.get("RAW_URI") or environ.get("REQUEST_URI"))
+        if cluster is not None:
+            return cluster.id, tunnel.rest if tunnel else path
+        return (tunnel.cluster_id, tunnel.rest) if tunnel else ("", path)
 
     def _admit_kubernetes(
         self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str
@@ -507,15 +522,15 @@ def filter_factory(
         raise ConfigError("[filter:admission] definitions_file and database_url exclude each other")
     store: DefinitionStore = load_definitions_file(path) if path else MemoryDefinitionStore()
     if database_url:
-        from ..middleware.routing import CachedDirectory
+        from ..clusters import CachedDirectory
         from ..store import open_store
         from ..store.definitions import SQLDefinitionStore
         from ..upstream.cluster_api import TunnelClusterReader
-        from ..upstream.transport import PooledTransport
+        from ..upstream.transport import default_transport
 
         sql = open_store(database_url, secret_key=secret_key, migrate=False)
         store = SQLDefinitionStore(sql)
-        options.setdefault("cluster_reader", TunnelClusterReader(CachedDirectory(sql), PooledTransport()))
+        options.setdefault("cluster_reader", TunnelClusterReader(CachedDirectory(sql), default_transport()))
 
     def make(app: Any) -> AdmissionMiddleware:
         return AdmissionMiddleware(app, store=store, **options)

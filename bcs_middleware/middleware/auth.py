@@ -30,17 +30,17 @@ Reads ``HTTP_AUTHORIZATION``, ``PATH_INFO``; sets ``bcs.user`` or ``bcs.agent``.
 from __future__ import annotations
 
 import logging
-import threading
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from time import monotonic
 from typing import Any, Protocol
 
 from .. import converters as conv
 from .. import environ as env
 from ..errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
+from ..lru import LoadingCache
 from ..metrics import BATCH, TOKEN_CACHE
 from ..store.crypto import digests_equal, token_digest
 
@@ -154,35 +154,26 @@ class CachingAuthenticator:
         self.inner = inner
         self.ttl = ttl
         self.max_entries = max_entries
-        # Oldest first; a full cache drops its oldest entry. Not an LRU: a hit would
-        # cost a reordering on every request, and every entry expires within ``ttl``
-        # anyway, when a hot token is looked up again at the back.
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
-        self._lock = threading.Lock()
+        # The package's one cache policy for store answers: kept ``ttl`` after loading,
+        # the oldest loaded dropped first when full; no lock on a hit.
+        self._cache: LoadingCache[str, Principal | None] = LoadingCache(ttl=ttl, max_entries=max_entries)
 
     def authenticate(self, token: str) -> Principal | None:
         if self.ttl <= 0:
             return self.inner.authenticate(token)
-        key = token_digest(token)
-        # The hit path takes no lock: one dict read is atomic under the GIL.
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] > monotonic():
-            BATCH.inc(TOKEN_CACHE, "hit")
-            return entry[1]
-        BATCH.inc(TOKEN_CACHE, "miss")
-        expires = monotonic() + self.ttl
-        principal = self.inner.authenticate(token)
-        with self._lock:
-            entries = self._entries
-            entries.pop(key, None)  # re-inserted at the back: it is the newest now
-            entries[key] = (expires, principal)
-            while len(entries) > self.max_entries:
-                del entries[next(iter(entries))]
+        missed = False
+
+        def load(_key: str) -> Principal | None:
+            nonlocal missed
+            missed = True
+            return self.inner.authenticate(token)
+
+        principal = self._cache.get(token_digest(token), load)
+        BATCH.inc(TOKEN_CACHE, "miss" if missed else "hit")
         return principal
 
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+        self._cache.clear()
 
 
 def bearer_token(environ: Mapping[str, Any]) -> str | None:
@@ -216,6 +207,10 @@ class TokenAuthMiddleware:
         anonymous (the app decides); invalid tokens are still refused.
     :param peer_authenticator: for requests without a token, who the verified
         client certificate belongs to (see :mod:`.client_cert`); ``None``: tokens only.
+    :param public_requests: ``(METHOD, regex)`` pairs whose requests may come
+        without a token and pass through anonymously, the app authenticating
+        them itself (the Go kube-agent's report carries its register token in the
+        body); the regex must match the whole path.
     """
 
     def __init__(
@@ -226,8 +221,10 @@ class TokenAuthMiddleware:
         public_paths: Iterable[str] = ("/healthz", "/readyz"),
         required: bool = True,
         peer_authenticator: PeerAuthenticator | None = None,
+        public_requests: Iterable[tuple[str, str]] = (),
     ) -> None:
         self.app = app
+        self.public_requests = tuple((method.upper(), re.compile(pattern)) for method, pattern in public_requests)
         self.authenticator = authenticator
         self.public_paths = tuple(public_paths)
         # "/healthz" is public as itself and below "/healthz/"; "/static/" below it only.
@@ -238,6 +235,10 @@ class TokenAuthMiddleware:
 
     def is_public(self, path: str) -> bool:
         return path in self._public_exact or path.startswith(self._public_below)
+
+    def _public_request(self, environ: Mapping[str, Any]) -> bool:
+        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
+        return any(m == method and pattern.fullmatch(path) for m, pattern in self.public_requests)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         # A principal is only ever what this layer decided, never something injected upstream of it.
@@ -250,7 +251,7 @@ class TokenAuthMiddleware:
             if peer is not None:
                 environ[env.USER if isinstance(peer, env.User) else env.AGENT] = peer
                 return self.app(environ, start_response)
-            if public or not self.required:
+            if public or not self.required or (self.public_requests and self._public_request(environ)):
                 return self.app(environ, start_response)
             return Unauthorized("missing bearer token")(environ, start_response)
         if token == "":
@@ -276,6 +277,7 @@ class TokenAuthMiddleware:
 
 _OPTIONS: dict[str, conv.Converter] = {
     "database_url": conv.text,
+    "data_dir": conv.text,
     "secret_key": conv.text,
     "tokens_file": conv.text,
     "public_paths": conv.aslist,
@@ -288,8 +290,9 @@ _OPTIONS: dict[str, conv.Converter] = {
 def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     """PasteDeploy filter ``egg:bcs-middleware#token_auth``.
 
-    Tokens come from the gateway's database (``database_url``, with the same
-    ``secret_key`` as the gateway) or from a ``tokens_file`` of digests::
+    Tokens come from the gateway's database — ``data_dir`` (the gateway's data
+    directory) or ``database_url`` (with the same ``secret_key`` as the gateway) —
+    or from a ``tokens_file`` of digests::
 
         [filter:token_auth]
         use = egg:bcs-middleware#token_auth
@@ -304,13 +307,12 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     inner: Authenticator
     if opts.get("tokens_file"):
         inner = StaticAuthenticator.from_file(opts["tokens_file"])
-    elif opts.get("database_url"):
-        from ..store import open_store
-
-        store = open_store(opts["database_url"], secret_key=opts.get("secret_key"), migrate=False)
-        inner = StoreAuthenticator(store)
+    elif opts.get("database_url") or opts.get("data_dir"):
+        inner = StoreAuthenticator(open_gateway_store(
+            data_dir=opts.get("data_dir"), database_url=opts.get("database_url"), secret_key=opts.get("secret_key")
+        ))
     else:
-        raise ConfigError("[filter:token_auth] needs database_url or tokens_file")
+        raise ConfigError("[filter:token_auth] needs data_dir, database_url or tokens_file")
     authenticator = CachingAuthenticator(
         inner, ttl=opts.get("cache_ttl", 5.0), max_entries=opts.get("cache_size", 10_000)
     )
@@ -324,3 +326,35 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         )
 
     return make
+
+
+def open_gateway_store(*, data_dir: str | Path | None = None, database_url: str | None = None,
+                       secret_key: str | None = None) -> Any:
+    """The gateway's store for token auth, refused at start when it is not there.
+
+    A missing database would otherwise answer every token with 503.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..store import open_store, sqlite_url
+
+    url = database_url
+    if url is None:
+        if data_dir is None:
+            raise ConfigError("token auth needs the gateway's data_dir or database_url")
+        path = Path(data_dir)
+        if not (path / "bcs.sqlite3").is_file():
+            raise ConfigError(
+                f"token auth: no gateway database in {path.absolute()}: start the gateway there once "
+                "(bcs-middleware serve --data-dir ...) and issue tokens with its REST API"
+            )
+        url = sqlite_url(path)
+    store = open_store(url, secret_key=secret_key, migrate=False)
+    try:
+        store.find_user("")
+    except SQLAlchemyError:
+        store.dispose()
+        where = database_url or f"data_dir {data_dir}"
+        raise ConfigError(f"token auth: {where} holds no gateway database (its tables are missing): "
+                          "start the gateway on it once") from None
+    return store

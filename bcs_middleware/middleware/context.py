@@ -3,7 +3,8 @@
 :class:`RequestContextMiddleware` gives every request an id (a client's
 ``X-Request-Id`` is kept when it is short and printable, else one is generated)
 and returns it in the response; marks tunnel paths so errors render as
-Kubernetes ``Status``; counts requests and latency per route kind; and writes one
+Kubernetes ``Status`` and Mesos paths (``/bcsapi/``, ``/mesosdriver/``) so they
+render as the bcs envelope; counts requests and latency per route kind; and writes one
 JSON line per request to the ``bcs_middleware.access`` logger when the response
 is finished (closed)::
 
@@ -201,6 +202,8 @@ class RequestContextMiddleware:
         kind = route_kind(path)
         if kind == "tunnel":
             environ[env.ERROR_STYLE] = "kubernetes"
+        elif kind == "mesos":
+            environ[env.ERROR_STYLE] = "bcs"  # bcs clients parse the envelope, even of a 401
         started = monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         status_code = 0

@@ -13,15 +13,20 @@ converted to JSON here with the safe loader, bounded by ``max_yaml`` (413
 beyond), and must be a mapping or a list (400 otherwise), so drivers and
 schedulers only ever see JSON.
 
-Errors (API JSON shape): no ``bcs.user`` → 401 (403 for a register token);
-missing ``BCS-ClusterID`` → 400; given ``access``, a user without ``view`` on the
-cluster (:mod:`bcs_middleware.permissions`) → the 404 of a cluster that does not
-exist, before anything else is said about it; no live driver → 503 naming the cluster; an
-unsafe path (``..``, encoded ``/``) → 400.
+Errors are the source's bcs envelope (``bcs.error_style = "bcs"``:
+``{"result": false, "code": <bk-bcs error number>, "message", "data": null}``)
+with real HTTP statuses: no ``bcs.user`` → 401 (403 for a register token);
+missing ``BCS-ClusterID`` → 400 (1405007); given ``access``, a user without
+``view`` on the cluster (:mod:`bcs_middleware.permissions`) → the 404 of a cluster
+that does not exist, before anything else is said about it; a cluster no driver
+ever registered (:meth:`~bcs_middleware.discovery.Discovery.registered`) → that
+same 404 (1405051, bcs-api's "mesos cluster not found"); registered drivers all
+gone → 503 ``NO_LIVE_DRIVER`` (1405051); a YAML body that does not convert → 400
+(1405065); an unsafe path (``..``, encoded ``/``) → 400.
 
 Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``,
-``HTTP_BCS_CLUSTERID``, ``bcs.user``; sets ``bcs.cluster`` (type ``mesos``) and
-``bcs.upstream``; may rewrite ``wsgi.input``, ``CONTENT_TYPE``,
+``HTTP_BCS_CLUSTERID``, ``bcs.user``; sets ``bcs.error_style``, ``bcs.cluster``
+(type ``mesos``) and ``bcs.upstream``; may rewrite ``wsgi.input``, ``CONTENT_TYPE``,
 ``CONTENT_LENGTH``. Requests outside ``prefix`` pass through untouched.
 
 Example::
@@ -36,6 +41,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,14 +50,17 @@ from .. import converters as conv
 from .. import environ as env
 from ..bodies import parse_yaml, read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from ..errors import BadRequest, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
+from ..errors import BadRequest, BcsCode, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
-from ..permissions import VIEW, ClusterAccess, cluster_not_found
+from ..permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
 
 log = logging.getLogger(__name__)
 
 MESOS_PREFIX = "/bcsapi/v4/scheduler/mesos/"
 DRIVER_PATH = "/mesosdriver/v4/"
+#: Admission definition CRUD, relative to either prefix: served (by the gateway, or a
+#: driver), never admitted or forwarded to a scheduler.
+DEFINITION_PATHS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 _YAML_TYPES = frozenset({"application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"})
 
 
@@ -77,14 +86,20 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     if content_type not in _YAML_TYPES:
         return
     data = read_bounded(environ, max_yaml, what="a YAML body")
-    document = parse_yaml(data, what="the YAML body") if data else None
+    try:
+        document = parse_yaml(data, what="the YAML body") if data else None
+    except BadRequest as exc:  # malformed, too deep, aliases: bcs-api's "yaml convert to json" error
+        exc.bcs_code = exc.bcs_code or BcsCode.API_MEDIA_TYPE_ERROR
+        raise
     if not isinstance(document, dict | list):
-        raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML")
+        raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML",
+                         bcs_code=BcsCode.API_MEDIA_TYPE_ERROR)
     try:
         payload = json.dumps(document).encode()
     except (TypeError, ValueError):
         # Timestamps, sets... safe_load can build values JSON has no form for.
-        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML") from None
+        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML",
+                         bcs_code=BcsCode.API_MEDIA_TYPE_ERROR) from None
     replace_body(environ, payload, content_type="application/json")
 
 
@@ -96,7 +111,7 @@ class MesosRoutingMiddleware:
     :param prefix: the gateway path prefix routed here.
     :param driver_path: the path prefix on the driver.
     :param prefer_external: use a driver's ``external_ip``/``external_port``
-        when it registered them (a gateway outside the cluster network).
+        when it registered both, as bcs-api did (``False``: always the inner address).
     :param max_yaml: largest YAML body converted; larger is a 413.
     :param ca_pem: PEM bundle ``https`` drivers must chain to (``None``: system store).
     :param verify: ``False`` turns TLS verification towards drivers off —
@@ -104,6 +119,11 @@ class MesosRoutingMiddleware:
     :param access: who may use which cluster (the gateway passes its cached
         :class:`~bcs_middleware.permissions.ClusterAuthorizer`); ``None`` lets
         every authenticated user reach every cluster's drivers.
+    :param definitions: a WSGI app serving a cluster's admission definitions
+        (:data:`DEFINITION_PATHS`) instead of a driver: it gets ``bcs.cluster`` and
+        the path under ``driver_path``, after this layer checked that the caller
+        is a superuser or holds ``edit`` on the cluster (``view`` only: 403; less:
+        the 404 of an unknown cluster). ``None``: those paths go to a driver too.
     """
 
     def __init__(
@@ -113,11 +133,12 @@ class MesosRoutingMiddleware:
         discovery: Discovery,
         prefix: str = MESOS_PREFIX,
         driver_path: str = DRIVER_PATH,
-        prefer_external: bool = False,
+        prefer_external: bool = True,
         max_yaml: int = 1024 * 1024,
         ca_pem: str | None = None,
         verify: bool = True,
         access: ClusterAccess | None = None,
+        definitions: Any = None,
     ) -> None:
         if not prefix.startswith("/") or not driver_path.startswith("/"):
             raise ValueError("prefix and driver_path must start with '/'")
@@ -132,6 +153,7 @@ class MesosRoutingMiddleware:
         self.ca_pem = ca_pem
         self.verify = verify
         self.access = access
+        self.definitions = definitions
         # Round-robin start offsets: a process-wide counter is enough to spread
         # load evenly, and next() on itertools.count is atomic under the GIL.
         self._turn = itertools.count()
@@ -139,13 +161,15 @@ class MesosRoutingMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if not environ.get("PATH_INFO", "").startswith(self.prefix):
             return self.app(environ, start_response)
+        environ[env.ERROR_STYLE] = "bcs"
         try:
-            self.route(environ)
+            app = self.route(environ)
         except BCSError as exc:
             return exc(environ, start_response)
-        return self.app(environ, start_response)
+        return app(environ, start_response)
 
-    def route(self, environ: dict[str, Any]) -> None:
+    def route(self, environ: dict[str, Any]) -> Any:
+        """Decide where the request goes (sets the environ); the app to call next."""
         user = env.get_user(environ)
         if user is None:
             if env.get_agent(environ) is not None:
@@ -156,7 +180,19 @@ class MesosRoutingMiddleware:
         cluster_id = cluster_header(environ)
         if self.access is not None and not self.access.allows(user, cluster_id, VIEW):
             raise cluster_not_found(cluster_id)
+        if self.definitions is not None and DEFINITION_PATHS.match(uri):
+            if self.access is not None:
+                if self.access.require(user, cluster_id, EDIT).cluster_type != "mesos":
+                    raise cluster_not_found(cluster_id)  # no Mesos cluster by that id
+            elif not user.is_superuser:
+                raise Forbidden("only superusers manage admission definitions here")
+            yaml_body_to_json(environ, self.max_yaml)
+            environ[env.CLUSTER] = env.Cluster(cluster_id, "", "mesos")
+            environ["PATH_INFO"] = self.driver_path + uri
+            return self.definitions
         drivers = self.discovery.drivers(cluster_id)
+        if not drivers and not self.discovery.registered(cluster_id):
+            raise cluster_not_found(cluster_id)
         if not drivers:
             raise ServiceUnavailable(
                 f"no live mesos-driver for cluster {cluster_id!r}", code_name="NO_LIVE_DRIVER"
@@ -173,6 +209,7 @@ class MesosRoutingMiddleware:
             verify=self.verify,
             name=f"mesos:{cluster_id}",
         )
+        return self.app
 
     def health(self) -> dict[str, Any]:
         """``{"discovery": "ok" | "stale"}`` for a readiness endpoint."""
@@ -227,7 +264,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         # static_drivers =
         #     BCS-MESOS-10001 = https://10.0.0.5:8443 https://10.0.0.6:8443
         ca_file = /etc/bcs/driver-ca.pem
-        prefer_external = false
+        prefer_external = true
         max_yaml = 1MiB
     """
     section = "filter:mesos_routing"

@@ -32,46 +32,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .. import converters as conv
 from .. import environ as env
-from ..errors import BadRequest, BCSError, Forbidden, ServiceUnavailable, Unauthorized
+from ..clusters import CachedDirectory, ClusterDirectory, upstream_for
+from ..errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..shapes import ShapeCache
-from ..store import ClusterRecord, CredentialRecord
-from ..ttlcache import TTLCache
 
 TUNNEL_PREFIX = "/tunnels/clusters/"
-
-
-class ClusterDirectory(Protocol):
-    """Where clusters and their reported credentials come from (``SQLStore`` has both)."""
-
-    def find_cluster(self, cluster_id: str) -> ClusterRecord | None: ...
-
-    def get_credentials(self, cluster_id: str) -> CredentialRecord | None: ...
-
-
-class CachedDirectory:
-    """A per-process TTL cache over a :class:`ClusterDirectory`.
-
-    ``ttl`` bounds how long a worker keeps using credentials after the kube-agent
-    reported new ones (and how long a new cluster takes to appear).
-    """
-
-    def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0) -> None:
-        self.inner = inner
-        self.ttl = ttl
-        self._cache: TTLCache[str, tuple[ClusterRecord | None, CredentialRecord | None]] = TTLCache(ttl=ttl)
-
-    def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
-        return self._cache.get(cluster_id, self._load)
-
-    def _load(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
-        cluster = self.inner.find_cluster(cluster_id)
-        return cluster, self.inner.get_credentials(cluster_id) if cluster is not None else None
 
 
 @dataclass(frozen=True)
@@ -117,13 +88,6 @@ def _scan_impersonation(keys: tuple[str, ...]) -> tuple[str, ...]:
 
 # A client's requests carry the same environ keys each time: scanned once per shape.
 _impersonation_keys = ShapeCache(_scan_impersonation)
-
-
-@functools.lru_cache(maxsize=4096)
-def _impersonating(user: env.User) -> tuple[tuple[str, str], ...]:
-    """``Impersonate-User``/``-Group`` for a user (users are immutable: cached)."""
-    return (("Impersonate-User", user.name),
-            *(("Impersonate-Group", group) for group in ("system:authenticated", *user.groups)))
 
 
 class ClusterRoutingMiddleware:
@@ -189,22 +153,14 @@ class ClusterRoutingMiddleware:
         if cluster.cluster_type != "k8s":
             raise BadRequest(f"cluster {cluster.id!r} is not a Kubernetes cluster", code_name="NOT_KUBERNETES")
         if creds is None or not creds.server_addresses:
-            raise ServiceUnavailable(
-                f"cluster {cluster.id!r} has no credentials yet: is its kube-agent running?",
-                code_name="CLUSTER_CREDENTIALS_MISSING",
+            raise ClusterNotReady(
+                f"cluster {cluster.id!r} has no credentials yet: its kube-agent has not reported "
+                "(is it running? see README: Register a cluster)"
             )
-        headers = _impersonating(user) if self.rbac and not user.is_superuser else ()
         environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
-        environ[env.UPSTREAM] = env.Upstream(
-            base_urls=creds.server_addresses,
-            path=tunnel.rest,
-            query=environ.get("QUERY_STRING", ""),
-            ca_pem=creds.cacert_pem,
-            server_name=self.tls_server_name,
-            verify=self.verify,
-            bearer_token=creds.user_token,
-            set_headers=headers,
-            name=f"cluster:{cluster.id}",
+        environ[env.UPSTREAM] = upstream_for(
+            creds, user=user if self.rbac and not user.is_superuser else None, path=tunnel.rest,
+            query=environ.get("QUERY_STRING", ""), server_name=self.tls_server_name, verify=self.verify,
         )
 
 

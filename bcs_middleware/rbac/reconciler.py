@@ -8,8 +8,8 @@ has the name a grant wants, which is reported as a failure instead.
 
 :class:`Reconciler` schedules clusters: each runs on a bounded thread pool
 without anyone waiting for it, so a cluster that hangs until its timeouts only
-holds its own worker. A cluster is due when the grants changed since it last
-succeeded (unless it was unreachable), when its credentials changed, after
+holds its own worker. A cluster is due when the grants changed since its last
+pass (unless it was unreachable), when its credentials changed, after
 ``interval`` seconds, or — after a failure — when its backoff (``backoff_base`` doubling up to ``backoff_max``,
 with jitter) has passed.
 """
@@ -248,8 +248,12 @@ class Reconciler:
             state = self._states.setdefault(creds.cluster_id, _ClusterState())
             state.in_flight = False
             state.unreachable = outcome.error is not None
+            # These grants were tried: a pass that failed on some bindings (a name
+            # taken by a binding we do not own) waits for its backoff, like any
+            # other failure, instead of being "changed" again at every tick.
+            state.digest = permissions.digest
             if outcome.ok:
-                state.digest, state.failures = permissions.digest, 0
+                state.failures = 0
                 delay = self.interval
             else:
                 state.failures += 1

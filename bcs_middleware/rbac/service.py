@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from .. import metrics
 from ..errors import BCSError, ConfigError
 from ..store import CredentialRecord, SQLStore
 from ..store import models as m
@@ -260,9 +261,9 @@ class RBACService:
         for operation in ("created", "updated", "deleted", "failed"):
             count = getattr(outcome, operation)
             if count:
-                RBAC_OPERATIONS.labels(outcome.cluster_id, operation).inc(count)
+                RBAC_OPERATIONS.labels(metrics.cluster_label(outcome.cluster_id), operation).inc(count)
         result = outcome.as_dict()["result"]
-        RBAC_RUNS.labels(outcome.cluster_id, result).inc()
+        RBAC_RUNS.labels(metrics.cluster_label(outcome.cluster_id), result).inc()
         document = {**outcome.as_dict(), "holder": self.lease.holder}
         try:
             write_status(self.store, CLUSTER_SCOPE + outcome.cluster_id, document)
@@ -289,9 +290,11 @@ def build_service(store: SQLStore, *, source_file: str | None = None, source_url
                   source_token_file: str | None = None, source_ca_file: str | None = None,
                   interval: float = 300.0, tls_server_name: str | None = None, verify: bool = True,
                   connect_timeout: float = 5.0, read_timeout: float = 30.0,
-                  address_policy: AddressPolicy | None = None) -> RBACService:
+                  address_policy: AddressPolicy | None = None, transport: Transport | None = None) -> RBACService:
     """The service as gateway configuration describes it (``rbac_source_file`` *or* ``rbac_source_url``).
 
+    :param transport: the process's outbound transport (the gateway passes the one every
+        layer shares), used for the URL source and the clusters; else one of its own.
     :raises ConfigError: no source, both sources, or an unsafe URL configuration.
     """
     if bool(source_file) == bool(source_url):
@@ -303,9 +306,9 @@ def build_service(store: SQLStore, *, source_file: str | None = None, source_url
         assert source_url is not None
         try:
             source = HTTPSource(source_url, token_file=source_token_file, ca_file=source_ca_file,
-                                poll_interval=min(30.0, interval))
+                                poll_interval=min(30.0, interval), transport=transport)
         except ValueError as exc:
             raise ConfigError(f"rbac_source_url: {exc}") from None
     return RBACService(store, source, interval=interval, tls_server_name=tls_server_name, verify=verify,
                        connect_timeout=connect_timeout, read_timeout=read_timeout,
-                       address_policy=address_policy)
+                       address_policy=address_policy, transport=transport)

@@ -11,7 +11,9 @@ file or a half-written answer never revokes anything.
 * :class:`HTTPSource` polls with ``If-None-Match`` (a ``304`` costs no parsing
   and changes nothing), presents a bearer token read from a file at every poll
   (so a rotated token is picked up), verifies TLS (system store or a CA file),
-  and bounds the answer's size and the whole request's time.
+  and bounds the answer's size and the whole request's time. It calls over the
+  gateway's one outbound transport (:mod:`bcs_middleware.upstream.transport`):
+  its codec, pool, address policy and error translation.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import requests
-
+from .. import environ as env
+from ..errors import BCSError
+from ..upstream.failures import UpstreamFailure, UpstreamTimeout
+from ..upstream.transport import Transport, default_transport
 from .model import MAX_DOCUMENT, Permissions, load_permissions
 
 log = logging.getLogger(__name__)
@@ -100,18 +104,22 @@ class HTTPSource:
     :param token_file: file holding the bearer token to present (read at every poll).
     :param ca_file: CA bundle to verify the server with; default the system store.
     :param verify: ``False`` only when an operator explicitly turned checking off (logged).
-    :param connect_timeout: seconds to connect.
+    :param connect_timeout: kept for compatibility; connecting is bounded by the
+        transport's connect timeout and ``timeout``.
     :param timeout: seconds for the whole request, body included.
     :param max_bytes: the largest document accepted.
     :param poll_interval: seconds between polls; :meth:`poll` returns ``None`` in between.
+    :param transport: the outbound transport (the gateway's); default the process's.
 
     A bearer token is never sent over plain ``http://`` — that configuration is refused.
     """
 
     def __init__(self, url: str, *, token_file: str | Path | None = None, ca_file: str | Path | None = None,
                  verify: bool = True, connect_timeout: float = 5.0, timeout: float = 30.0,
-                 max_bytes: int = MAX_DOCUMENT, poll_interval: float = 30.0) -> None:
-        scheme = urlsplit(url).scheme
+                 max_bytes: int = MAX_DOCUMENT, poll_interval: float = 30.0,
+                 transport: Transport | None = None) -> None:
+        parts = urlsplit(url)
+        scheme = parts.scheme
         if scheme not in ("http", "https"):
             raise ValueError(f"rbac source URL must be http(s), not {scheme!r}")
         if scheme == "http" and token_file is not None:
@@ -119,7 +127,11 @@ class HTTPSource:
         self.url = url
         self.name = f"url:{_redact(url)}"
         self.token_file = Path(token_file) if token_file is not None else None
-        self.verify: bool | str = str(ca_file) if (verify and ca_file) else verify
+        self.ca_file = Path(ca_file) if (verify and ca_file) else None
+        self.verify = verify
+        self._origin = f"{scheme}://{parts.netloc.rpartition('@')[2]}"
+        self._path = parts.path or "/"
+        self._query = parts.query
         if not verify:
             log.warning("rbac: TLS verification of %s is turned OFF by configuration", self.name)
         self.connect_timeout = connect_timeout
@@ -131,7 +143,7 @@ class HTTPSource:
         self.not_modified = 0
         self._next_poll = 0.0
         self._digest: str | None = None
-        self._session: requests.Session | None = None
+        self._transport = transport
 
     def _token(self) -> str | None:
         if self.token_file is None:
@@ -149,45 +161,47 @@ class HTTPSource:
         if not force and now < self._next_poll:
             return None
         self._next_poll = now + self.poll_interval
-        headers = {"Accept": "application/json, application/yaml;q=0.9"}
+        headers = [("Accept", "application/json, application/yaml;q=0.9")]
         token = self._token()
         if token:
-            headers["Authorization"] = f"Bearer {token}"
+            headers.append(("Authorization", f"Bearer {token}"))
         if self.etag:
-            headers["If-None-Match"] = self.etag
-        if self._session is None:
-            self._session = requests.Session()
-            self._session.trust_env = False  # no proxy or netrc credentials picked up behind our back
+            headers.append(("If-None-Match", self.etag))
+        upstream = env.Upstream(base_urls=(self._origin,), path=self._path, query=self._query,
+                                ca_pem=self._ca_pem(), verify=self.verify, name=self.name)
         deadline = now + self.timeout
         self.fetches += 1
+        transport = self._transport or default_transport()
         try:
-            with self._session.get(self.url, headers=headers, verify=self.verify, stream=True,
-                                   allow_redirects=False,
-                                   timeout=(self.connect_timeout, self.timeout)) as response:
-                if response.status_code == 304:
-                    self.not_modified += 1
-                    return None
-                if response.status_code != 200:
-                    raise SourceError(f"{self.name} answered HTTP {response.status_code}")
-                declared = response.headers.get("Content-Length")
-                if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                    raise SourceError(f"{self.name}: document larger than {self.max_bytes} bytes")
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in response.iter_content(65536):
+            # Each wait bounded by the whole request's time (connecting also by the
+            # transport's connect timeout); the body loop below checks the deadline.
+            response = transport.send(upstream, "GET", headers, None, None, timeout=self.timeout)
+        except BCSError as exc:
+            raise _source_error(self.name, exc) from None
+        try:
+            if response.status == 304:
+                self.not_modified += 1
+                return None
+            if response.status != 200:
+                raise SourceError(f"{self.name} answered HTTP {response.status}")
+            declared = response.length_remaining
+            if declared is not None and declared > self.max_bytes:
+                raise SourceError(f"{self.name}: document larger than {self.max_bytes} bytes")
+            chunks: list[bytes] = []
+            size = 0
+            try:
+                while chunk := response.read1(65536):
                     size += len(chunk)
                     if size > self.max_bytes:
                         raise SourceError(f"{self.name}: document larger than {self.max_bytes} bytes")
                     if time.monotonic() > deadline:
                         raise SourceError(f"{self.name}: answer took longer than {self.timeout:.0f}s")
                     chunks.append(chunk)
-                etag = response.headers.get("ETag")
-        except requests.exceptions.SSLError:
-            raise SourceError(f"{self.name}: TLS certificate verification failed") from None
-        except requests.exceptions.Timeout:
-            raise SourceError(f"{self.name}: timed out") from None
-        except requests.exceptions.RequestException as exc:
-            raise SourceError(f"{self.name}: {type(exc).__name__}") from None
+            except BCSError as exc:
+                raise _source_error(self.name, exc) from None
+            etag = next((value for key, value in response.headers if key.lower() == "etag"), None)
+        finally:
+            response.release_conn()
         # Remembered before parsing: a bad document is not re-fetched and re-logged
         # until the server has a new version of it.
         self.etag = etag
@@ -197,7 +211,26 @@ class HTTPSource:
         self._digest = permissions.digest
         return permissions
 
+    def _ca_pem(self) -> str | None:
+        # Read at every poll, like the token: a rotated CA file is picked up (the
+        # transport keeps one TLS context per distinct bundle).
+        if self.ca_file is None:
+            return None
+        try:
+            return self.ca_file.read_text()
+        except (OSError, UnicodeError) as exc:
+            raise SourceError(f"cannot read the rbac source CA file {self.ca_file}: {exc}") from None
+
     def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        """Nothing of its own to close: connections belong to the shared transport."""
+
+
+def _source_error(name: str, exc: BCSError) -> SourceError:
+    """The transport's error as a :class:`SourceError` (hosts only, no token, no URL credentials)."""
+    if isinstance(exc, UpstreamTimeout):
+        return SourceError(f"{name}: timed out")
+    if isinstance(exc, UpstreamFailure) and exc.kind in ("tls", "hostname"):
+        return SourceError(f"{name}: TLS certificate verification failed")
+    if isinstance(exc, UpstreamFailure) and exc.kind == "refused":
+        return SourceError(f"{name}: connection refused or host unreachable")
+    return SourceError(f"{name}: {exc.message}")

@@ -35,11 +35,20 @@ _K8S = "k8s"
 class SQLDefinitionStore:
     """:param store: the gateway's :class:`SQLStore`.
     :param refresh: how stale (seconds) a process may see the definitions.
+    :param bcs_cluster: the Mesos cluster whose bcs definitions this store reads and
+        writes (``""``: the gateway-wide ones, managed by superusers under ``/rest/``).
+        The gateway manages a cluster's own under ``/bcsapi/v4/scheduler/mesos/…``.
+    :param inherit: with ``bcs_cluster``, :meth:`list_bcs` also returns the
+        gateway-wide definitions, which win over the cluster's own for the same
+        (operation, kind) — what that cluster's driver admits with.
     """
 
-    def __init__(self, store: SQLStore, *, refresh: float = 2.0) -> None:
+    def __init__(self, store: SQLStore, *, refresh: float = 2.0, bcs_cluster: str = "",
+                 inherit: bool = False) -> None:
         self.store = store
         self.refresh = refresh
+        self.bcs_cluster = bcs_cluster
+        self.inherit = inherit and bool(bcs_cluster)
         self._lock = threading.Lock()
         self._checked = 0.0
         self._version = -1
@@ -120,17 +129,26 @@ class SQLDefinitionStore:
     # -- bcs definitions -------------------------------------------------------------
 
     def list_bcs(self) -> list[BcsDefinition]:
-        return sorted(self._rows(_BCS, ""), key=lambda d: d.name)
+        own = self._rows(_BCS, self.bcs_cluster)
+        if not self.inherit:
+            return sorted(own, key=lambda d: d.name)
+        wide = self._rows(_BCS, "")
+        covered = {d.key for d in wide}
+        return sorted(wide + [d for d in own if d.key not in covered], key=lambda d: d.name)
 
     def get_bcs(self, name: str) -> BcsDefinition | None:
         return next((d for d in self.list_bcs() if d.name == name), None)
 
     def put_bcs(self, definition: BcsDefinition) -> bool:
         match_key = f"{definition.operation}/{definition.kind}"
-        return self._put(_BCS, "", "admissionwebhook", definition.name, match_key, dict(definition.document))
+        if self.bcs_cluster and any(d.key == definition.key for d in self._rows(_BCS, "")):
+            # A cluster's editors may add admission, never replace a superuser's for their cluster.
+            raise Conflict(f"a gateway-wide admission definition already covers {match_key.replace('/', ' ')}")
+        return self._put(_BCS, self.bcs_cluster, "admissionwebhook", definition.name, match_key,
+                         dict(definition.document))
 
     def delete_bcs(self, name: str) -> bool:
-        return self._delete(_BCS, "", "admissionwebhook", name)
+        return self._delete(_BCS, self.bcs_cluster, "admissionwebhook", name)
 
     # -- Kubernetes configurations ------------------------------------------------------
 

@@ -48,6 +48,29 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+#: driver name → (module, the extra that installs it)
+_DRIVERS = {"postgresql+psycopg": ("psycopg", "postgresql"), "mysql+pymysql": ("pymysql", "mysql")}
+
+
+def _require_driver(url: str) -> None:
+    """A clear ConfigError at start, not a ModuleNotFoundError traceback, when a driver is missing."""
+    import importlib
+
+    from ..errors import ConfigError
+
+    driver = make_url(url).drivername
+    if driver not in _DRIVERS:
+        return
+    module, extra = _DRIVERS[driver]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"the database URL needs the {module} driver, which is not installed: "
+            f"pip install 'bcs-middleware[{extra}]'"
+        ) from None
+
+
 def sqlite_url(data_dir: Path) -> str:
     return f"sqlite:///{Path(data_dir).resolve() / 'bcs.sqlite3'}"
 
@@ -134,6 +157,7 @@ class SQLStore:
 
     def __init__(self, url: str, *, secrets: SecretBox) -> None:
         self.url = normalize_url(url)
+        _require_driver(self.url)
         self.secrets = secrets
         self._engine: Engine | None = None
         self._pid = 0
@@ -579,6 +603,21 @@ class SQLStore:
         if row is None or not digests_equal(row.token_hash, digest):
             return None
         return str(row.cluster_id)
+
+    def check_register_token(self, cluster_id: str, token: str) -> bool | None:
+        """Whether ``token`` is ``cluster_id``'s register token; ``None`` when the cluster has none
+        (never created, revoked, or no such cluster — one answer for all three).
+
+        The digests are compared in constant time; the token itself is never stored.
+        """
+        digest = token_digest(token)
+        with self.connection() as conn:
+            row = conn.execute(
+                select(m.register_tokens.c.token_hash).where(m.register_tokens.c.cluster_id == cluster_id)
+            ).first()
+        if row is None:
+            return None
+        return digests_equal(row.token_hash, digest)
 
     def put_credentials(
         self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str

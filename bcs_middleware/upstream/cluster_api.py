@@ -19,8 +19,8 @@ from typing import Any
 
 from .. import environ as env
 from ..bodies import parse_json
+from ..clusters import CachedDirectory, upstream_for
 from ..errors import BadGateway, BadRequest, BCSError, ServiceUnavailable
-from ..middleware.routing import CachedDirectory
 from ..store import CredentialRecord
 from .transport import Transport
 
@@ -44,11 +44,7 @@ def cluster_request(
     :raises BCSError: the transport's connect/TLS/timeout errors, or
         :class:`BadGateway` when the answer exceeds ``max_bytes``.
     """
-    upstream = env.Upstream(
-        base_urls=credentials.server_addresses, path=path, query=query, ca_pem=credentials.cacert_pem,
-        server_name=tls_server_name, verify=verify, bearer_token=credentials.user_token,
-        name=f"cluster:{credentials.cluster_id}",
-    )
+    upstream = upstream_for(credentials, path=path, query=query, server_name=tls_server_name, verify=verify)
     return upstream_request(transport, upstream, method, body=body, max_bytes=max_bytes)
 
 

@@ -31,29 +31,61 @@ Stage = Literal["connect", "tls", "response", "body"]
 
 TLS_ERROR = "UPSTREAM_TLS_ERROR"
 
+#: Why an exchange failed, for callers that tell causes apart (the webhook client's
+#: metric labels): ``refused`` nothing listens or the host is unreachable, ``timeout``,
+#: ``tls`` the handshake or the certificate, ``hostname`` the certificate names another
+#: host, ``malformed`` the answer broke HTTP/1.1, ``broken`` the connection dropped.
+Kind = Literal["refused", "timeout", "tls", "hostname", "malformed", "broken"]
+
+
+class UpstreamFailure(BadGateway):
+    """A 502 from :func:`translate`, with the stage and kind of failure it reports."""
+
+    def __init__(self, message: str, *, stage: Stage, kind: Kind, code_name: str | None = None) -> None:
+        super().__init__(message, code_name=code_name)
+        self.stage = stage
+        self.kind = kind
+
+
+class UpstreamTimeout(GatewayTimeout):
+    """A 504 from :func:`translate` (``kind`` is always ``timeout``)."""
+
+    kind: Kind = "timeout"
+
+    def __init__(self, message: str, *, stage: Stage) -> None:
+        super().__init__(message)
+        self.stage = stage
+
 
 def translate(exc: BaseException, stage: Stage, label: str, host: str) -> BCSError:
     """The error a caller gets for ``exc``, raised at ``stage`` towards ``host``."""
     where = f"upstream {label}"
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(f"{where}: {_TIMED_OUT[stage].format(host=host)}", stage=stage)
     if stage == "connect":
-        if isinstance(exc, TimeoutError):
-            return GatewayTimeout(f"{where}: connecting to {host} timed out")
-        return BadGateway(f"{where}: cannot connect to {host} (connection refused or unreachable)")
+        return UpstreamFailure(f"{where}: cannot connect to {host} (connection refused or unreachable)",
+                               stage=stage, kind="refused")
     if stage == "tls":
         if isinstance(exc, ssl.SSLCertVerificationError):
             reason = exc.verify_message or "certificate verify failed"
-            return BadGateway(f"{where}: the TLS certificate of {host} did not verify ({reason})",
-                              code_name=TLS_ERROR)
-        if isinstance(exc, TimeoutError):
-            return GatewayTimeout(f"{where}: TLS handshake with {host} timed out")
-        return BadGateway(f"{where}: TLS handshake with {host} failed", code_name=TLS_ERROR)
+            kind: Kind = "hostname" if exc.verify_code == _HOSTNAME_MISMATCH else "tls"
+            return UpstreamFailure(f"{where}: the TLS certificate of {host} did not verify ({reason})",
+                                   stage=stage, kind=kind, code_name=TLS_ERROR)
+        return UpstreamFailure(f"{where}: TLS handshake with {host} failed", stage=stage, kind="tls",
+                               code_name=TLS_ERROR)
     if isinstance(exc, (UpstreamProtocolError, httptools.HttpParserError)):
         # The codec's reasons are fixed phrases (llhttp's included), never upstream bytes.
-        return BadGateway(f"{where}: {host} sent a malformed answer ({exc})")
+        return UpstreamFailure(f"{where}: {host} sent a malformed answer ({exc})", stage=stage, kind="malformed")
     if stage == "response":
-        if isinstance(exc, TimeoutError):
-            return GatewayTimeout(f"{where}: no response from {host} in time")
-        return BadGateway(f"{where}: {host} closed or reset the connection")
-    if isinstance(exc, TimeoutError):
-        return GatewayTimeout(f"{where}: {host} stopped sending its answer")
-    return BadGateway(f"{where}: {host} broke off its answer")
+        return UpstreamFailure(f"{where}: {host} closed or reset the connection", stage=stage, kind="broken")
+    return UpstreamFailure(f"{where}: {host} broke off its answer", stage=stage, kind="broken")
+
+
+_TIMED_OUT: dict[Stage, str] = {
+    "connect": "connecting to {host} timed out",
+    "tls": "TLS handshake with {host} timed out",
+    "response": "no response from {host} in time",
+    "body": "{host} stopped sending its answer",
+}
+# X509_V_ERR_HOSTNAME_MISMATCH: the certificate verified but names another host.
+_HOSTNAME_MISMATCH = 62

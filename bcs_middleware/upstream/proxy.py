@@ -439,7 +439,7 @@ def _count_error(upstream: env.Upstream, exc: BCSError) -> None:
         cause = "connect"
     else:
         cause = "protocol"
-    metrics.UPSTREAM_ERRORS.labels(upstream.name or "?", cause).inc()
+    metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(upstream.name or "?"), cause).inc()
 
 
 def _unreachable(environ: dict[str, Any], upstream: env.Upstream, exc: BCSError) -> BCSError:
@@ -515,7 +515,7 @@ class _StreamedBody:
             if self._ending:
                 return  # shutting down: end the response cleanly (the connection is not reused)
             cause = "timeout" if isinstance(exc, GatewayTimeout) else "protocol"
-            metrics.UPSTREAM_ERRORS.labels(self._label or "?", cause).inc()
+            metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(self._label or "?"), cause).inc()
             log.info("upstream %s: response body broke off (%s)", self._label, cause)
             # Ending normally would send the last chunk and make a truncated
             # body look complete; an exception makes the server drop the client.

@@ -50,13 +50,24 @@ Behaviour of :meth:`PooledTransport.send`:
 TLS and error rules, but always on a fresh connection that is never pooled; a
 ``101`` answer's socket is handed to the caller (``detach()``).
 
+**One per process.** Every outbound call of a process goes through one instance:
+the gateway (:func:`bcs_middleware.gateway.build_gateway`) makes it from its
+configuration (timeouts, the address policy) and hands it to the proxy (tunnel and
+Mesos drivers), the webhook client, the admission layer's cluster reads and the RBAC
+source and sync; layers assembled on their own share :func:`default_transport`. Both
+the errors (:mod:`.failures`) and the address policy are therefore the same for
+every call.
+
 **Fork safety**: nothing is opened at import or construction; pools fill on first
-use. A transport that has been *used* must not be shared across a fork: call
+use. ``serve`` builds the gateway in each worker after the fork, and
+:func:`default_transport` makes a new instance in a forked child. A transport that
+has been *used* must not be shared across a fork otherwise: call
 :meth:`PooledTransport.reset` in gunicorn's ``post_fork``.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -82,7 +93,7 @@ from .tls_contexts import TLSContexts
 
 __all__ = [
     "HOP_BY_HOP", "PooledTransport", "Response", "Transport", "UpgradeResponse", "UpgradeTransport",
-    "UpstreamProtocolError", "UpstreamResponse", "connection_tokens", "named_by_connection",
+    "UpstreamProtocolError", "UpstreamResponse", "connection_tokens", "default_transport", "named_by_connection",
 ]
 
 Body = Iterable[bytes] | None
@@ -127,6 +138,8 @@ class Transport(Protocol):
         headers: list[tuple[str, str]],
         body: Body,
         content_length: int | None,
+        *,
+        timeout: float | None = None,
     ) -> Response: ...
 
     def close(self) -> None: ...
@@ -335,6 +348,8 @@ class PooledTransport:
         headers: list[tuple[str, str]],
         body: Body,
         content_length: int | None,
+        *,
+        timeout: float | None = None,
     ) -> UpstreamResponse:
         """Send one request, failing over across ``upstream.base_urls``.
 
@@ -344,9 +359,13 @@ class PooledTransport:
             consumed once.
         :param content_length: the exact body length, or ``None`` to send a
             body chunked.
-        :raises BCSError: :class:`BadGateway` or :class:`GatewayTimeout`.
+        :param timeout: this call's own bound on every wait (connecting, each
+            read) instead of the transport's ``connect_timeout``/``read_timeout``/
+            ``stream_idle_timeout`` — a webhook's ``timeoutSeconds``.
+        :raises BCSError: :class:`BadGateway` or :class:`GatewayTimeout`
+            (:mod:`.failures` subclasses saying which stage failed, and how).
         """
-        return self._send(upstream, method, headers, body, content_length, upgrade=False)
+        return self._send(upstream, method, headers, body, content_length, upgrade=False, timeout=timeout)
 
     def open_upgrade(
         self, upstream: Upstream, method: str, headers: list[tuple[str, str]]
@@ -366,7 +385,7 @@ class PooledTransport:
             :meth:`UpstreamResponse.detach`, otherwise read the body as usual
             (the connection closes when it is released).
         """
-        return self._send(upstream, method, headers, None, None, upgrade=True)
+        return self._send(upstream, method, headers, None, None, upgrade=True, timeout=None)
 
     def _send(
         self,
@@ -377,6 +396,7 @@ class PooledTransport:
         content_length: int | None,
         *,
         upgrade: bool,
+        timeout: float | None,
     ) -> UpstreamResponse:
         if time.monotonic() >= self._next_sweep:
             self._sweep()
@@ -402,7 +422,7 @@ class PooledTransport:
                 conn = None if upgrade else self._pool.get(key)
                 if conn is None:
                     try:
-                        conn = self._connect(key, label)
+                        conn = self._connect(key, label, timeout)
                     except BCSError as exc:
                         if exc.code_name == TLS_ERROR:
                             raise
@@ -411,7 +431,7 @@ class PooledTransport:
                         last_error = exc
                         break  # next address: nothing was sent
                 try:
-                    return self._exchange(conn, label, method, head, body, content_length, upgrade)
+                    return self._exchange(conn, label, method, head, body, content_length, upgrade, timeout)
                 except FOREIGN as exc:
                     conn.close()
                     if conn.reused and replayable and isinstance(exc, ConnectionError):
@@ -429,8 +449,8 @@ class PooledTransport:
         raise last_error
 
     def _exchange(self, conn: Connection, label: str, method: str, head: bytes, body: Body,
-                  content_length: int | None, upgrade: bool) -> UpstreamResponse:
-        conn.set_timeout(self.read_timeout)
+                  content_length: int | None, upgrade: bool, timeout: float | None) -> UpstreamResponse:
+        conn.set_timeout(self.read_timeout if timeout is None else timeout)
         conn.sendall(head)
         if body is not None:
             chunked = content_length is None
@@ -459,17 +479,19 @@ class PooledTransport:
         if reader.status == 101:
             return resp  # the caller detaches the socket; nothing to release
         if resp.length_remaining is None:
-            conn.set_timeout(self.stream_idle_timeout)
+            conn.set_timeout(self.stream_idle_timeout if timeout is None else timeout)
         elif resp.complete:
             resp.release_conn()
         return resp
 
-    def _connect(self, key: PoolKey, label: str) -> Connection:
+    def _connect(self, key: PoolKey, label: str, timeout: float | None = None) -> Connection:
         """The one place a connection to an upstream is made (TCP, then TLS for https)."""
         try:
             # The address policy resolves and checks every address, and connects only to an
             # allowed one (AddressRefused, a BCSError, passes through to the failover).
-            sock = self.address_policy.connect(key.host, key.port, self.connect_timeout, label=label)
+            sock = self.address_policy.connect(
+                key.host, key.port, self.connect_timeout if timeout is None else min(timeout, self.connect_timeout),
+                label=label)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except FOREIGN as exc:
             raise translate(exc, "connect", label, key.host) from None
@@ -537,3 +559,28 @@ def _parse_origin(base: str) -> tuple[str, str, int, str, str]:
     shown = f"[{host}]" if ":" in host else host
     host_header = shown if port == default else f"{shown}:{port}"
     return scheme, host, port, parts.path.rstrip("/"), host_header
+
+
+_default: tuple[int, PooledTransport] | None = None
+_default_lock = threading.Lock()
+
+
+def default_transport() -> PooledTransport:
+    """This process's transport for layers assembled without one (ini filters, tests).
+
+    The gateway (:func:`bcs_middleware.gateway.build_gateway`) makes its own from its
+    configuration (timeouts, address policy) and hands that one instance to every
+    layer that calls out; a layer built on its own (a PasteDeploy filter, an admission
+    API without an engine) shares this one instead of opening pools of its own. Made
+    on first use, and made anew in a forked child: connections are never shared
+    across a fork.
+    """
+    global _default
+    pid = os.getpid()
+    current = _default
+    if current is None or current[0] != pid:
+        with _default_lock:
+            current = _default
+            if current is None or current[0] != pid:
+                current = _default = (pid, PooledTransport())
+    return current[1]

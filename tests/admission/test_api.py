@@ -208,3 +208,52 @@ def test_review_of_kubernetes_definitions(hooks, ca):
     assert result["webhooks"][0]["outcome"] == "patched"
     assert call(client, "POST", "/rest/admission/review",
                 {"operation": "DELETE", "object": pod}).status_code == 400
+
+
+def test_review_is_a_dry_run_and_never_calls_a_webhook_with_side_effects(hooks, ca):
+    # The review forwards nothing, so every webhook it calls must be told so, and a
+    # webhook that acts on what it is sent (sideEffects Some/Unknown) must not be called.
+    safe = hooks(k8s_add_label("sidecar", "yes"))
+    acting = hooks(k8s_add_label("acted", "yes"))
+    store = MemoryDefinitionStore()
+    client = api(store, AdmissionEngine(store, client=client_for(("hook-a.webhooks", safe),
+                                                                 ("hook-b.webhooks", acting))))
+    configuration = k8s_configuration("cfg", [k8s_webhook("a.example.com", "hook-a.webhooks", ca)])
+    call(client, "POST", "/rest/clusters/c1/admissionwebhookconfigurations", configuration)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "n"}}
+    document = {"operation": "CREATE", "cluster_id": "c1", "resource": "pods", "object": pod,
+                "dryRun": False}
+    result = call(client, "POST", "/rest/admission/review", document).get_json()
+    assert result["allowed"] is True
+    assert safe.bodies[0]["request"]["dryRun"] is True
+
+    acting_cfg = k8s_configuration(
+        "acting", [k8s_webhook("b.example.com", "hook-b.webhooks", ca, sideEffects="Some")])
+    assert call(client, "POST", "/rest/clusters/c1/admissionwebhookconfigurations",
+                acting_cfg).status_code == 201
+    result = call(client, "POST", "/rest/admission/review", document).get_json()
+    assert result["allowed"] is False
+    assert "does not support dry run" in result["status"]["message"]
+    assert acting.calls == 0
+
+
+def test_a_refused_webhook_port_is_reported_as_refused_not_as_a_timeout(ca):
+    import socket
+
+    from bcs_middleware.admission.client import CircuitBreaker, WebhookClient
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = MemoryDefinitionStore()
+    webhooks = WebhookClient(address_map={"hook-a.webhooks": f"127.0.0.1:{port}"},
+                             breaker=CircuitBreaker(5, 30.0))
+    client = api(store, AdmissionEngine(store, client=webhooks))
+    definition = bcs_definition("d", [bcs_webhook("hook-a.webhooks", ca)])
+    assert call(client, "POST", "/rest/admissionwebhooks", definition).status_code == 201
+    obj = {"kind": "Application", "metadata": {"name": "web", "namespace": "prod"}}
+    result = call(client, "POST", "/rest/admission/review",
+                  {"operation": "Create", "object": obj}).get_json()
+    assert result["allowed"] is False
+    message = result["status"]["message"]
+    assert "refused" in message and "timed out" not in message, message

@@ -243,11 +243,13 @@ def test_a_timeout_cut_short_by_the_spent_budget_does_not_count_towards_the_brea
     first = hooks(bcs_add_label("a", "1"))
     first.delay = 0.3
     second = hooks(bcs_add_label("b", "1"))
-    second.delay = 0.4
+    second.delay = 3.0
+    # A budget with room for the first webhook even on a loaded machine, and less than the
+    # second's own timeout (5 s) for the second.
     store = store_of(bcs_definition("d", [bcs_webhook("hook-a.webhooks", ca),
                                           bcs_webhook("hook-b.webhooks", ca, timeoutSeconds=5)]))
     client = layer(store, client_for(("hook-a.webhooks", first), ("hook-b.webhooks", second), threshold=1),
-                   total_budget=0.5)
+                   total_budget=1.5)
     for _ in range(2):
         response = post(client)
         assert response.status_code == 500 and "timed out" in response.get_json()["message"]

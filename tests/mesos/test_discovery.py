@@ -82,7 +82,11 @@ def test_nodes_written_by_other_programs_are_read_tolerantly():
     assert Endpoint.from_json(b'{"ip":"10.0.0.1","port":"31000","extra":"x"}') == Endpoint("10.0.0.1", 31000)
     with pytest.raises(ValueError):
         Endpoint.from_json(b'{"port": 1}')
-    assert Endpoint("10.0.0.1", 8443, external_ip="1.2.3.4").base_url(prefer_external=True) == "http://1.2.3.4:8443"
+    # bcs-api uses the external address only when both external_ip and external_port are set
+    assert Endpoint("10.0.0.1", 8443, external_ip="1.2.3.4").base_url(prefer_external=True) == "http://10.0.0.1:8443"
+    assert Endpoint("10.0.0.1", 8443, external_ip="1.2.3.4", external_port=31443).base_url(
+        prefer_external=True) == "http://1.2.3.4:31443"
+    assert Endpoint("10.0.0.1", 8443, external_ip="1.2.3.4", external_port=31443).base_url() == "http://10.0.0.1:8443"
 
 
 def test_requests_spread_over_three_drivers(zookeeper, discovery, fakes, registrars, gateway_route):
@@ -179,16 +183,20 @@ def test_a_forked_process_gets_its_own_client(zookeeper, discovery, monkeypatch)
 
 
 @pytest.mark.parametrize(
-    ("headers", "cluster", "status", "code_name", "fragment"),
+    ("headers", "cluster", "status", "bcs_code", "fragment"),
     [
-        pytest.param({}, None, 400, "CLUSTER_ID_REQUIRED", "BCS-ClusterID", id="missing-cluster-header"),
-        pytest.param({}, "BCS-MESOS-NOPE", 503, "NO_LIVE_DRIVER", "BCS-MESOS-NOPE", id="unknown-cluster"),
-        pytest.param({"X-Test-Anonymous": "1"}, "c1", 401, "UNAUTHORIZED", "token", id="anonymous"),
+        pytest.param({}, None, 400, 1405007, "BCS-ClusterID", id="missing-cluster-header"),
+        pytest.param({}, "BCS-MESOS-NOPE", 404, 1405051, "BCS-MESOS-NOPE", id="never-registered-cluster"),
+        pytest.param({}, "gone", 503, 1405051, "gone", id="registered-drivers-all-gone"),
+        pytest.param({"X-Test-Anonymous": "1"}, "c1", 401, 1405057, "token", id="anonymous"),
+        pytest.param({}, "c1", 502, 1405053, "", id="driver-unreachable"),
     ],
 )
-def test_route_errors(gateway_route, headers, cluster, status, code_name, fragment):
-    server, _ = gateway_route(StaticDiscovery({"c1": ["http://127.0.0.1:9"]}))
+def test_route_errors_are_bcs_envelopes(gateway_route, headers, cluster, status, bcs_code, fragment):
+    server, _ = gateway_route(StaticDiscovery({"c1": ["http://127.0.0.1:9"], "gone": []}))
     response = mesos_get(server.url, "namespaces/ns/applications", cluster, headers=headers)
     assert response.status_code == status
-    assert response.json()["code_name"] == code_name
-    assert fragment in response.json()["message"]
+    body = response.json()
+    assert set(body) == {"result", "code", "message", "data"}
+    assert (body["result"], body["code"], body["data"]) == (False, bcs_code, None)
+    assert fragment in body["message"]

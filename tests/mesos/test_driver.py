@@ -54,10 +54,10 @@ def _route(**options: Any) -> Client:
         pytest.param("application/x-yaml", "kind: Application\nmetadata:\n  name: web\n", 200,
                      {"kind": "Application", "metadata": {"name": "web"}}, id="yaml-to-json"),
         pytest.param("text/yaml; charset=utf-8", "- a\n- b\n", 200, ["a", "b"], id="yaml-list"),
-        pytest.param("application/x-yaml", "just a string", 400, "BAD_YAML", id="not-a-mapping"),
-        pytest.param("application/x-yaml", "a: [1, 2", 400, "BAD_YAML", id="does-not-parse"),
-        pytest.param("application/x-yaml", "!!python/object:os.system {}", 400, "BAD_YAML", id="unsafe-tag"),
-        pytest.param("application/x-yaml", "k: " + "x" * 300, 413, "PAYLOAD_TOO_LARGE", id="oversized"),
+        pytest.param("application/x-yaml", "just a string", 400, 1405065, id="not-a-mapping"),
+        pytest.param("application/x-yaml", "a: [1, 2", 400, 1405065, id="does-not-parse"),
+        pytest.param("application/x-yaml", "!!python/object:os.system {}", 400, 1405065, id="unsafe-tag"),
+        pytest.param("application/x-yaml", "k: " + "x" * 300, 413, 1405008, id="oversized"),
         pytest.param("application/json", '{"kind": "Application"}', 200, {"kind": "Application"}, id="json-kept"),
     ],
 )
@@ -66,7 +66,8 @@ def test_yaml_bodies_become_json(content_type, body, status, expected):
                              headers={"BCS-ClusterID": "c1", "Content-Type": content_type})
     assert response.status_code == status, response.text
     if status != 200:
-        assert response.json["code_name"] == expected
+        assert response.json == {"result": False, "code": expected, "message": response.json["message"],
+                                 "data": None}
         return
     assert json.loads(response.json["body"]) == expected
     assert response.json["content_type"] == "application/json" or content_type == "application/json"
@@ -110,9 +111,11 @@ def _driver(**kwargs: Any) -> Client:
     ],
 )
 def test_driver_refuses_requests_for_another_cluster(headers, code_name):
+    # bk-bcs's HeaderValidFilter: HTTP 400, BcsErrMesosDriverHttpFilterFailed, for a missing or wrong header
     response = _driver().get("/mesosdriver/v4/namespaces/ns/applications", headers=headers)
     assert response.status_code == 400
-    assert response.json["code_name"] == code_name
+    assert (response.json["result"], response.json["code"], response.json["data"]) == (False, 1405234, None)
+    assert "BCS-ClusterID" in response.json["message"]
 
 
 def test_driver_health_definitions_api_and_factory(tmp_path):
@@ -161,17 +164,35 @@ def test_gateway_to_gunicorn_driver_to_scheduler_with_admission(private_zookeepe
             # one registration per server, not per worker
             assert len(raw.get_children(driver_path("BCS-MESOS-E2E"))) == 1
             server, _ = gateway_route(discovery)
-            yaml_body = ("apiVersion: v4\nkind: Application\nmetadata:\n  name: web\n"
-                         "  namespace: prod\nspec:\n  instance: 1\n")
+            yaml_body = ("apiVersion: v4\nkind: application\nmetadata:\n  name: web\n"
+                         "  namespace: prod\nspec:\n  instance: 1\n  template:\n    spec:\n"
+                         "      containers:\n      - image: nginx\n")
             response = requests.post(f"{server.url}/bcsapi/v4/scheduler/mesos/namespaces/prod/applications?v=1",
                                      data=yaml_body, headers={"BCS-ClusterID": "BCS-MESOS-E2E",
                                                               "Content-Type": "application/x-yaml"}, timeout=20)
             assert response.status_code == 200, response.text
-            assert response.json()["served_by"] == "scheduler"
+            assert response.json()["result"] is True  # the scheduler's own envelope, relayed
             received = scheduler.requests[-1]
-            assert received.path == "/v4/namespaces/prod/applications" and received.query == "v=1"
-            assert received.json()["metadata"]["labels"] == {"injected": "yes"}
+            # admission ran on the v4 document, then the driver converted it for the scheduler
+            assert (received.method, received.path, received.query) == ("POST", "/v1/apps", "")
+            version = received.json()
+            assert version["ObjectMeta"]["labels"] == {"injected": "yes"} == version["Labels"]
+            assert version["raw_json"]["metadata"]["labels"] == {"injected": "yes"}
+            assert (version["ID"], version["RunAs"], version["Kind"]) == ("web", "prod", "application")
             assert hook.calls == 1
+            # Admission parses JSON (and YAML) bodies only: a body sent as another media type is never
+            # converted into a scheduler call that no webhook saw.
+            before = scheduler.count()
+            for content_type in ("text/plain", "application/octet-stream"):
+                sneaky = requests.post(f"http://127.0.0.1:{port}/mesosdriver/v4/namespaces/prod/applications",
+                                       data=json.dumps({"apiVersion": "v4", "kind": "application",
+                                                        "metadata": {"name": "sneaky", "namespace": "prod"},
+                                                        "spec": {"instance": 1, "template": {"spec": {
+                                                            "containers": [{"image": "nginx"}]}}}}),
+                                       headers={"BCS-ClusterID": "BCS-MESOS-E2E", "Content-Type": content_type},
+                                       timeout=10)
+                assert sneaky.status_code == 415, (content_type, sneaky.text)
+            assert scheduler.count() == before and hook.calls == 1
             wrong = requests.get(f"http://127.0.0.1:{port}/mesosdriver/v4/x",
                                  headers={"BCS-ClusterID": "BCS-MESOS-OTHER"}, timeout=10)
             assert wrong.status_code == 400

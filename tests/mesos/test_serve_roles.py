@@ -80,11 +80,12 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
             url = f"{base}/bcsapi/v4/scheduler/mesos/namespaces/prod/applications?x=1"
             auth = {"Authorization": f"Bearer {ADMIN}", "BCS-ClusterID": CLUSTER,
                     "Content-Type": "application/x-yaml"}
-            body = b"apiVersion: v4\nkind: Application\nmetadata:\n  name: web\n  namespace: prod\n"
+            body = (b"apiVersion: v4\nkind: application\nmetadata:\n  name: web\n  namespace: prod\n"
+                    b"spec:\n  instance: 1\n  template:\n    spec:\n      containers:\n      - image: nginx\n")
             assert _until(lambda: _request(url, cafile, method="POST", body=body, headers=auth)[0] == 200, 20)
             received = scheduler.requests[-1]
-            assert received.path == "/v4/namespaces/prod/applications" and received.query == "x=1"
-            assert received.json()["metadata"]["name"] == "web"
+            assert (received.method, received.path) == ("POST", "/v1/apps")  # converted by the driver
+            assert received.json()["ID"] == "web" and received.json()["RunAs"] == "prod"
             assert "authorization" not in {k.lower() for k in received.headers}
 
             missing = _request(url, cafile, method="POST", body=body,
@@ -92,7 +93,9 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
             assert missing[0] == 400
             unknown = _request(url, cafile, headers={"Authorization": f"Bearer {ADMIN}",
                                                       "BCS-ClusterID": "BCS-MESOS-NONE"})
-            assert unknown[0] == 503 and b"BCS-MESOS-NONE" in unknown[1]
+            # never registered: bcs-api's "mesos cluster not found", with a real 404
+            assert unknown[0] == 404 and b"BCS-MESOS-NONE" in unknown[1]
+            assert json.loads(unknown[1])["code"] == 1405051
             assert _request(url, cafile, headers={"BCS-ClusterID": CLUSTER})[0] == 401
         gateway_output = gateway.output()
         assert ADMIN not in gateway_output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -232,3 +233,31 @@ def test_missing_file_is_reported_and_a_later_file_is_picked_up(
     finally:
         service.stop()
     assert (CRB, "", "bcs:alice:view") in binding_names(api)
+
+
+def test_a_name_taken_by_a_foreign_binding_waits_for_its_backoff(
+    store: SQLStore, clusters: Callable[[], FakeAPIServer], permissions: PermissionFile,
+) -> None:
+    api = clusters()
+    add_cluster(store, "BCS-K8S-A", url=api.url, ca_pem=api.ca_pem)
+    api.create("clusterrolebindings", {
+        "metadata": {"name": "bcs:carol:view"},  # our naming, not our label
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "carol"}]})
+    permissions.write([{"user": "carol", "cluster": "*", "role": "view"}])
+    # Ticks every 0.1 s; the first retry is due after 2 s (±20 %), the next after 4 s.
+    service = make_service(store, permissions.path, tick=0.1, lease_ttl=5.0, backoff_base=2.0,
+                           backoff_max=60.0)
+
+    def posts() -> int:
+        return sum(1 for r in api.requests.snapshot() if r.method == "POST" and "bindings" in r.path)
+
+    try:
+        service.start()
+        wait_until(lambda: service.status()["clusters"].get("BCS-K8S-A"), timeout=10)
+        outcome = service.status()["clusters"]["BCS-K8S-A"]
+        assert outcome["failed"] == 1 and outcome["retry_in"] >= 1.5
+        time.sleep(3.5)  # 35 ticks: at most the one retry after ~2 s
+    finally:
+        service.stop()
+    assert 1 <= posts() <= 2, posts()

@@ -139,7 +139,7 @@ def test_poll_interval_spaces_requests(auth_system: AuthSystem, source_factory: 
     pytest.param({"token": "wrong-token-0123456789"}, "HTTP 401", id="wrong-token"),
     pytest.param({"ca": "other"}, "TLS certificate verification failed", id="unknown-ca"),
     pytest.param({"max_bytes": 10}, "larger than 10 bytes", id="too-large"),
-    pytest.param({"url": "https://127.0.0.1:1/x"}, "ConnectionError", id="refused"),
+    pytest.param({"url": "https://127.0.0.1:1/x"}, "connection refused", id="refused"),
 ])
 def test_fetch_failures_are_clear_and_never_leak_the_token(
     auth_system: AuthSystem, source_factory: Callable[..., HTTPSource], tmp_path: Path,

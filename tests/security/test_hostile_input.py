@@ -114,11 +114,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _error(body: bytes) -> tuple[str, str]:
-    """``(code, message)`` of an API error or a Kubernetes Status; fails on anything else (HTML)."""
+    """``(code, message)`` of an API error, a Kubernetes Status or a bcs envelope (Mesos paths:
+    its bk-bcs error number); fails on anything else (HTML)."""
     document = json.loads(body)
     if document.get("kind") == "Status":
         return document["details"]["causes"][0]["reason"], document["message"]
+    if "result" in document:
+        assert document["result"] is False and document["data"] is None
+        return str(document["code"]), document["message"]
     return document["code_name"], document["message"]
+
+
+YAML_TO_JSON_FAILED = "1405065"  # bk-bcs BcsErrApiMediaTypeError: "request yaml convert to json error"
+BAD_PARAMETERS = "1405007"  # bk-bcs BcsErrCommHttpParametersFailed
 
 
 # -- JSON nesting ------------------------------------------------------------------------------
@@ -141,11 +149,11 @@ def _error(body: bytes) -> tuple[str, str]:
     pytest.param("PUT", f"{PODS}/deep", "application/json",
                  b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"deep"},"x":' + _deep_json() + b"}",
                  "BODY_TOO_DEEP", id="tunnel-admission-update"),
-    pytest.param("POST", MESOS_APPS, "application/x-yaml", b"[" * DEEP, "BODY_TOO_DEEP",
+    pytest.param("POST", MESOS_APPS, "application/x-yaml", b"[" * DEEP, YAML_TO_JSON_FAILED,
                  id="mesos-yaml-flow"),
     pytest.param("POST", MESOS_APPS, "application/x-yaml",
                  "".join(f"{' ' * i}a:\n" for i in range(300)).encode() + b" " * 300 + b"a: 1\n",
-                 "BODY_TOO_DEEP", id="mesos-yaml-block"),
+                 YAML_TO_JSON_FAILED, id="mesos-yaml-block"),
 ])
 def test_deeply_nested_bodies_are_a_400_naming_the_limit(
     stack: Stack, method: str, path: str, content_type: str, body: bytes, expected: str
@@ -204,7 +212,7 @@ def test_the_driver_refuses_deep_bodies_it_admits(
         status, answer = err.code, err.read()
     assert status == 400, answer[:300]
     code, message = _error(answer)
-    assert code == "BODY_TOO_DEEP" and f"{MAX_DEPTH} levels" in message
+    assert code == BAD_PARAMETERS and f"{MAX_DEPTH} levels" in message
     assert not scheduler.requests
 
 
@@ -253,7 +261,7 @@ def test_yaml_aliases_are_refused_before_anything_reaches_the_driver(stack: Stac
                                    headers={"Content-Type": "application/x-yaml", "BCS-ClusterID": MESOS})
     assert status == 400, answer[:300]
     code, message = _error(answer)
-    assert code == "YAML_ALIAS_REFUSED" and "alias" in message
+    assert code == YAML_TO_JSON_FAILED and "alias" in message
     assert len(stack.driver.requests) == before
 
 

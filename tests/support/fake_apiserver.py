@@ -814,6 +814,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.command, self.url_path, query, self.req_headers, self._body_length))
 
     def _authenticate(self) -> None:
+        if self.fake.client_ca is not None and not self.req_headers.get("Authorization"):
+            # A client certificate the fake's client CA signed (as kind's admin kubeconfig has).
+            peer = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+            if peer:
+                return
         scheme, _, token = (self.req_headers.get("Authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
                 token.strip().encode(), self.fake.token.encode()):
@@ -1068,6 +1073,17 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 patch_type = (self.req_headers.get("Content-Type") or "").split(";")[0].strip()
                 self._send_json(200, store.patch(rt, info.namespace, info.name, patch_type, body))
+            return
+        if rt.plural == "serviceaccounts" and info.subresource == "token" and info.verb == "create":
+            # TokenRequest: the one token this fake accepts, for an existing service account.
+            store.get(rt, info.namespace, info.name)
+            request = _decode(body)
+            seconds = int((request.get("spec") or {}).get("expirationSeconds") or 3600)
+            expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+            self._send_json(201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                  "metadata": {"name": info.name, "namespace": info.namespace},
+                                  "spec": request.get("spec") or {},
+                                  "status": {"token": self.fake.token, "expirationTimestamp": expires}})
             return
         if rt.plural != "pods" or info.subresource not in ("log", "exec", "attach", "portforward"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -1486,8 +1502,10 @@ class FakeAPIServer:
     def __init__(self, *, token: str = "fake-service-account-token",
                  cert_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "kubernetes"),
                  server_version: tuple[int, int] = (1, 32), log_interval: float = 0.2,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", client_ca: trustme.CA | None = None) -> None:
         self.token = token
+        #: When set, a client certificate this CA signed authenticates too (no bearer token).
+        self.client_ca = client_ca
         self.server_version = server_version
         self.log_interval = log_interval
         self.requests = RequestLog()
@@ -1508,6 +1526,9 @@ class FakeAPIServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.set_alpn_protocols(["http/1.1"])  # kubectl offers h2; this server speaks 1.1
         self._cert.configure_cert(context)
+        if client_ca is not None:
+            client_ca.configure_trust(context)
+            context.verify_mode = ssl.CERT_OPTIONAL
         self._server = _Server((host, 0), self, context)
         self.host = host
         self.port = int(self._server.server_address[1])

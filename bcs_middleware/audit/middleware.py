@@ -1,0 +1,343 @@
+"""Kubernetes audit events (``audit.k8s.io/v1`` ``Event``, JSON lines) for every tunnel request.
+
+Tools that read a kube-apiserver's audit log (Falco's k8saudit plugin, Elastic's
+Kubernetes audit integration, Loki/Promtail pipelines) read these too: one JSON
+object per line, ``"kind": "Event"``, ``"apiVersion": "audit.k8s.io/v1"``.
+
+Per request, as the apiserver does: ``RequestReceived`` when it arrives,
+``ResponseStarted`` when a long-running answer starts (watch, ``logs -f``, exec,
+attach, port-forward, proxy), ``ResponseComplete`` when it has been sent, ``Panic``
+when the gateway failed unexpectedly; each stage can be omitted by the policy
+(:mod:`.policy`). An exec/attach/port-forward session's ``ResponseStarted`` is its
+start, its ``ResponseComplete`` its end, with the session's duration and bytes in
+``annotations``.
+
+``user`` is the gateway user; ``impersonatedUser`` the identity the cluster was
+asked to act as (``Impersonate-User``), when there is one. Never a token: the
+client's ``Authorization`` is not part of an event and query parameters naming a
+token are dropped from ``requestURI``. Bodies only at ``Request`` level
+(``requestObject``) and ``RequestResponse`` (``responseObject``), JSON only, at
+most :data:`MAX_CAPTURED` bytes each — and never for Secrets, service-account
+TokenRequests, TokenReviews and CSRs, which stay at ``Metadata`` whatever the policy.
+
+Events are formatted and written off the request thread
+(:class:`~bcs_middleware.logsetup.LineWriterHandler`), like the access log.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from urllib.parse import parse_qsl, urlencode
+
+from .. import environ as env
+from ..admission.review import parse_api_path, user_info
+from ..bodies import parse_json
+from ..errors import BCSError
+from ..logsetup import LineWriterHandler
+from .policy import DEFAULT_POLICY, Level, Policy, RequestInfo
+
+MAX_CAPTURED = 1024 * 1024
+TUNNEL_PREFIX = "/tunnels/clusters/"
+_VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+_STREAM_SUBRESOURCES = {"exec", "attach", "portforward", "proxy"}
+ANNOTATION_PREFIX = "bcs-middleware/"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true")
+
+
+def request_info(method: str, path: str, query: str, user: env.User | None) -> RequestInfo:
+    """The Kubernetes verb and object of a request to an apiserver path, as RequestInfo derives them."""
+    name, groups = (user.name, ("system:authenticated", *user.groups)) if user else ("system:anonymous", ())
+    parts = [p for p in path.split("/") if p]
+    watch_prefix = False
+    # /api/v1/watch/... and /apis/g/v/watch/...: the deprecated watch paths.
+    index = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
+    if index is not None and len(parts) > index and parts[index] == "watch":
+        parts = parts[:index] + parts[index + 1:]
+        watch_prefix = True
+    attrs = parse_api_path("/" + "/".join(parts)) if index is not None else None
+    if attrs is None:
+        return RequestInfo(verb=method.lower(), path=path, user=name, groups=groups, is_resource=False)
+    verb = _VERBS.get(method, method.lower())
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    if verb == "get" and not attrs.name:
+        verb = "list"
+    if verb == "delete" and not attrs.name:
+        verb = "deletecollection"
+    if watch_prefix or (verb == "list" and _truthy(params.get("watch"))):
+        verb = "watch"
+    return RequestInfo(verb=verb, path=path, user=name, groups=groups, is_resource=True, group=attrs.group,
+                       version=attrs.version, resource=attrs.resource, subresource=attrs.subresource,
+                       namespace=attrs.namespace, name=attrs.name)
+
+
+#: (group, resource, subresource) whose bodies hold credentials: audited at Metadata at most.
+_CREDENTIAL_BODIES = {
+    ("", "secrets", ""),
+    ("", "serviceaccounts", "token"),
+    ("authentication.k8s.io", "tokenreviews", ""),
+    ("certificates.k8s.io", "certificatesigningrequests", ""),
+}
+
+
+def _carries_credentials(info: RequestInfo) -> bool:
+    return (info.group, info.resource, info.subresource) in _CREDENTIAL_BODIES
+
+
+def _long_running(info: RequestInfo, query: str) -> bool:
+    if info.verb == "watch" or info.subresource in _STREAM_SUBRESOURCES:
+        return True
+    return info.subresource == "log" and _truthy(dict(parse_qsl(query)).get("follow"))
+
+
+def _safe_query(query: str) -> str:
+    """The query without parameters that could carry a credential."""
+    if "token" not in query.lower():
+        return query
+    return urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if "token" not in k.lower()])
+
+
+def _timestamp(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class AuditEvent:
+    """One event; turned into its JSON line on the writer thread (``str()``)."""
+
+    __slots__ = ("event", "request_body", "response_body")
+
+    def __init__(self, event: dict[str, Any], request_body: bytes | None = None,
+                 response_body: bytes | None = None) -> None:
+        self.event = event
+        self.request_body = request_body
+        self.response_body = response_body
+
+    def as_dict(self) -> dict[str, Any]:
+        event = dict(self.event)
+        for key, raw in (("requestObject", self.request_body), ("responseObject", self.response_body)):
+            if raw:
+                try:
+                    event[key] = parse_json(raw, what=key)
+                except Exception:  # noqa: S110 -- not JSON (or too deep): the event goes without it
+                    pass
+        return event
+
+    def __str__(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+
+class AuditSink:
+    """Where events go: a file (appended, 0600) or a stream, written by a background thread."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._writer = LineWriterHandler(stream)
+
+    @classmethod
+    def open(cls, target: str) -> AuditSink:
+        """``-`` or ``stdout``: standard output; otherwise a file path."""
+        if target in ("-", "stdout"):
+            return cls(sys.stdout)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return cls(io.TextIOWrapper(io.FileIO(fd, "a", closefd=True), encoding="utf-8", line_buffering=False))
+
+    def emit(self, event: AuditEvent) -> None:
+        self._writer.submit(event)
+
+    def drain(self) -> None:
+        self._writer.drain()
+
+
+class _Audited:
+    """The response body: captures what RequestResponse needs, writes the last stage on close."""
+
+    def __init__(self, body: Iterable[bytes], capture: bool,
+                 on_close: Callable[[Any, bytes | None, bool], None]) -> None:
+        self._body = body
+        self._capture: bytearray | None = bytearray() if capture else None
+        self._on_close = on_close
+        self._done = False
+        self._panicked = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for piece in self._body:
+                if self._capture is not None:
+                    if len(self._capture) + len(piece) > MAX_CAPTURED:
+                        self._capture = None
+                    else:
+                        self._capture += piece
+                yield piece
+        except OSError:
+            raise  # a finished splice hands the connection over, or the client went away
+        except Exception:
+            self._panicked = True
+            raise
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            captured = bytes(self._capture) if self._capture else None
+            self._on_close(self._body, captured, self._panicked)
+
+
+class AuditMiddleware:
+    """Write an ``audit.k8s.io/v1`` Event per stage of every tunnel request.
+
+    :param app: the tunnel (cluster routing, admission, proxy): the layers that set
+        the user, cluster, upstream and admission results the events report.
+    :param sink: where events go.
+    :param policy: which requests, at which level, which stages.
+    """
+
+    def __init__(self, app: Any, *, sink: AuditSink, policy: Policy = DEFAULT_POLICY,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.app = app
+        self.sink = sink
+        self.policy = policy
+        self._clock = clock
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith(TUNNEL_PREFIX):
+            return self.app(environ, start_response)
+        received = self._clock()
+        method = environ.get("REQUEST_METHOD", "GET")
+        query = environ.get("QUERY_STRING", "")
+        user = env.get_user(environ)
+        # The policy decides on the path as the cluster sees it (the tunnel prefix off).
+        _, _, rest = path[len(TUNNEL_PREFIX):].partition("/")
+        info = request_info(method, "/" + rest, query, user)
+        level, omit = self.policy.decide(info)
+        if level == "None":
+            return self.app(environ, start_response)
+        if level != "Metadata" and _carries_credentials(info):
+            level = "Metadata"  # whatever the policy says: never a secret's data or a token
+        request_body = self._request_body(environ, method) if level in ("Request", "RequestResponse") else None
+        long_running = _long_running(info, query)
+        # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
+        state: dict[str, Any] = {"code": 0, "started": None,
+                                 "audit_id": environ.get(env.REQUEST_ID) or str(uuid.uuid4())}
+
+        def event(stage: str, **extra: Any) -> None:
+            if stage in omit:
+                return
+            self.sink.emit(self._event(environ, info, level, stage, received, query, state, request_body, **extra))
+
+        event("RequestReceived")
+
+        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            state["code"] = int(status[:3])
+            state["content_type"] = next((v for k, v in headers if k.lower() == "content-type"), "")
+            if long_running or state["code"] == 101:
+                state["started"] = self._clock()
+                event("ResponseStarted")
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        def _closed(body: Any, captured: bytes | None, panicked: bool) -> None:
+            annotations: dict[str, str] = {}
+            result = getattr(body, "result", None)
+            if state["started"] is not None and (state["code"] == 101 or result is not None):
+                annotations[ANNOTATION_PREFIX + "session-seconds"] = f"{self._clock() - state['started']:.3f}"
+                if result is not None:
+                    annotations[ANNOTATION_PREFIX + "bytes-to-upstream"] = str(result.to_upstream)
+                    annotations[ANNOTATION_PREFIX + "bytes-to-client"] = str(result.to_client)
+                    annotations[ANNOTATION_PREFIX + "ended-by"] = str(result.ended_by)
+            if panicked:
+                event("Panic", extra_annotations=annotations, code=500)
+                return
+            response = captured if level == "RequestResponse" and "json" in state.get("content_type", "") else None
+            event("ResponseComplete", extra_annotations=annotations, response_body=response)
+
+        try:
+            body = self.app(environ, _start_response)
+        except BCSError:
+            raise
+        except Exception:
+            event("Panic", code=500)
+            raise
+        capture = level == "RequestResponse" and not long_running
+        return _Audited(body, capture, _closed)
+
+    @staticmethod
+    def _request_body(environ: dict[str, Any], method: str) -> bytes | None:
+        if method not in ("POST", "PUT", "PATCH", "DELETE"):
+            return None
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return None
+        if not 0 < length <= MAX_CAPTURED:
+            return None
+        data: bytes = environ["wsgi.input"].read(length)
+        # The layers below read the same bytes (admission, the proxy).
+        environ["wsgi.input"] = io.BytesIO(data)
+        environ["CONTENT_LENGTH"] = str(len(data))
+        return data
+
+    def _event(self, environ: dict[str, Any], info: RequestInfo, level: Level, stage: str, received: float,
+               query: str, state: dict[str, Any], request_body: bytes | None, *,
+               extra_annotations: dict[str, str] | None = None, response_body: bytes | None = None,
+               code: int | None = None) -> AuditEvent:
+        user = env.get_user(environ)
+        upstream = env.get_upstream(environ)
+        safe_query = _safe_query(query)
+        uri = info.path + (f"?{safe_query}" if safe_query else "")
+        event: dict[str, Any] = {
+            "kind": "Event",
+            "apiVersion": "audit.k8s.io/v1",
+            "level": level,
+            "auditID": state["audit_id"],
+            "stage": stage,
+            "requestURI": uri,
+            "verb": info.verb,
+            "user": user_info(user),
+            "sourceIPs": [environ.get("REMOTE_ADDR", "")],
+            "requestReceivedTimestamp": _timestamp(received),
+            "stageTimestamp": _timestamp(self._clock()),
+        }
+        if upstream is not None:
+            impersonated = [v for k, v in upstream.set_headers if k.lower() == "impersonate-user"]
+            if impersonated:
+                event["impersonatedUser"] = {
+                    "username": impersonated[0],
+                    "groups": [v for k, v in upstream.set_headers if k.lower() == "impersonate-group"],
+                }
+        agent = environ.get("HTTP_USER_AGENT")
+        if agent:
+            event["userAgent"] = agent
+        if info.is_resource:
+            ref = {"resource": info.resource, "namespace": info.namespace, "name": info.name,
+                   "apiGroup": info.group, "apiVersion": info.version, "subresource": info.subresource}
+            event["objectRef"] = {k: v for k, v in ref.items() if v}
+        status = code if code is not None else state["code"]
+        if stage != "RequestReceived" and status:
+            event["responseStatus"] = {"metadata": {}, "code": status}
+        annotations: dict[str, str] = {}
+        cluster = env.get_cluster(environ)
+        if cluster is not None:
+            annotations[ANNOTATION_PREFIX + "cluster"] = cluster.id
+        admission = environ.get(env.ADMISSION)
+        if isinstance(admission, env.AdmissionResult):
+            annotations.update(admission.audit_annotations)
+        if extra_annotations:
+            annotations.update(extra_annotations)
+        if annotations:
+            event["annotations"] = annotations
+        return AuditEvent(event, request_body if level != "Metadata" else None, response_body)
+

@@ -1,0 +1,94 @@
+"""The one place that turns a cluster into an upstream.
+
+Every outbound call to a cluster's apiserver — the tunnel (routing), the admission
+layer's reads, the RBAC sync — starts here:
+
+* :class:`CachedDirectory` — clusters and the credentials their kube-agent reported,
+  cached per process for ``ttl`` seconds (how long a worker may keep using rotated
+  credentials, and how long a new cluster takes to appear);
+* :func:`upstream_for` — the :class:`~bcs_middleware.environ.Upstream` for a cluster:
+  its apiserver addresses, the reported CA, the TLS server name, the service-account
+  token, and — for a non-superuser with RBAC on — the impersonation headers that let
+  the cluster's own RBAC decide.
+
+The cluster id itself is parsed once per request, by the routing layer
+(:func:`bcs_middleware.middleware.routing.parse_tunnel_path`), and travels in
+``bcs.cluster``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Protocol
+
+from . import environ as env
+from .lru import LoadingCache
+from .store import ClusterRecord, CredentialRecord
+
+__all__ = ["CachedDirectory", "ClusterDirectory", "impersonating", "upstream_for"]
+
+
+class ClusterDirectory(Protocol):
+    """Where clusters and their reported credentials come from (``SQLStore`` has both)."""
+
+    def find_cluster(self, cluster_id: str) -> ClusterRecord | None: ...
+
+    def get_credentials(self, cluster_id: str) -> CredentialRecord | None: ...
+
+
+class CachedDirectory:
+    """A per-process TTL cache over a :class:`ClusterDirectory`.
+
+    ``ttl`` bounds how long a worker keeps using credentials after the kube-agent
+    reported new ones (and how long a new cluster takes to appear).
+    """
+
+    def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0) -> None:
+        self.inner = inner
+        self.ttl = ttl
+        self._cache: LoadingCache[str, tuple[ClusterRecord | None, CredentialRecord | None]] = LoadingCache(ttl=ttl)
+
+    def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
+        return self._cache.get(cluster_id, self._load)
+
+    def _load(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
+        cluster = self.inner.find_cluster(cluster_id)
+        return cluster, self.inner.get_credentials(cluster_id) if cluster is not None else None
+
+
+@functools.lru_cache(maxsize=4096)
+def impersonating(user: env.User) -> tuple[tuple[str, str], ...]:
+    """``Impersonate-User``/``-Group`` for a user (users are immutable: cached)."""
+    return (("Impersonate-User", user.name),
+            *(("Impersonate-Group", group) for group in ("system:authenticated", *user.groups)))
+
+
+def upstream_for(
+    credentials: CredentialRecord,
+    *,
+    user: env.User | None = None,
+    path: str = "/",
+    query: str = "",
+    server_name: str | None = None,
+    verify: bool = True,
+) -> env.Upstream:
+    """The apiserver of ``credentials``' cluster as an upstream.
+
+    :param user: the caller to impersonate (RBAC on, not a superuser); ``None`` acts
+        as the cluster's own service account (the credential's rights).
+    :param path: the path upstream (already percent-encoded).
+    :param server_name: verify the apiserver certificate for this name instead of
+        the reported host.
+    :param verify: ``False`` only when an operator turned TLS checking off.
+    """
+    return env.Upstream(
+        base_urls=credentials.server_addresses,
+        path=path,
+        query=query,
+        ca_pem=credentials.cacert_pem,
+        server_name=server_name or None,
+        verify=verify,
+        bearer_token=credentials.user_token,
+        set_headers=impersonating(user) if user is not None else (),
+        name=f"cluster:{credentials.cluster_id}",
+    )

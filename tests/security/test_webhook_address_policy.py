@@ -1,0 +1,150 @@
+"""A cluster's ``edit`` holder must not make the gateway POST where the address policy forbids.
+
+``edit`` on a cluster lets a non-superuser register admission webhook configurations for it
+(url or service). Webhooks are called by the gateway itself, so without the upstream address
+policy any edit holder could make it POST AdmissionReviews to the metadata service, the
+gateway's own port, or an address the operator denied. The attacker (``mallory``, edit on the
+cluster, no superuser) tries both ways:
+
+* a ``clientConfig.url`` at a literal refused IP address — refused when defined (like a
+  reported apiserver address);
+* a host *name* that resolves to a denied address — accepted when defined (names are judged
+  when connecting), then refused at connect when a write through the tunnel calls it.
+
+A trap listener on the denied address counts the connections it accepts: none. One real
+``bcs-middleware serve`` with ``--upstream-deny 127.0.0.1/32`` (the fake apiserver runs on
+127.0.0.3; ``localhost`` resolves to 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trustme
+
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+
+CONFIGS = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
+PODS = f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods"
+
+
+class Trap:
+    """A TCP listener that counts the connections it accepts, and closes them."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.create_server((host, 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def trap() -> Iterator[Trap]:
+    made = Trap("127.0.0.1")
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer(token=SA_TOKEN, host="127.0.0.3", cert_hosts=("127.0.0.3", "kubernetes")) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def gateway(apiserver: FakeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with served_gateway(tmp_path_factory.mktemp("webhook-policy"), workers=1,
+                        args=["--upstream-deny", "127.0.0.1/32"]) as gw:
+        register_cluster(gw, CLUSTER, server_url=apiserver.url, ca_pem=apiserver.ca_pem)
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def mallory(gateway: Gateway) -> str:
+    token = gateway.user("mallory-wh")
+    gateway.grant("mallory-wh", "edit")
+    return token
+
+
+def _configuration(name: str, url: str) -> dict[str, Any]:
+    bundle = base64.b64encode(trustme.CA().cert_pem.bytes()).decode()
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": f"{name}.example.com",
+            "clientConfig": {"url": url, "caBundle": bundle},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 3,
+        }],
+    }
+
+
+def _literals(gateway: Gateway, trap: Trap) -> list[str]:
+    return [
+        f"https://127.0.0.1:{trap.port}/",  # denied by the operator
+        f"https://[::ffff:127.0.0.1]:{trap.port}/",  # the same, IPv6-mapped
+        "https://169.254.169.254/latest/meta-data",  # the metadata service (always refused)
+        f"https://127.0.0.1:{gateway.server.port}/",  # the gateway's own port
+    ]
+
+
+def test_an_edit_holder_cannot_define_a_webhook_at_a_refused_address(
+    gateway: Gateway, mallory: str, trap: Trap
+) -> None:
+    for number, url in enumerate(_literals(gateway, trap)):
+        status, body = gateway.call("POST", CONFIGS, token=mallory, body=_configuration(f"literal-{number}", url))
+        assert status == 400, (url, status, body)
+        assert "does not connect to" in json.loads(body)["message"], body
+    status, body = gateway.call("GET", CONFIGS, token=mallory)
+    assert status == 200 and json.loads(body)["items"] == [], body
+    assert trap.accepted == 0
+
+
+def test_a_webhook_host_name_at_a_denied_address_is_refused_at_connect(
+    gateway: Gateway, mallory: str, trap: Trap, apiserver: FakeAPIServer
+) -> None:
+    status, body = gateway.call("POST", CONFIGS, token=mallory,
+                                body=_configuration("by-name", f"https://localhost:{trap.port}/review"))
+    assert status == 201, body  # a name: judged when the gateway connects
+    time.sleep(2.5)  # the admission refresh bound
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": "default"},
+           "spec": {"containers": [{"name": "app", "image": "nginx"}]}}
+    for _ in range(3):
+        status, body = gateway.call("POST", PODS, token=mallory, body=pod,
+                                    headers={"Content-Type": "application/json"})
+        assert status >= 500, (status, body)  # failurePolicy Fail: the call failed
+        assert "by-name.example.com" in json.loads(body)["message"], body
+    assert trap.accepted == 0
+    assert not [r for r in apiserver.requests if r.method == "POST" and r.path.endswith("/pods")]
