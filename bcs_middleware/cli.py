@@ -135,6 +135,26 @@ def _post_fork(server: Any, worker: Any) -> None:
     configure_logging(server.cfg.loglevel)
 
 
+# Idle keep-alive connections a gthread worker holds beyond its threads (gunicorn's default
+# worker_connections). They wait in the worker's poller and cost a socket and a TLS session,
+# no thread; with too few, gthread answers "Connection: close" and the clients come back with
+# a new TLS handshake while the worker has threads to spare.
+KEEPALIVE_SLOTS = 1000
+
+
+def connection_slots(worker_class: str, threads: int) -> dict[str, int]:
+    """gunicorn's ``worker_connections`` for ``worker_class``.
+
+    gthread counts every open connection (busy, queued or idle in keep-alive) against
+    ``worker_connections`` and keeps at most ``worker_connections - threads`` idle: give it
+    ``threads`` busy ones plus :data:`KEEPALIVE_SLOTS` idle ones. gevent's
+    ``worker_connections`` is its greenlet bound and keeps gunicorn's meaning (no override).
+    """
+    if worker_class == "gthread":
+        return {"worker_connections": threads + KEEPALIVE_SLOTS}
+    return {}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -207,16 +227,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # OPTIONAL: token clients keep working; a certificate that is presented must verify.
         settings.update(ca_certs=str(Path(args.client_ca_file).absolute()), cert_reqs=ssl.CERT_OPTIONAL)
 
+    from .tls import gunicorn_ssl_context
+
     settings.update(
         bind=[bind],
         workers=args.workers,
-        worker_class="gthread",
+        worker_class=args.worker_class,
         threads=args.threads,
-        # A gthread worker accepts connections up to worker_connections and queues the active
-        # ones it has no thread for: a queued watch would wait behind streams that never end.
-        # So accept little more than the threads can serve; the slack is for idle keep-alive
-        # connections (gthread refuses keep-alive entirely when there is none).
-        worker_connections=args.threads + max(8, args.threads // 4),
+        # Every worker listens on its own SO_REUSEPORT socket and the kernel spreads new
+        # connections over them. On one shared socket the worker that wakes first accepts a
+        # whole burst: measured (bench/README.md) one gevent worker holding every connection
+        # while the other idled. The cost: connections still in a stopping worker's accept
+        # queue are reset.
+        reuse_port=args.reuse_port,
+        **connection_slots(args.worker_class, args.threads),
         timeout=60,
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,
@@ -229,6 +253,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         child_exit=_child_exit,
         post_fork=_post_fork,
         post_worker_init=post_worker_init,
+        ssl_context=gunicorn_ssl_context,
         proc_name="bcs-middleware",
     )
 
@@ -420,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=128,
                        help="threads per worker; each open watch/log/exec stream holds one (default 128; "
                             "threads start on demand)")
+    serve.add_argument("--worker-class", choices=("gthread", "gevent"), default=DEFAULT_WORKER_CLASS,
+                       help="gunicorn worker class (default gthread)")
+    serve.add_argument("--reuse-port", action=argparse.BooleanOptionalAction, default=True,
+                       help="one SO_REUSEPORT listening socket per worker, so the kernel spreads "
+                            "connections evenly (default on)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
     serve.add_argument("--database-url", metavar="URL",
                        help="use this database instead of SQLite in the data directory (postgresql://… needs "
@@ -509,9 +539,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULT_WORKER_CLASS = "gthread"
+
+
+def _serves_with_gevent(argv: Sequence[str]) -> bool:
+    """``serve`` with the gevent worker, read from the raw arguments (before the parser exists)."""
+    if not argv or argv[0] != "serve":
+        return False
+    worker_class = DEFAULT_WORKER_CLASS
+    for i, arg in enumerate(argv):
+        if arg == "--worker-class" and i + 1 < len(argv):
+            worker_class = argv[i + 1]
+        elif arg.startswith("--worker-class="):
+            worker_class = arg.partition("=")[2]
+    return worker_class == "gevent"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import ConfigError
 
+    if _serves_with_gevent(sys.argv[1:] if argv is None else argv):
+        # Before anything imports ssl, urllib3 or requests (building the parser does): a
+        # module that took ssl's classes before gevent patched them recurses forever
+        # (RecursionError in SSLContext.minimum_version) once the worker has patched, and
+        # gunicorn patches only in the worker, after the master imported them.
+        from gevent import monkey
+
+        monkey.patch_all()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

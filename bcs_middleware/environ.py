@@ -57,20 +57,14 @@ class ClusterAgent:
     cluster_id: str
 
 
-# Cluster and Upstream are built for every routed request: slotted, not frozen,
-# because a frozen dataclass's __init__ (object.__setattr__ per field) costs three
-# times as much (bench/README.md). Layers treat them as read-only all the same and
-# use dataclasses.replace() to change one.
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Cluster:
     id: str
     project_id: str
     cluster_type: ClusterType
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Upstream:
     """Everything the upstream proxy needs to forward one request.
 

@@ -35,14 +35,15 @@ import logging
 import os
 import re
 import socket
+import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -629,8 +630,8 @@ class CertificateRenewer:
 
     :func:`ensure_gateway_pki` renews the server certificate ``renew_before`` its
     expiry (certifying the same key again, one atomic file replace). gunicorn's
-    gthread and sync workers load ``certfile``/``keyfile`` for every new connection,
-    so the renewed certificate is served from the next connection on: a gateway that
+    workers hand every new connection to :class:`ServerContext`, which reloads the
+    files when they changed, so the renewed certificate is served from the next connection on: a gateway that
     runs for longer than a certificate lives needs no restart. Run it in one process
     (the gunicorn master); a failed check is logged and retried at the next interval.
     """
@@ -668,6 +669,56 @@ class CertificateRenewer:
         while True:
             time.sleep(self.interval)
             self.check()
+
+
+def _file_version(path: str | None) -> int:
+    if not path:
+        return 0
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+class ServerContext:
+    """The server side's TLS context, rebuilt when the certificate files change.
+
+    gunicorn's gthread worker asks for a context on every new connection and its default
+    factory parses the certificate chain and key each time; the gevent worker asks once
+    and keeps it for the worker's life. Both only call ``wrap_socket`` on it, so this
+    object builds one ``SSLContext`` per version (modification times) of the files and
+    hands each connection to the current one: a connection costs the handshake only, TLS
+    sessions can be resumed (tickets are per context), and a renewed certificate (see
+    :class:`CertificateRenewer`) is served from the next connection on under either worker.
+    """
+
+    def __init__(self, conf: Any, factory: Callable[[], ssl.SSLContext]) -> None:
+        self._conf = conf
+        self._factory = factory
+        self._current: tuple[tuple[int, ...], ssl.SSLContext] | None = None
+
+    def context(self) -> ssl.SSLContext:
+        conf = self._conf
+        version = (_file_version(conf.certfile), _file_version(conf.keyfile), _file_version(conf.ca_certs))
+        current = self._current
+        if current is None or current[0] != version:
+            # Two threads may build it at once after a change; either result is right.
+            current = self._current = (version, self._factory())
+        return current[1]
+
+    def wrap_socket(self, sock: socket.socket, **kwargs: Any) -> ssl.SSLSocket:
+        return self.context().wrap_socket(sock, **kwargs)
+
+
+_server_context: ServerContext | None = None
+
+
+def gunicorn_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ServerContext:
+    """gunicorn's ``ssl_context`` server hook: this process's :class:`ServerContext`."""
+    global _server_context
+    if _server_context is None:
+        _server_context = ServerContext(conf, default_ssl_context_factory)
+    return _server_context
 
 
 def _prepare_out_dir(out_dir: Path, files: Sequence[Path], force: bool) -> None:

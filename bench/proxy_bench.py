@@ -36,12 +36,13 @@ import json
 import os
 import re
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,9 +51,10 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fake_upstream import FakeUpstream  # noqa: E402
-from tests.support.servers import ServerProcess, free_port, gunicorn, http_get  # noqa: E402
+from tests.support.servers import BIN, ServerProcess, free_port, gunicorn, http_get  # noqa: E402
 
-GUNICORN = {"workers": 2, "worker_class": "gthread", "threads": 8}
+# ``bcs-middleware serve``'s defaults (--workers 2, --threads 128), for every contender.
+GUNICORN = {"workers": 2, "worker_class": "gthread", "threads": 128}
 # Extra gunicorn arguments, the same for every contender (--switch-interval adds a config file).
 # --reuse-port: every worker listens on its own SO_REUSEPORT socket and the kernel spreads
 # connections over them. With the one shared socket, the worker that happens to be awake
@@ -141,7 +143,11 @@ class Context:
     file_url_path: str
     nginx: ServerProcess
     status_url: str
+    pki: Pki
+    # nginx's TLS listener: the upstream of the production-path contenders.
+    nginx_tls_url: str
     gateway: tuple[ServerProcess, dict[str, str]] | None = None
+    served: tuple[ServerProcess, dict[str, str]] | None = None
 
     def nginx_accepts(self) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", self.nginx.port, timeout=5)
@@ -159,6 +165,8 @@ class Running:
     url: str
     pids: Callable[[], list[int]]
     headers: dict[str, str] = field(default_factory=dict)
+    # The CA of an https:// url (wrk does not verify; the readiness check does).
+    cafile: str | None = None
     # True when requests reach nginx through a proxy: count its accepted connections.
     proxied: bool = True
     stop: Callable[[], object] = lambda: None
@@ -172,7 +180,38 @@ class Contender:
     start: Callable[[Context], Running]
 
 
-def _start_nginx(tmp: Path) -> ServerProcess:
+@dataclass
+class Pki:
+    """A CA and one server certificate (localhost, 127.0.0.1) for nginx and the bench's gunicorns."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    @classmethod
+    def create(cls, tmp: Path) -> Pki:
+        import trustme
+
+        ca = trustme.CA()
+        cert = ca.issue_cert("localhost", "127.0.0.1")
+        tls = tmp / "tls"
+        tls.mkdir()
+        pki = cls(tls / "ca.pem", tls / "server.pem", tls / "server.key")
+        ca.cert_pem.write_to_path(str(pki.ca_file))
+        cert.private_key_pem.write_to_path(str(pki.key_file))
+        with pki.cert_file.open("wb") as out:
+            for blob in cert.cert_chain_pems:
+                out.write(blob.bytes())
+        return pki
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return context
+
+
+def _start_nginx(tmp: Path, pki: Pki, tls_port: int) -> ServerProcess:
+    """nginx serving the payload over plain HTTP (and ``stub_status``) and over TLS on ``tls_port``."""
     port = free_port()
     www = tmp / "www"
     www.mkdir()
@@ -199,10 +238,65 @@ http {{
         root {www};
         location = /nginx_status {{ stub_status; }}
     }}
+    server {{
+        listen 127.0.0.1:{tls_port} ssl;
+        ssl_certificate {pki.cert_file};
+        ssl_certificate_key {pki.key_file};
+        root {www};
+    }}
 }}
 """)
     return ServerProcess(["nginx", "-p", str(tmp), "-e", f"{tmp}/error.log", "-c", str(conf)],
                          port=port)
+
+
+def _start_nginx_proxy(tmp: Path, pki: Pki, upstream_tls_port: int, workers: int) -> ServerProcess:
+    """nginx as a TLS-to-TLS reverse proxy in front of the nginx upstream: the C reference.
+
+    As the gateway does: keep-alive upstream connections, upstream TLS verified against the CA,
+    TLS sessions reused.
+    """
+    port = free_port()
+    home = tmp / "nginx-proxy"
+    home.mkdir()
+    for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (home / name).mkdir()
+    conf = home / "nginx.conf"
+    conf.write_text(f"""
+daemon off;
+worker_processes {workers};
+pid {home}/nginx.pid;
+error_log {home}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {home}/body;
+    proxy_temp_path {home}/proxy;
+    fastcgi_temp_path {home}/fastcgi;
+    uwsgi_temp_path {home}/uwsgi;
+    scgi_temp_path {home}/scgi;
+    upstream apiserver {{
+        server 127.0.0.1:{upstream_tls_port};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {pki.cert_file};
+        ssl_certificate_key {pki.key_file};
+        location / {{
+            proxy_pass https://apiserver;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {pki.ca_file};
+            proxy_ssl_name localhost;
+            proxy_ssl_session_reuse on;
+        }}
+    }}
+}}
+""")
+    return ServerProcess(["nginx", "-p", str(home), "-e", f"{home}/error.log", "-c", str(conf)],
+                         port=port, scheme="https")
 
 
 def _gunicorn_tree(server: ServerProcess, ctx: Context, with_nginx: bool) -> Callable[[], list[int]]:
@@ -329,16 +423,161 @@ def start_tunnel_no_access_log(ctx: Context) -> Running:
     return _tunnel(ctx, gateway, "bench-admin")
 
 
+# -- the production path: HTTPS from the client, HTTPS to the upstream --------------------------
+
+
+def _production_config(tmp: Path) -> Path:
+    """The gunicorn settings ``bcs-middleware serve`` adds, for the other HTTPS gunicorns.
+
+    The same connection slots and the same reused server SSL context, so the ceiling and
+    ``upstream_proxy`` differ from ``serve`` only by the application.
+    """
+    conf = tmp / "gunicorn_production.py"
+    if not conf.exists():
+        conf.write_text(
+            "from bcs_middleware.cli import connection_slots\n"
+            "from bcs_middleware.tls import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
+            f"globals().update(connection_slots({GUNICORN['worker_class']!r}, {GUNICORN['threads']!r}))\n"
+        )
+    return conf
+
+
+def _serve_tls(ctx: Context, app: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """gunicorn over HTTPS with the settings ``serve`` uses (``--reuse-port`` unless --shared-socket)."""
+    extra = ["-c", str(_production_config(ctx.tmp)), *GUNICORN_EXTRA]
+    if not app.endswith(".ini"):
+        extra += ["--chdir", str(BENCH)]
+    tls = {"certfile": str(ctx.pki.cert_file), "keyfile": str(ctx.pki.key_file)}
+    return gunicorn(app, extra=extra, env=env, **tls, **GUNICORN)  # type: ignore[arg-type]
+
+
+def start_tls_ceiling(ctx: Context) -> Running:
+    server = _serve_tls(ctx, "proxy_bench:ceiling_app()",
+                        env={"BENCH_FILE": str(ctx.tmp / "www" / "payload.bin")})
+    return Running(server.url, _gunicorn_tree(server, ctx, False), proxied=False, stop=server.stop,
+                   workers=_workers(server), cafile=str(ctx.pki.ca_file))
+
+
+def start_tls_upstream_proxy(ctx: Context) -> Running:
+    ini = ctx.tmp / "upstream_proxy_tls.ini"
+    ini.write_text("[app:main]\nuse = egg:bcs-middleware#upstream_proxy\n"
+                   f"upstream = {ctx.nginx_tls_url}\nca_file = {ctx.pki.ca_file}\n")
+    metrics_dir = ctx.tmp / "upstream-proxy-tls-metrics"
+    metrics_dir.mkdir()
+    server = _serve_tls(ctx, str(ini), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+    return Running(server.url, _gunicorn_tree(server, ctx, True), stop=server.stop,
+                   workers=_workers(server), cafile=str(ctx.pki.ca_file))
+
+
+def start_nginx_proxy(ctx: Context) -> Running:
+    upstream_tls_port = int(ctx.nginx_tls_url.rsplit(":", 1)[1])
+    proxy = _start_nginx_proxy(ctx.tmp, ctx.pki, upstream_tls_port, int(str(GUNICORN["workers"])))
+
+    def pids() -> list[int]:
+        return _tree(proxy.proc.pid) + _tree(ctx.nginx.proc.pid)
+
+    return Running(proxy.url, pids, stop=proxy.stop, cafile=str(ctx.pki.ca_file))
+
+
+SERVE_ADMIN = "bench-admin-token-" + "b" * 32
+
+
+def _rest(base: str, cafile: str, method: str, path: str, body: dict[str, object] | None = None,
+          token: str = SERVE_ADMIN) -> dict[str, object]:
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=cafile)) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def register_cluster(base: str, cafile: str, cluster_id: str, apiserver_url: str, apiserver_ca: Path) -> None:
+    """Register a cluster as a user does: create it, then PUT its credentials (https only)."""
+    _rest(base, cafile, "POST", "/rest/clusters/bcs",
+          {"id": cluster_id, "project_id": "bench", "cluster_type": "k8s"})
+    _rest(base, cafile, "PUT", f"/rest/clusters/{cluster_id}/credentials",
+          {"server_addresses": apiserver_url, "cacert_data": apiserver_ca.read_text(),
+           "user_token": "cluster-sa-token-" + "c" * 24})
+
+
+def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, extra: Sequence[str] = ()
+                ) -> tuple[ServerProcess, dict[str, str]]:
+    """``bcs-middleware serve`` with its documented defaults (HTTPS with its generated CA), one
+    cluster registered through the REST API, a superuser and a ``view`` user.
+
+    Only the process shape is the bench's: ``--workers/--threads/--worker-class``.
+    """
+    data_dir = tmp / name
+    port = free_port()
+    argv = [str(BIN / "bcs-middleware"), "serve", "--data-dir", str(data_dir),
+            "--bind", f"127.0.0.1:{port}", "--workers", str(GUNICORN["workers"]),
+            "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"]),
+            *([] if "--reuse-port" in GUNICORN_EXTRA else ["--no-reuse-port"]), *extra]
+    server = ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": SERVE_ADMIN}, scheme="https",
+                           timeout=60)
+    cafile = str(data_dir / "tls" / "ca.crt")
+    base = f"https://localhost:{port}"
+    _wait_ready(base + "/healthz", {}, cafile=cafile)
+    register_cluster(base, cafile, CLUSTER_ID, apiserver_url, apiserver_ca)
+    user = _rest(base, cafile, "POST", "/rest/users/", {"user_name": "bench-user"})
+    token = str(_rest(base, cafile, "POST", f"/rest/users/{user['id']}/tokens")["user_token"])
+    _rest(base, cafile, "PUT", f"/rest/clusters/{CLUSTER_ID}/permissions/bench-user", {"permission": "view"})
+    return server, {"bench-admin": SERVE_ADMIN, "bench-user": token, "base": base, "cafile": cafile}
+
+
+def _served(ctx: Context) -> tuple[ServerProcess, dict[str, str]]:
+    if ctx.served is None:
+        ctx.served = start_serve(ctx.tmp, "serve", ctx.nginx_tls_url, ctx.pki.ca_file)
+    return ctx.served
+
+
+def _served_tunnel(ctx: Context, user: str, served: tuple[ServerProcess, dict[str, str]] | None = None
+                   ) -> Running:
+    server, tokens = served or _served(ctx)
+    return Running(tokens["base"] + f"/tunnels/clusters/{CLUSTER_ID}", _gunicorn_tree(server, ctx, True),
+                   headers={"Authorization": f"Bearer {tokens[user]}"}, stop=server.stop,
+                   workers=_workers(server), cafile=tokens["cafile"])
+
+
+def start_served_tunnel(ctx: Context) -> Running:
+    """``serve``'s tunnel with a superuser token: no impersonation."""
+    return _served_tunnel(ctx, "bench-admin")
+
+
+def start_served_tunnel_impersonate(ctx: Context) -> Running:
+    """``serve``'s tunnel with a ``view`` user's token: ``Impersonate-User``/``-Group`` upstream."""
+    return _served_tunnel(ctx, "bench-user")
+
+
+def start_served_tunnel_shared_socket(ctx: Context) -> Running:
+    """Diagnostic: ``serve --no-reuse-port`` (every worker accepting from one shared socket)."""
+    served = start_serve(ctx.tmp, "serve-shared", ctx.nginx_tls_url, ctx.pki.ca_file, ["--no-reuse-port"])
+    return _served_tunnel(ctx, "bench-admin", served)
+
+
+# The headline: the production path. Every name without the http_ prefix is HTTPS end to end.
 CONTENDERS = [
-    Contender("nginx", start_nginx_direct),
-    Contender("upstream_proxy", start_upstream_proxy),
-    Contender("tunnel", start_tunnel),
-    Contender("tunnel_imp", start_tunnel_impersonate),
-    Contender("werkzeug", start_werkzeug),
-    Contender("ceiling", start_ceiling),
+    Contender("nginx_proxy", start_nginx_proxy),
+    Contender("upstream_proxy", start_tls_upstream_proxy),
+    Contender("tunnel", start_served_tunnel),
+    Contender("tunnel_imp", start_served_tunnel_impersonate),
+    Contender("ceiling", start_tls_ceiling),
 ]
-# Diagnostic contenders, run only when named in --only.
-EXTRA_CONTENDERS = [Contender("tunnel_nolog", start_tunnel_no_access_log)]
+# Diagnostics over plain HTTP (client and upstream), run only when named in --only or with
+# --diagnostics: the WSGI path without TLS, as measured up to session 5.
+EXTRA_CONTENDERS = [
+    Contender("tunnel_shared_socket", start_served_tunnel_shared_socket),
+    Contender("http_nginx", start_nginx_direct),
+    Contender("http_upstream_proxy", start_upstream_proxy),
+    Contender("http_tunnel", start_tunnel),
+    Contender("http_tunnel_imp", start_tunnel_impersonate),
+    Contender("http_werkzeug", start_werkzeug),
+    Contender("http_ceiling", start_ceiling),
+    Contender("http_tunnel_nolog", start_tunnel_no_access_log),
+]
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -411,12 +650,12 @@ print(json.dumps([n / (time.monotonic() - start), lat[n // 2] * 1e3, lat[int(n *
     return Sample(rps, p50, p99, n)
 
 
-def _wait_ready(url: str, headers: dict[str, str], timeout: float = 60.0) -> None:
+def _wait_ready(url: str, headers: dict[str, str], timeout: float = 60.0, cafile: str | None = None) -> None:
     """gunicorn's master listens before its workers have imported the app: wait for a 200."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            status, _, _ = http_get(url, headers=headers, timeout=5)
+            status, _, _ = http_get(url, headers=headers, timeout=5, cafile=cafile)
         except OSError:
             status = 0
         if status == 200:
@@ -448,47 +687,50 @@ def measure(ctx: Context, running: Running, loader: Callable[..., Sample], durat
 # -- 1 GiB transfers ---------------------------------------------------------------------------
 
 
-def transfers(tmp: Path) -> dict[str, float]:
-    """1 GiB up and down through ``upstream_proxy`` and through the gateway tunnel."""
+def transfers(ctx: Context) -> dict[str, float]:
+    """1 GiB up and down over HTTPS through ``upstream_proxy`` and through ``serve``'s tunnel,
+    to an HTTPS upstream that checks the upload's digest."""
     results: dict[str, float] = {}
-    with FakeUpstream() as fake:
-        ini = tmp / "transfer.ini"
+    cafile = str(ctx.pki.ca_file)
+    with FakeUpstream(tls=ctx.pki.server_context()) as fake:
+        ini = ctx.tmp / "transfer.ini"
         ini.write_text("[app:main]\nuse = egg:bcs-middleware#upstream_proxy\n"
-                       f"upstream = {fake.url}\n")
-        server = _serve(str(ini))
+                       f"upstream = {fake.url}\nca_file = {cafile}\n")
+        server = _serve_tls(ctx, str(ini))
         try:
-            _transfer(server, server.url, {}, "upstream_proxy", results)
+            _transfer(server, server.url, {}, "upstream_proxy", results, cafile)
         finally:
             server.stop()
-        server, tokens = _start_gateway(tmp, "transfer-gateway", fake.url)
+        server, tokens = start_serve(ctx.tmp, "transfer-serve", fake.url, ctx.pki.ca_file)
         try:
-            _transfer(server, f"{server.url}/tunnels/clusters/{CLUSTER_ID}",
-                      {"Authorization": f"Bearer {tokens['bench-admin']}"}, "tunnel", results)
+            _transfer(server, f"{tokens['base']}/tunnels/clusters/{CLUSTER_ID}",
+                      {"Authorization": f"Bearer {tokens['bench-admin']}"}, "tunnel", results,
+                      tokens["cafile"])
         finally:
             server.stop()
     return results
 
 
 def _transfer(server: ServerProcess, url: str, headers: dict[str, str], label: str,
-              results: dict[str, float]) -> None:
+              results: dict[str, float], cafile: str) -> None:
     import requests
 
     workers = _children(server.proc.pid)
-    requests.get(url + "/echo", headers=headers, timeout=10).raise_for_status()
+    requests.get(url + "/echo", headers=headers, timeout=10, verify=cafile).raise_for_status()
     for kind, run in (("upload", _upload), ("download", _download)):
         base = {}
         for pid in workers:
             Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM
             base[pid] = _vm_kib(pid, "VmRSS")
         started = time.monotonic()
-        run(url, headers)
+        run(url, headers, cafile)
         elapsed = time.monotonic() - started
         growth = max(_vm_kib(pid, "VmHWM") - base[pid] for pid in workers)
         results[f"{label} {kind} peak RSS growth MiB"] = growth / 1024
         results[f"{label} {kind} MiB/s"] = GiB / MiB / elapsed
 
 
-def _upload(url: str, headers: dict[str, str]) -> None:
+def _upload(url: str, headers: dict[str, str], cafile: str) -> None:
     import requests
 
     block = os.urandom(MiB)
@@ -500,16 +742,16 @@ def _upload(url: str, headers: dict[str, str]) -> None:
     digest = hashlib.sha256()
     for _ in range(GiB // MiB):
         digest.update(block)
-    resp = requests.post(url + "/digest", data=body(), headers=headers, timeout=600)
+    resp = requests.post(url + "/digest", data=body(), headers=headers, timeout=600, verify=cafile)
     assert resp.json() == {"bytes": GiB, "sha256": digest.hexdigest()}, resp.text
 
 
-def _download(url: str, headers: dict[str, str]) -> None:
+def _download(url: str, headers: dict[str, str], cafile: str) -> None:
     import requests
 
     got = 0
     with requests.get(f"{url}/download?bytes={GiB}", headers=headers, stream=True,
-                      timeout=600) as resp:
+                      timeout=600, verify=cafile) as resp:
         resp.raise_for_status()
         for piece in resp.iter_content(MiB):
             got += len(piece)
@@ -552,14 +794,18 @@ def _report(title: str, samples: dict[str, list[Sample]]
 
     names = set(samples)
     pairs = [(a, b) for a, b in (
-        ("upstream_proxy", "ceiling"), ("upstream_proxy", "werkzeug"), ("upstream_proxy", "nginx"),
-        ("tunnel", "ceiling"), ("tunnel", "werkzeug"), ("tunnel_imp", "ceiling"),
-        ("tunnel_imp", "werkzeug"), ("tunnel", "upstream_proxy"), ("werkzeug", "ceiling"),
-        ("tunnel", "tunnel_nolog"),
+        ("upstream_proxy", "ceiling"), ("tunnel", "ceiling"), ("tunnel_imp", "ceiling"),
+        ("nginx_proxy", "ceiling"), ("upstream_proxy", "nginx_proxy"), ("tunnel", "nginx_proxy"),
+        ("tunnel_imp", "nginx_proxy"), ("tunnel", "upstream_proxy"),
+        ("http_upstream_proxy", "http_ceiling"), ("http_upstream_proxy", "http_werkzeug"),
+        ("http_tunnel", "http_ceiling"), ("http_tunnel", "http_werkzeug"),
+        ("http_tunnel_imp", "http_ceiling"), ("http_werkzeug", "http_ceiling"),
+        ("http_tunnel", "http_tunnel_nolog"), ("tunnel", "http_tunnel"), ("ceiling", "http_ceiling"),
+        ("tunnel", "tunnel_shared_socket"),
     ) if a in names and b in names]
     ratios = {f"{a}/{b} req/s": ratio(a, b) for a, b in pairs}
     for a, b in pairs:
-        if b in ("ceiling", "werkzeug", "upstream_proxy", "tunnel_nolog") and a != "werkzeug":
+        if "nginx" not in a + b and "werkzeug" not in a and "shared" not in b:
             ratios[f"{a}/{b} CPU/req"] = ratio(a, b, "cpu_us_per_req")
     print("\nmedian of per-round ratios")
     for name, value in ratios.items():
@@ -578,6 +824,8 @@ def main() -> int:
     parser.add_argument("--loader", choices=["wrk", "python"],
                         default="wrk" if shutil.which("wrk") else "python")
     parser.add_argument("--skip-transfers", action="store_true")
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="also run the plain-HTTP diagnostic contenders (http_*)")
     parser.add_argument("--switch-interval", type=float,
                         help="sys.setswitchinterval() in every gunicorn worker (post_fork)")
     parser.add_argument("--only", help="comma-separated contenders to run (default: all)")
@@ -603,15 +851,19 @@ def main() -> int:
         GUNICORN_EXTRA.remove("--reuse-port")
     loader = load_wrk if args.loader == "wrk" else load_python
     GUNICORN.update(workers=args.workers, threads=args.threads, worker_class=args.worker_class)
-    contenders = CONTENDERS if not args.only else [
-        c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
+    contenders = [*CONTENDERS, *(EXTRA_CONTENDERS if args.diagnostics else [])]
+    if args.only:
+        contenders = [c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
     if args.switch_interval:
         GUNICORN_EXTRA.extend(["-c", str(_switch_interval_config(tmp, args.switch_interval))])
-    nginx = _start_nginx(tmp)
-    ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status")
+    pki = Pki.create(tmp)
+    tls_port = free_port()
+    nginx = _start_nginx(tmp, pki, tls_port)
+    ctx = Context(tmp, "/payload.bin", nginx, f"{nginx.url}/nginx_status", pki,
+                  f"https://127.0.0.1:{tls_port}")
     levels = [int(level) for level in str(args.connections).split(",")]
     running: dict[str, Running] = {}
     # samples[level][contender]: one Sample per round.
@@ -620,7 +872,8 @@ def main() -> int:
     try:
         for contender in contenders:
             running[contender.name] = contender.start(ctx)
-            _wait_ready(running[contender.name].url + ctx.file_url_path, running[contender.name].headers)
+            _wait_ready(running[contender.name].url + ctx.file_url_path, running[contender.name].headers,
+                        cafile=running[contender.name].cafile)
             measure(ctx, running[contender.name], loader, 1.0, max(levels))  # warm up
         for round_no in range(args.rounds):
             for contender in contenders:
@@ -639,7 +892,8 @@ def main() -> int:
 
     print(f"\nloader {args.loader}, {args.connections} connections, {args.rounds} rounds x "
           f"{args.duration:g} s, body {BODY_SIZE} B, gunicorn -w {GUNICORN['workers']} "
-          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']} {' '.join(GUNICORN_EXTRA)}"
+          f"-k {GUNICORN['worker_class']} --threads {GUNICORN['threads']} "
+          f"{' '.join(GUNICORN_EXTRA)}"
           f"{f', switch interval {args.switch_interval:g} s' if args.switch_interval else ''}, "
           f"{os.cpu_count()} CPUs")
     # Capacity: in each round, each contender's best level. A contender that waits on an
@@ -662,16 +916,16 @@ def main() -> int:
                 "connections": levels}
     result: dict[str, object] = {"medians": med, "ratios": ratios_by_view, "settings": settings}
     targets: dict[str, bool] = {}
-    for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("upstream_proxy/werkzeug req/s", 1.25),
-                       ("tunnel/ceiling req/s", 0.5), ("tunnel/werkzeug req/s", 1.25)):
+    for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("tunnel/ceiling req/s", 0.5),
+                       ("tunnel_imp/ceiling req/s", 0.45)):
         if name in ratios:
             targets[f"{name} >= {goal}"] = ratios[name] >= goal
-    for name in ("upstream_proxy", "tunnel"):
+    for name in ("upstream_proxy", "tunnel", "tunnel_imp"):
         if name in capacity:
             targets[f"{name} upstream conn/req <= 0.01"] = (
                 (capacity[name]["upstream_conns_per_req"] or 0) <= 0.01)
     if not args.skip_transfers:
-        moved = transfers(tmp)
+        moved = transfers(ctx)
         result["transfers"] = moved
         print("\n1 GiB through the proxies")
         for name, value in moved.items():

@@ -35,10 +35,12 @@ bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
 workers = int(os.environ.get("BCS_WORKERS", "2"))
 worker_class = "gthread"
 threads = int(os.environ.get("BCS_THREADS", "512"))
-# Accept little more than the threads can serve: gthread queues active connections it has no
-# thread for, and a queued request would wait behind streams that may never end while another
-# worker sits idle. The slack holds idle keep-alive connections (none = no keep-alive at all).
-worker_connections = threads + max(8, threads // 4)
+# gthread counts idle keep-alive connections against worker_connections and closes a
+# connection after its answer when worker_connections - threads are idle already: clients then
+# pay a new TLS handshake while the worker has threads to spare. Idle connections cost no
+# thread, so hold many (gevent's worker_connections is its greenlet bound: keep its default).
+if worker_class == "gthread":
+    worker_connections = threads + 1000
 timeout = 60
 graceful_timeout = 30
 keepalive = 75
@@ -76,6 +78,13 @@ else:
     raw_paste_global_conf += [f"gateway_cert_file={Path(certfile).absolute()}"]
     if os.environ.get("BCS_CA_FILE"):
         raw_paste_global_conf += [f"gateway_ca_file={Path(os.environ['BCS_CA_FILE']).absolute()}"]
+
+
+def ssl_context(conf, default_ssl_context_factory):  # type: ignore[no-untyped-def]
+    # gthread asks for a server context per connection; reuse one while the files are unchanged.
+    from bcs_middleware.tls import gunicorn_ssl_context
+
+    return gunicorn_ssl_context(conf, default_ssl_context_factory)
 
 loglevel = "info"
 errorlog = "-"

@@ -37,8 +37,8 @@ def test_access_line_is_byte_for_byte_json_dumps() -> None:
         webhooks = tuple(text[: rng.randint(0, 3)])
         admission = rng.choice([None, env.AdmissionResult(webhooks=webhooks)])
         status, sent = rng.randint(100, 599), rng.randint(0, 10**12)
-        line = str(AccessLine((when, text[0], text[1], user, agent, cluster, admission, text[4],
-                               text[5], status, sent, seconds, text[6])))
+        line = str(AccessLine(when, text[0], text[1], user, agent, cluster, admission, text[4],
+                              text[5], status, sent, seconds, text[6]))
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(when))) + f".{int((when % 1) * 1000):03d}Z"
         expected = {
             "time": stamp, "request_id": text[0], "remote_addr": text[1],

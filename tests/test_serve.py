@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import os
 import shutil
@@ -86,9 +87,10 @@ def _served_certificate(port: int, cafile: Path) -> x509.Certificate:
     return x509.load_der_x509_certificate(der)
 
 
-def test_a_running_gateway_renews_its_certificate_without_a_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("worker_class", ["gthread", "gevent"])
+def test_a_running_gateway_renews_its_certificate_without_a_restart(tmp_path: Path, worker_class: str) -> None:
     data = tmp_path / "data"
-    with serve(data, "--tls-check-interval", "0.5") as server:
+    with serve(data, "--tls-check-interval", "0.5", "--worker-class", worker_class) as server:
         ca_file, tls_dir = data / "tls" / "ca.crt", data / "tls"
         master = server.proc.pid
         key_before = (tls_dir / "server.key").read_bytes()
@@ -227,6 +229,49 @@ def test_cli_entry_point_runs(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "bcs_middleware.cli", "--version"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "bcs-middleware" in result.stdout
+
+
+def test_many_keep_alive_clients_keep_their_tls_connections(tmp_path: Path) -> None:
+    """More idle keep-alive clients than threads: none is told to reconnect (a new TLS handshake)."""
+    data = tmp_path / "data"
+    with serve(data) as server:  # 2 workers x 8 threads
+        ctx = ssl.create_default_context(cafile=str(data / "tls" / "ca.crt"))
+        conns = [http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx, timeout=20)
+                 for _ in range(40)]
+        try:
+            closing = 0
+            for _ in range(2):
+                for conn in conns:  # every connection stays open between its requests
+                    conn.request("GET", "/healthz")
+                    resp = conn.getresponse()
+                    resp.read()
+                    assert resp.status == 200
+                    closing += resp.getheader("Connection", "").lower() == "close"
+            assert closing == 0, f"{closing} of 80 answers closed a keep-alive connection"
+        finally:
+            for conn in conns:
+                conn.close()
+
+
+def test_new_connections_resume_their_tls_session(tmp_path: Path) -> None:
+    """The server context is reused across connections (not rebuilt per connection): a client's
+    TLS session from one connection is resumed on the next, which skips the key exchange."""
+    data = tmp_path / "data"
+    with serve(data, "--workers", "1") as server:
+        ctx = ssl.create_default_context(cafile=str(data / "tls" / "ca.crt"))
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2  # the session is known after the handshake
+        session = None
+        reused = []
+        for _ in range(6):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw, \
+                    ctx.wrap_socket(raw, server_hostname="localhost", session=session) as tls_sock:
+                tls_sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                while tls_sock.recv(4096):
+                    pass
+                reused.append(tls_sock.session_reused)
+                session = tls_sock.session
+        # A context per connection never resumes a session (0 of 5 before); a shared one does.
+        assert sum(reused[1:]) >= 3, reused
 
 
 def test_postgresql_without_its_driver_is_a_clear_error(

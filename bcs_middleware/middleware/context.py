@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import monotonic
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import converters as conv
 from .. import environ as env
@@ -36,60 +36,49 @@ from ..metrics import BATCH
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
-_quote = json.encoder.encode_basestring_ascii
+# One encoder for every line: json.dumps would configure a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _json_str(value: str | None) -> str:
-    return "null" if value is None else _quote(value)
-
-
-def _access_line(
-    stamp: str, request_id: str, remote_addr: str, user: str | None, cluster: str | None,
-    method: str, path: str, status: int, sent: int, duration_ms: float, kind: str,
-    webhooks: Iterable[str],
-) -> str:
-    """The access-log JSON object, byte for byte what ``json.dumps(line, separators=(",", ":"))``
-    gives for it, built directly: json.dumps sets up a new encoder per call, several
-    microseconds per request for a fixed shape of twelve fields."""
-    return (
-        f'{{"time":{_quote(stamp)},"request_id":{_quote(request_id)},'
-        f'"remote_addr":{_quote(remote_addr)},"user":{_json_str(user)},'
-        f'"cluster":{_json_str(cluster)},"method":{_quote(method)},"path":{_quote(path)},'
-        f'"status":{int(status)},"bytes":{int(sent)},"duration_ms":{float(duration_ms)!r},'
-        f'"kind":{_quote(kind)},"webhooks":[{",".join(map(_quote, webhooks))}]}}'
-    )
-
-
-class AccessLine(tuple[Any, ...]):
+class AccessLine(NamedTuple):
     """An access-log message that becomes its JSON text only when ``str()`` is taken.
 
     The request thread captures what it has — the ``bcs.*`` objects themselves,
-    monotonic seconds — into one tuple (a C-level construction); turning them into
-    names, milliseconds and JSON happens on the log writer thread of
-    ``bcs-middleware serve``, off the request's path. Any other handler gets the
-    same text from ``record.getMessage()``. Fields, in order: ``time.time()``,
-    request id, remote address, the ``bcs.user``, ``bcs.agent``, ``bcs.cluster``
-    and ``bcs.admission`` values (or ``None``), method, path, status, bytes sent,
-    seconds taken, route kind.
+    monotonic seconds; turning them into names, milliseconds and JSON happens on the
+    log writer thread of ``bcs-middleware serve``, off the request's path. Any other
+    handler gets the same text from ``record.getMessage()``.
     """
 
-    __slots__ = ()
+    when: float  # time.time()
+    request_id: str
+    remote_addr: str
+    user: Any  # the bcs.* values, or None
+    agent: Any
+    cluster: Any
+    admission: Any
+    method: str
+    path: str
+    status: int
+    sent: int
+    seconds: float
+    kind: str
 
     def __str__(self) -> str:
-        (when, request_id, remote_addr, user, agent, cluster, admission, method, path,
-         status, sent, seconds, kind) = self
-        if isinstance(user, env.User):
-            user_name: str | None = user.name
-        elif isinstance(agent, env.ClusterAgent):
-            user_name = f"cluster-agent:{agent.cluster_id}"
+        if isinstance(self.user, env.User):
+            user_name: str | None = self.user.name
+        elif isinstance(self.agent, env.ClusterAgent):
+            user_name = f"cluster-agent:{self.agent.cluster_id}"
         else:
             user_name = None
-        return _access_line(
-            _timestamp(when), request_id, remote_addr, user_name,
-            cluster.id if isinstance(cluster, env.Cluster) else None, method, path, status,
-            sent, round(seconds * 1000, 3), kind,
-            admission.webhooks if isinstance(admission, env.AdmissionResult) else (),
-        )
+        admission = self.admission
+        return _encode({
+            "time": _timestamp(self.when), "request_id": self.request_id,
+            "remote_addr": self.remote_addr, "user": user_name,
+            "cluster": self.cluster.id if isinstance(self.cluster, env.Cluster) else None,
+            "method": self.method, "path": self.path, "status": self.status, "bytes": self.sent,
+            "duration_ms": round(self.seconds * 1000, 3), "kind": self.kind,
+            "webhooks": list(admission.webhooks) if isinstance(admission, env.AdmissionResult) else [],
+        })
 
 
 # (second, "YYYY-MM-DDTHH:MM:SS"): many lines share a second; formatting it is not free.
@@ -236,11 +225,13 @@ class RequestContextMiddleware:
         def _log(sent: int) -> None:
             if not access_log.isEnabledFor(logging.INFO):
                 return
-            line = AccessLine((
-                time.time(), request_id, environ.get("REMOTE_ADDR", ""), environ.get(env.USER),
-                environ.get(env.AGENT), environ.get(env.CLUSTER), environ.get(env.ADMISSION),
-                method, path, status_code, sent, monotonic() - started, kind,
-            ))
+            line = AccessLine(
+                when=time.time(), request_id=request_id, remote_addr=environ.get("REMOTE_ADDR", ""),
+                user=environ.get(env.USER), agent=environ.get(env.AGENT),
+                cluster=environ.get(env.CLUSTER), admission=environ.get(env.ADMISSION),
+                method=method, path=path, status=status_code, sent=sent,
+                seconds=monotonic() - started, kind=kind,
+            )
             writer = LineWriterHandler.sole_handler(access_log, logging.INFO)
             if writer is not None:
                 writer.submit(line)

@@ -1,14 +1,7 @@
 """Upstream connections and the bounded pool of idle keep-alive ones.
 
-A :class:`Connection` is one socket to an upstream with its timeouts. On a plain
-``http://`` connection the timeouts are the kernel's (``SO_RCVTIMEO``/
-``SO_SNDTIMEO`` on a blocking socket): a Python socket timeout ``poll()``s before
-every ``send``/``recv``, and under gunicorn's threads each of those syscalls is one
-more GIL hand-off per request. TLS sockets keep Python's timeout: CPython's
-``SSLSocket`` retries a read that the kernel timed out on a blocking socket, so the
-kernel's timeout would never end it (and ``ssl`` already tries ``SSL_read`` before it
-polls). Under gevent, sockets are non-blocking underneath and wait in its hub, where
-only Python's timeout applies.
+A :class:`Connection` is one socket to an upstream with its timeout (Python's socket
+timeout, which also works under gevent, where sockets wait in its hub).
 
 :class:`IdlePool` keeps idle connections per upstream identity (:class:`PoolKey`),
 bounded three ways, so a worker that talked to 10,000 clusters once does not keep
@@ -24,8 +17,6 @@ from __future__ import annotations
 import select
 import socket
 import ssl
-import struct
-import sys
 import threading
 import time
 from typing import NamedTuple
@@ -36,8 +27,6 @@ from ..lru import LRUCache
 # 256 KiB one costs an mmap/munmap pair per call (bench/README.md). Bodies are relayed in
 # 64 KiB pieces anyway.
 RECV = 64 * 1024
-# Kernel timeouts for plain connections (see the module docs); elsewhere Python's.
-_KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
 # A pooled connection idle longer than this is checked for a close by the upstream
 # before reuse. Not sooner: every syscall releases the GIL, and under load a hot
 # connection was in use a moment ago (a stale one is still caught by the retry of
@@ -59,65 +48,35 @@ class PoolKey(NamedTuple):
     client_cert: tuple[str, str] | None
 
 
-def _timeval(seconds: float | None) -> bytes:
-    """A ``struct timeval``; ``None`` (no timeout) is zero, as the kernel reads it."""
-    if not seconds:
-        return struct.pack("@ll", 0, 0)
-    whole = int(seconds)
-    # Never round a tiny positive timeout down to 0, which would mean "forever".
-    return struct.pack("@ll", whole, max(int((seconds - whole) * 1e6), 0 if whole else 1))
-
-
 class Connection:
-    """One socket to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when a timeout fires."""
+    """One socket to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when its timeout fires."""
 
-    __slots__ = ("idle_since", "kernel_timeouts", "key", "reused", "sock", "timeout")
+    __slots__ = ("idle_since", "key", "reused", "sock", "timeout")
 
     def __init__(self, sock: socket.socket, key: PoolKey) -> None:
         self.sock = sock
         self.key = key
         self.reused = False
         self.idle_since = 0.0
-        self.kernel_timeouts = (_KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
-                                and not type(sock).__module__.startswith("gevent"))
         self.timeout: float | None = sock.gettimeout()
-        if self.kernel_timeouts:
-            sock.settimeout(None)  # blocking: the kernel's timeouts below apply
-            self.timeout = -1.0  # forces set_timeout to program them
 
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send and receive, re-programming the socket only on a change.
 
         ``settimeout`` is an ``ioctl`` (a GIL release) even when nothing changes.
         """
-        if seconds == self.timeout:
-            return
-        self.timeout = seconds
-        if self.kernel_timeouts:
-            value = _timeval(seconds)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
-        else:
+        if seconds != self.timeout:
+            self.timeout = seconds
             self.sock.settimeout(seconds)
 
     def sendall(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except BlockingIOError:  # the kernel's SO_SNDTIMEO on a blocking socket
-            raise TimeoutError("send timed out") from None
+        self.sock.sendall(data)
 
     def recv(self, limit: int = RECV) -> bytes:
-        try:
-            return self.sock.recv(limit)
-        except BlockingIOError:  # the kernel's SO_RCVTIMEO on a blocking socket
-            raise TimeoutError("receive timed out") from None
+        return self.sock.recv(limit)
 
     def take_socket(self) -> socket.socket:
-        """The socket as an ordinary Python one (the kernel's timeouts off, Python's on)."""
-        if self.kernel_timeouts:
-            timeout = self.timeout
-            self.set_timeout(None)
-            self.sock.settimeout(timeout)
+        """The socket, for a caller that takes it over (an upgraded connection)."""
         return self.sock
 
     def looks_closed(self) -> bool:

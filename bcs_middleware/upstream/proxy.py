@@ -323,18 +323,15 @@ class UpstreamProxy:
             script = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
             path = quote(script.encode("latin-1"), safe="/:@!$&'()*+,;=-._~%")
             query = environ.get("QUERY_STRING", "")
-        # Positional: see ClusterRoutingMiddleware.route.
         return env.Upstream(
-            (base,),  # base_urls
-            prefix + (path or "/"),  # path
-            query,  # query
-            self._ca_pem,  # ca_pem
-            self._server_name,  # server_name
-            self._verify,  # verify
-            None,  # bearer_token
-            (),  # set_headers
-            self._client_cert,  # client_cert
-            host,  # name
+            base_urls=(base,),
+            path=prefix + (path or "/"),
+            query=query,
+            ca_pem=self._ca_pem,
+            server_name=self._server_name,
+            verify=self._verify,
+            client_cert=self._client_cert,
+            name=host,
         )
 
     def _request_headers(

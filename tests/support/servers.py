@@ -108,13 +108,18 @@ class ServerProcess:
         self.stop()
 
 
+#: The gunicorn worker class the suites run under: ``BCS_TEST_WORKER_CLASS=gevent`` runs them on
+#: gevent (``tox -e gevent``); everything must work unchanged on both.
+WORKER_CLASS = os.environ.get("BCS_TEST_WORKER_CLASS", "gthread")
+
+
 def gunicorn(
     app_or_paste: str,
     *,
     port: int | None = None,
     host: str = "127.0.0.1",
     workers: int = 1,
-    worker_class: str = "gthread",
+    worker_class: str = WORKER_CLASS,
     threads: int = 8,
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,

@@ -1,16 +1,11 @@
-"""``PooledTransport`` timeouts: an upstream that stalls never holds a worker past its bounds.
-
-Plain connections use the kernel's socket timeouts (no ``poll()`` before each
-``send``/``recv``); TLS connections keep Python's, because ``ssl`` would retry a
-read the kernel timed out. Both must end a stalled read in time.
-"""
+"""``PooledTransport`` timeouts: an upstream that stalls never holds a worker past its bounds,
+over plain and TLS connections alike."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -128,7 +123,7 @@ def test_a_stream_without_length_gets_the_stream_idle_timeout(ca: trustme.CA, tl
         resp.close()
 
 
-def test_plain_connections_use_kernel_timeouts_and_hand_over_python_ones(ca: trustme.CA) -> None:
+def test_an_upgraded_connection_is_handed_over_with_the_read_timeout(ca: trustme.CA) -> None:
     answer = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\nearly"
     with _stalling(answer) as server:
         transport = PooledTransport(read_timeout=2.5)
@@ -138,42 +133,6 @@ def test_plain_connections_use_kernel_timeouts_and_hand_over_python_ones(ca: tru
         sock, leftover = resp.detach()
         try:
             assert leftover == b"early"
-            # The caller gets an ordinary socket: Python's timeout, the kernel's off.
             assert sock.gettimeout() == 2.5
-            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.calcsize("@ll"))
-            assert struct.unpack("@ll", raw) == (0, 0)
         finally:
             sock.close()
-
-
-def test_a_pooled_plain_connection_is_blocking_with_the_read_timeout_in_the_kernel() -> None:
-    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
-    with _stalling(answer) as server:
-        transport = PooledTransport(read_timeout=1.5)
-        resp = transport.send(_upstream(server, None), "GET", [], None, None)
-        sock = resp._conn.sock  # type: ignore[union-attr]
-        assert sock.gettimeout() is None  # no poll() before each send/recv
-        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-            raw = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("@ll"))
-            assert struct.unpack("@ll", raw) == (1, 500000)
-        resp.close()
-
-
-def test_gevent_sockets_keep_python_timeouts() -> None:
-    """Under gevent a socket is non-blocking underneath and waits in gevent's hub:
-    the kernel's timeouts would never apply there, so Python's are kept."""
-    from bcs_middleware.upstream.pool import Connection, PoolKey
-
-    class GeventLikeSocket(socket.socket):
-        pass
-
-    GeventLikeSocket.__module__ = "gevent._socket3"
-    sock = GeventLikeSocket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(5.0)
-        conn = Connection(sock, PoolKey("http", "127.0.0.1", 80, None, None, True, None))
-        assert conn.kernel_timeouts is False
-        conn.set_timeout(1.5)
-        assert sock.gettimeout() == 1.5
-    finally:
-        sock.close()
