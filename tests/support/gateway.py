@@ -82,6 +82,10 @@ def served_gateway(data: Path, *, args: Sequence[str] = (), env: dict[str, str] 
     port = free_port()
     argv = [CLI, "serve", "--data-dir", str(data), "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
             "--threads", str(threads), "--graceful-timeout", "3", *args]
+    # BCS_TEST_WORKER_CLASS=gthread runs a suite under the other supported worker class.
+    worker_class = os.environ.get("BCS_TEST_WORKER_CLASS")
+    if worker_class and "--worker-class" not in args:
+        argv += ["--worker-class", worker_class]
     with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN, **(env or {})}, scheme="https",
                        timeout=60) as server:
         yield Gateway(server, data, str(data / "tls" / "ca.crt"))
