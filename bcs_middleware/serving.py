@@ -29,6 +29,7 @@ options, or ``examples/gunicorn.conf.py``).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from typing import Any
@@ -73,11 +74,13 @@ class GatewayGeventWorker(GeventWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: connections served at once; more are answered 503.
-        self.connection_limit = self.worker_connections
+        self.connection_limit: int = self.cfg.worker_connections
         # The pool also holds the connections being refused (briefly each).
         self.worker_connections = self.connection_limit + max(16, self.connection_limit // 8)
         self.active = 0
         self._ssl: Any = None
+        self._ssl_files: tuple[int, int] | None = None
+        self._ssl_checked = 0.0
         self._refusal = _refusal(self.retry_after)
         # Connections whose first request has not yet been read (by greenlet).
         self._fresh: set[int] = set()
@@ -87,7 +90,7 @@ class GatewayGeventWorker(GeventWorker):
         # (gevent's server would handshake first, unbounded) and the pool is larger
         # than the limit so that clients beyond it get an answer instead of a queue.
         if self.cfg.is_ssl:
-            self._ssl = ssl_context(self.cfg)
+            self._tls_context()
         servers = []
         for s in self.sockets:
             s.setblocking(1)
@@ -138,8 +141,33 @@ class GatewayGeventWorker(GeventWorker):
             self._fresh.discard(me)
             self.active -= 1
 
+    def _tls_context(self) -> Any:
+        """The TLS context, rebuilt when the certificate or key file changes (checked once a second).
+
+        A renewed certificate (:class:`bcs_middleware.tls.CertificateRenewer` replaces the file)
+        is served from the next connection on, as gunicorn's gthread worker does by loading the
+        files for every connection.
+        """
+        now = time.monotonic()
+        if self._ssl is None or now - self._ssl_checked >= 1.0:
+            self._ssl_checked = now
+            files: tuple[int, int] | None
+            try:
+                files = (os.stat(self.cfg.certfile).st_mtime_ns, os.stat(self.cfg.keyfile).st_mtime_ns)
+            except OSError:
+                files = self._ssl_files
+            if self._ssl is None or files != self._ssl_files:
+                try:
+                    self._ssl = ssl_context(self.cfg)
+                    self._ssl_files = files
+                except (OSError, ValueError) as exc:  # half-written: the current one serves on
+                    if self._ssl is None:
+                        raise
+                    self.log.warning("reloading the TLS certificate failed (%s); retrying", exc)
+        return self._ssl
+
     def _handshake(self, client: Any) -> Any:
-        tls = self._ssl.wrap_socket(client, server_side=True, do_handshake_on_connect=False,
+        tls = self._tls_context().wrap_socket(client, server_side=True, do_handshake_on_connect=False,
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
         try:
             with Timeout(self.header_timeout):
@@ -167,7 +195,8 @@ class GatewayGeventWorker(GeventWorker):
         try:
             with Timeout(_REFUSAL_TIME, False):
                 if self._ssl is not None:
-                    client = self._ssl.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
+                    client = self._tls_context().wrap_socket(client, server_side=True,
+                                                             do_handshake_on_connect=False)
                     client.do_handshake()
                 client.sendall(self._refusal)
                 # Read what the client sent before closing: closing with unread input

@@ -629,7 +629,8 @@ class CertificateRenewer:
 
     :func:`ensure_gateway_pki` renews the server certificate ``renew_before`` its
     expiry (certifying the same key again, one atomic file replace). gunicorn's
-    gthread and sync workers load ``certfile``/``keyfile`` for every new connection,
+    gthread and sync workers load ``certfile``/``keyfile`` for every new connection
+    (the gateway's gevent worker when the files change, :mod:`bcs_middleware.serving`),
     so the renewed certificate is served from the next connection on: a gateway that
     runs for longer than a certificate lives needs no restart. Run it in one process
     (the gunicorn master); a failed check is logged and retried at the next interval.

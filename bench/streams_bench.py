@@ -29,7 +29,6 @@ import json
 import os
 import resource
 import ssl
-import statistics
 import sys
 import tempfile
 import time
@@ -84,7 +83,7 @@ def _rest(base: str, method: str, path: str, body: dict, cafile: str) -> None:
 
 
 class Watch:
-    __slots__ = ("id", "reader", "writer", "received")
+    __slots__ = ("id", "reader", "received", "writer")
 
     def __init__(self, wid: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.id = wid
@@ -102,7 +101,7 @@ async def _open_watch(port: int, context: ssl.SSLContext, wid: str, gate: asynci
                 asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost"), 30)
             writer.write(request)
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError):
             return None
     if not head.startswith(b"HTTP/1.1 200"):
         writer.transport.abort()

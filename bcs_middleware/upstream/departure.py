@@ -177,7 +177,8 @@ class _Watcher:
         events = self._selector.select(RECHECK if self._readable else None)
         gone: list[_ThreadWatch] = []
         with self._lock:
-            candidates = [key.data for key, _ in events] + list(self._readable)
+            candidates: list[_ThreadWatch] = [key.data for key, _ in events]
+            candidates += self._readable
             for entry in candidates:
                 if self._watches.get(entry.fd) is not entry:
                     continue  # cancelled meanwhile
