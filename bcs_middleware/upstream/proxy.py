@@ -41,7 +41,10 @@ hop-by-hop), redirects are **not** followed, and the body is relayed raw
 (no decompression) piece by piece as it arrives, so each event of a
 ``watch=true`` stream reaches the client at once. Closing the returned
 iterable (the client went away) closes the upstream connection instead of
-returning a half-read one to the pool.
+returning a half-read one to the pool. While a body without a length streams
+(a watch, ``logs -f``), the client socket is watched too
+(:mod:`~bcs_middleware.upstream.departure`): a client that leaves while the
+upstream is quiet ends the stream and its upstream connection at once.
 
 Environ: reads ``bcs.upstream`` and ``bcs.error_style``; sets nothing.
 
