@@ -92,9 +92,11 @@ class Watch:
         self.received: float | None = None
 
 
-async def _open_watch(port: int, context: ssl.SSLContext, wid: str, gate: asyncio.Semaphore) -> Watch | None:
-    request = (f"GET /tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/configmaps?watch=true&watchid={wid} "
-               f"HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {ADMIN}\r\n\r\n").encode()
+async def _open_watch(port: int, context: ssl.SSLContext, wid: str, gate: asyncio.Semaphore,
+                      direct: bool = False) -> Watch | None:
+    prefix, token = ("", SA) if direct else (f"/tunnels/clusters/{CLUSTER}", ADMIN)
+    request = (f"GET {prefix}/api/v1/namespaces/default/configmaps?watch=true&watchid={wid} "
+               f"HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
     async with gate:
         try:
             reader, writer = await asyncio.wait_for(
@@ -234,6 +236,31 @@ async def _scenario(port: int, cafile: str, api: WatchAPIServer, server: ServerP
     return result
 
 
+async def _direct(api: WatchAPIServer, watches: int) -> dict:
+    """The harness alone: the same client straight to the fake apiserver (no gateway)."""
+    context = ssl.create_default_context(cadata=api.ca_pem)
+    gate = asyncio.Semaphore(HANDSHAKES_AT_ONCE)
+    opened = await asyncio.gather(*(_open_watch(api.port, context, f"d{i}", gate, direct=True)
+                                    for i in range(watches)))
+    streams = [w for w in opened if w is not None]
+    await asyncio.sleep(1)
+    sent_at: dict[str, float] = {}
+    waiting = [asyncio.ensure_future(_await_event(w, sent_at)) for w in streams]
+    await asyncio.sleep(0.5)
+    await asyncio.get_running_loop().run_in_executor(None, api.broadcast)
+    await asyncio.wait(waiting, timeout=10)
+    delays = [w.received - sent_at["sent"] for w in streams if w.received is not None]
+    for w in streams:
+        w.writer.transport.abort()
+    return {"direct_watches": len(streams), "direct_event_p50_ms": round(_pct(delays, 0.5) * 1000, 1),
+            "direct_event_p99_ms": round(_pct(delays, 0.99) * 1000, 1)}
+
+
+def run_direct(watches: int) -> dict:
+    with WatchAPIServer(token=SA) as api:
+        return asyncio.run(_direct(api, watches))
+
+
 def run(watches: int, departed: int, slow: int, serve_args: list[str]) -> dict:
     with WatchAPIServer(token=SA) as api, tempfile.TemporaryDirectory(prefix="streams-bench-") as data:
         port = free_port()
@@ -260,6 +287,8 @@ def main() -> int:
     parser.add_argument("--departed", type=int, default=1000)
     parser.add_argument("--slow", type=int, default=1000)
     parser.add_argument("--serve-arg", action="append", default=[])
+    parser.add_argument("--direct", action="store_true",
+                        help="also measure the harness alone: the client straight to the fake apiserver")
     parser.add_argument("--json")
     args = parser.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -267,6 +296,8 @@ def main() -> int:
     results = []
     for count in (int(n) for n in args.watches.split(",")):
         result = run(count, args.departed, args.slow, args.serve_arg)
+        if args.direct:
+            result.update(run_direct(count))
         print(json.dumps(result), flush=True)
         results.append(result)
     if args.json:
