@@ -32,6 +32,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import gevent
@@ -82,8 +84,8 @@ class GatewayGeventWorker(GeventWorker):
         self._ssl_files: tuple[int, int] | None = None
         self._ssl_checked = 0.0
         self._refusal = _refusal(self.retry_after)
-        # Connections whose first request has not yet been read (by greenlet).
-        self._fresh: set[int] = set()
+        # Per connection (by greenlet): its socket, and whether its first request is yet to come.
+        self._conns: dict[int, list[Any]] = {}
 
     def run(self) -> None:
         # GeventWorker.run, except that TLS is done in handle() under the head timeout
@@ -129,16 +131,16 @@ class GatewayGeventWorker(GeventWorker):
             return
         self.active += 1
         me = id(gevent.getcurrent())
-        self._fresh.add(me)
         try:
             if self._ssl is not None:
                 client = self._handshake(client)
                 if client is None:
                     return
             client.settimeout(self.body_idle_timeout)
+            self._conns[me] = [client, True]
             AsyncWorker.handle(self, listener, client, addr)
         finally:
-            self._fresh.discard(me)
+            self._conns.pop(me, None)
             self.active -= 1
 
     def _tls_context(self) -> Any:
@@ -177,18 +179,22 @@ class GatewayGeventWorker(GeventWorker):
             return None
         return tls
 
-    def timeout_ctx(self) -> Timeout:
+    def timeout_ctx(self) -> Any:
         # AsyncWorker reads every request head under this: the first within the head
         # timeout (counted from the end of the handshake), later ones within keepalive.
-        me = id(gevent.getcurrent())
-        if me in self._fresh:
-            self._fresh.discard(me)
+        conn = self._conns.get(id(gevent.getcurrent()))
+        if conn is None:
             return Timeout(self.header_timeout, False)
-        return Timeout(self.cfg.keepalive, False)
+        first, conn[1] = conn[1], False
+        return _head_wait(conn[0], self.header_timeout if first else self.cfg.keepalive, self.body_idle_timeout)
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
-        self._fresh.discard(id(gevent.getcurrent()))
-        return super().handle_request(listener_name, req, sock, addr)
+        try:
+            return super().handle_request(listener_name, req, sock, addr)
+        except TimeoutError:
+            # The body idle timeout while writing: the client stopped reading its answer.
+            # A slow client, not a server error: close the connection quietly.
+            raise StopIteration() from None
 
     def _refuse(self, client: Any) -> None:
         """Answer 503 (Retry-After) and close; bounded in time whatever the client does."""
@@ -209,6 +215,21 @@ class GatewayGeventWorker(GeventWorker):
             pass
         finally:
             _close(client)
+
+
+@contextmanager
+def _head_wait(sock: Any, seconds: float, body_idle_timeout: float | None) -> Iterator[None]:
+    """Wait for a request head for ``seconds`` at most (then the connection is closed quietly).
+
+    The socket's own timeout (the body idle timeout) is lifted meanwhile: it would fire first
+    when it is the shorter one, as an error instead of a quiet close.
+    """
+    sock.settimeout(None)
+    try:
+        with Timeout(seconds, False):
+            yield
+    finally:
+        sock.settimeout(body_idle_timeout)
 
 
 def _close(sock: Any) -> None:

@@ -71,7 +71,7 @@ from urllib.parse import quote, urlsplit
 
 from .. import environ as env
 from .. import metrics, upgrade_request
-from ..bodies import declared_length
+from ..bodies import body_stalled, declared_length
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..errors import (
     BadRequest,
@@ -417,6 +417,8 @@ def _sized_body(stream: Any, remaining: int) -> Iterator[bytes]:
     while remaining > 0:
         try:
             piece = stream.read(min(_PIECE, remaining))
+        except TimeoutError:
+            raise body_stalled() from None
         # Servers raise their own types when the client breaks off its body.
         except Exception:
             raise BadRequest("the request body ended before its Content-Length") from None
@@ -430,6 +432,8 @@ def _chunked_body(stream: Any) -> Iterator[bytes]:
     while True:
         try:
             piece = stream.read(_PIECE)
+        except TimeoutError:
+            raise body_stalled() from None
         except Exception:
             raise BadRequest("the chunked request body is malformed or was cut off") from None
         if not piece:
