@@ -1,7 +1,7 @@
 """kubectl exec/attach/port-forward through the tunnel: connection upgrades under gunicorn.
 
-A raw TLS client speaks to the real ``bcs-middleware serve`` gateway (gthread
-workers) of ``conftest.py``; the fake apiserver's ``on_upgrade`` handlers answer
+A raw TLS client speaks to the real ``bcs-middleware serve`` gateway (its default
+gevent worker; ``BCS_TEST_WORKER_CLASS=gthread`` for the other) of ``conftest.py``; the fake apiserver's ``on_upgrade`` handlers answer
 ``101`` and echo, or refuse. One test runs the proxy under a *sync* worker.
 """
 
