@@ -104,11 +104,15 @@ class _GreenletWatch:
         self._greenlet = gevent.spawn(_wait_for_departure, sock, sock.fileno(), on_gone)
 
     def cancel(self) -> None:
+        import gevent
+
         greenlet = self._greenlet
         if not greenlet.dead:
             # Blocking (a switch to the hub): the greenlet's watcher on the descriptor
-            # must be gone before the server closes that descriptor.
-            greenlet.kill(block=True, timeout=1.0)
+            # must be gone before the server closes that descriptor. The hub itself (a
+            # body finalized there) cannot block; the kill then lands on its next turn.
+            in_hub = gevent.getcurrent() is gevent.get_hub()
+            greenlet.kill(block=not in_hub, timeout=1.0)
 
 
 def _wait_for_departure(sock: Any, fd: int, on_gone: Callable[[], None]) -> None:
