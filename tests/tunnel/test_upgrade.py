@@ -1,8 +1,9 @@
 """kubectl exec/attach/port-forward through the tunnel: connection upgrades under gunicorn.
 
 A raw TLS client speaks to the real ``bcs-middleware serve`` gateway (its default
-gevent worker; ``BCS_TEST_WORKER_CLASS=gthread`` for the other) of ``conftest.py``; the fake apiserver's ``on_upgrade`` handlers answer
-``101`` and echo, or refuse. One test runs the proxy under a *sync* worker.
+gevent worker; ``BCS_TEST_WORKER_CLASS=gthread`` for the other) of ``conftest.py``;
+the fake apiserver's ``on_upgrade`` handlers answer ``101`` and echo, or refuse.
+One test runs the proxy under a *sync* worker.
 """
 
 from __future__ import annotations
