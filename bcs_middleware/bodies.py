@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from .errors import BadRequest, BodyTooDeep, MalformedBody, PayloadTooLarge
+from .errors import BadRequest, BCSError, BodyTooDeep, MalformedBody, PayloadTooLarge
 
 #: Deepest nesting of arrays/objects (mappings/sequences) accepted in any parsed document.
 #: Kubernetes objects, CRD schemas included, stay well below it; Python's recursion
@@ -46,12 +46,21 @@ _PIECE = 64 * 1024
 def _read(stream: Any, limit: int) -> bytes:
     chunks, remaining = [], limit
     while remaining > 0:
-        piece = stream.read(min(remaining, _PIECE))
+        try:
+            piece = stream.read(min(remaining, _PIECE))
+        except TimeoutError:  # the server's body idle timeout (a client that stopped sending)
+            raise body_stalled() from None
         if not piece:
             break
         chunks.append(piece)
         remaining -= len(piece)
     return b"".join(chunks)
+
+
+def body_stalled() -> BCSError:
+    """The error for a request body that stopped arriving (the server's read timed out)."""
+    return BCSError("the request body stopped arriving before its end", status=408,
+                    code_name="REQUEST_TIMEOUT")
 
 
 def declared_length(environ: dict[str, Any]) -> int | None:

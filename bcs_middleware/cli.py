@@ -33,6 +33,9 @@ from .logsetup import configure_logging
 log = logging.getLogger("bcs_middleware.cli")
 
 DEFAULT_BIND = "127.0.0.1:8443"
+# Per gevent worker: connections (watches, exec sessions, idle keep-alive) served at once;
+# two workers hold 10,000 streams even when one takes more than its half.
+DEFAULT_WORKER_CONNECTIONS = 8192
 
 
 def _bind_is_loopback(bind: str) -> bool:
@@ -227,20 +230,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # OPTIONAL: token clients keep working; a certificate that is presented must verify.
         settings.update(ca_certs=str(Path(args.client_ca_file).absolute()), cert_reqs=ssl.CERT_OPTIONAL)
 
+    if args.keepalive <= 0 or args.header_timeout <= 0 or args.body_idle_timeout <= 0:
+        print("error: --keepalive, --header-timeout and --body-idle-timeout must be positive", file=sys.stderr)
+        return 2
     from .tls import gunicorn_ssl_context
 
+    settings.update(_worker_settings(args))
     settings.update(
         bind=[bind],
         workers=args.workers,
-        worker_class=args.worker_class,
-        threads=args.threads,
         # Every worker listens on its own SO_REUSEPORT socket and the kernel spreads new
         # connections over them. On one shared socket the worker that wakes first accepts a
         # whole burst: measured (bench/README.md) one gevent worker holding every connection
         # while the other idled. The cost: connections still in a stopping worker's accept
         # queue are reset.
         reuse_port=args.reuse_port,
-        **connection_slots(args.worker_class, args.threads),
         timeout=60,
         graceful_timeout=args.graceful_timeout,
         loglevel=args.log_level,
@@ -287,6 +291,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"bcs-middleware {__version__} {args.role} on {scheme}://{bind}/  (data: {data_dir})", flush=True)
     _Gunicorn(loader, settings).run()
     return 0
+
+
+def _serves_on_gevent(argv: Sequence[str]) -> bool:
+    """Will this command line run ``serve`` on the gevent worker (the default)?"""
+    if not argv or argv[0] != "serve":
+        return False
+    for i, arg in enumerate(argv):
+        if arg == "--worker-class" and i + 1 < len(argv):
+            return argv[i + 1] == "gevent"
+        if arg.startswith("--worker-class="):
+            return arg.partition("=")[2] == "gevent"
+    return True
+
+
+def _patch_for_gevent() -> None:
+    """Monkey-patch now, in the master, before the application's modules are imported.
+
+    gunicorn's gevent worker patches only in each worker, after the master has imported
+    the application (the gateway is built once in the master): a module that took
+    ``ssl.SSLContext`` by name by then (urllib3) keeps the unpatched class, and building a
+    context with it recurses forever. Patched here, every module sees gevent's classes;
+    the worker's own patching then changes nothing.
+    """
+    from gevent import monkey
+
+    monkey.patch_all()
+
+
+def _worker_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """gunicorn's worker class and its connection settings, from ``serve``'s options."""
+    if args.worker_class == "gthread":
+        slots = connection_slots("gthread", args.threads)["worker_connections"]
+        return {
+            "worker_class": "gthread",
+            "threads": args.threads,
+            "worker_connections": args.worker_connections or slots,
+            "keepalive": args.keepalive,
+        }
+    from .serving import gevent_worker
+
+    connections = args.worker_connections or DEFAULT_WORKER_CONNECTIONS
+    _warn_if_few_descriptors(connections)
+    return {
+        "worker_class": gevent_worker(header_timeout=args.header_timeout,
+                                      body_idle_timeout=args.body_idle_timeout),
+        "worker_connections": connections,
+        "keepalive": args.keepalive,
+    }
+
+
+def _warn_if_few_descriptors(connections: int) -> None:
+    # Each stream holds two descriptors (client and upstream); past the limit accept() fails
+    # and clients wait in the kernel's queue. Raising it is the operator's call (ulimit -n,
+    # systemd LimitNOFILE=), not the program's.
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * connections + 64
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning("the open-file limit (%d) is below what %d connections per worker need (%d): "
+                    "raise it (ulimit -n, LimitNOFILE=) or lower --worker-connections", soft,
+                    connections, needed)
 
 
 def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None,
@@ -442,14 +508,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
     serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
     serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
+    serve.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
+                       help="gevent (default): each connection is a greenlet, thousands of open "
+                            "watches per worker; gthread: each connection being served holds a thread")
+    serve.add_argument("--worker-connections", type=int, metavar="N",
+                       help="connections one worker serves at once; beyond it clients get 503 with "
+                            f"Retry-After (default {DEFAULT_WORKER_CONNECTIONS} under gevent, "
+                            f"threads + {KEEPALIVE_SLOTS} under gthread)")
     serve.add_argument("--threads", type=int, default=128,
-                       help="threads per worker; each open watch/log/exec stream holds one (default 128; "
-                            "threads start on demand)")
-    serve.add_argument("--worker-class", choices=("gthread", "gevent"), default=DEFAULT_WORKER_CLASS,
-                       help="gunicorn worker class (default gthread)")
+                       help="gthread only: threads per worker; each open watch/log/exec stream holds "
+                            "one (default 128; threads start on demand)")
     serve.add_argument("--reuse-port", action=argparse.BooleanOptionalAction, default=True,
                        help="one SO_REUSEPORT listening socket per worker, so the kernel spreads "
                             "connections evenly (default on)")
+    serve.add_argument("--keepalive", type=int, default=75, metavar="SECONDS",
+                       help="an idle keep-alive connection is closed after this (default 75)")
+    serve.add_argument("--header-timeout", type=float, default=10, metavar="SECONDS",
+                       help="gevent: the TLS handshake and the first request head must arrive within "
+                            "this (default 10)")
+    serve.add_argument("--body-idle-timeout", type=float, default=60, metavar="SECONDS",
+                       help="gevent: a request body (or the client reading its answer) may not stall "
+                            "longer (default 60)")
     serve.add_argument("--data-dir", default="./bcs-data", help="data directory (default ./bcs-data)")
     serve.add_argument("--database-url", metavar="URL",
                        help="use this database instead of SQLite in the data directory (postgresql://… needs "
@@ -539,33 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEFAULT_WORKER_CLASS = "gthread"
-
-
-def _serves_with_gevent(argv: Sequence[str]) -> bool:
-    """``serve`` with the gevent worker, read from the raw arguments (before the parser exists)."""
-    if not argv or argv[0] != "serve":
-        return False
-    worker_class = DEFAULT_WORKER_CLASS
-    for i, arg in enumerate(argv):
-        if arg == "--worker-class" and i + 1 < len(argv):
-            worker_class = argv[i + 1]
-        elif arg.startswith("--worker-class="):
-            worker_class = arg.partition("=")[2]
-    return worker_class == "gevent"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import ConfigError
 
-    if _serves_with_gevent(sys.argv[1:] if argv is None else argv):
-        # Before anything imports ssl, urllib3 or requests (building the parser does): a
-        # module that took ssl's classes before gevent patched them recurses forever
-        # (RecursionError in SSLContext.minimum_version) once the worker has patched, and
-        # gunicorn patches only in the worker, after the master imported them.
-        from gevent import monkey
-
-        monkey.patch_all()
+    if _serves_on_gevent(sys.argv[1:] if argv is None else argv):
+        _patch_for_gevent()  # before build_parser imports the client modules (and urllib3)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

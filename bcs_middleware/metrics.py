@@ -65,6 +65,10 @@ DISCOVERY_STALE = Gauge(
     "1 while service discovery cannot reach its source and serves the last snapshot.",
     multiprocess_mode="max",
 )
+STREAMS_DEPARTED = Counter(
+    "bcs_streams_departed",
+    "Streamed responses ended because their client left while the upstream was quiet.",
+)
 OPEN_UPGRADES = Gauge(
     "bcs_open_upgraded_streams",
     "Upgraded connections (kubectl exec, attach, port-forward) being spliced right now.",

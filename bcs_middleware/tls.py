@@ -630,8 +630,10 @@ class CertificateRenewer:
 
     :func:`ensure_gateway_pki` renews the server certificate ``renew_before`` its
     expiry (certifying the same key again, one atomic file replace). gunicorn's
-    workers hand every new connection to :class:`ServerContext`, which reloads the
-    files when they changed, so the renewed certificate is served from the next connection on: a gateway that
+    workers take every new connection's context from :class:`ServerContext` (``serve``'s
+    ``ssl_context`` hook; the gateway's gevent worker asks it again when the files change,
+    :mod:`bcs_middleware.serving`), which reloads the files when they changed, so the
+    renewed certificate is served from the next connection on: a gateway that
     runs for longer than a certificate lives needs no restart. Run it in one process
     (the gunicorn master); a failed check is logged and retried at the next interval.
     """

@@ -1,7 +1,8 @@
 """A gunicorn configuration for the gateway: gunicorn --paste examples/gateway.ini -c examples/gunicorn.conf.py
 
-Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_THREADS, BCS_CERTFILE,
-BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS,
+Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_WORKER_CLASS,
+BCS_WORKER_CONNECTIONS, BCS_THREADS, BCS_KEEPALIVE, BCS_HEADER_TIMEOUT, BCS_BODY_IDLE_TIMEOUT,
+BCS_CERTFILE, BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS,
 BCS_INSECURE_HTTP, BCS_TLS_HOSTS, BCS_CA_FILE).
 
 As ``bcs-middleware serve`` does, it uses one data directory (BCS_DATA_DIR, default ./bcs-data;
@@ -11,39 +12,64 @@ handed to the ini as its ``data_dir``), generates the bootstrap admin's token th
 name another certificate (BCS_CA_FILE: the CA handed to clients then). BCS_INSECURE_HTTP=1 serves
 plain HTTP (kubectl then cannot be used: client-go never sends a bearer token to an http:// server).
 
-Worker class: long watch, ``logs -f`` and exec streams hold a worker thread each for as long as
-the client keeps them open, so the gateway runs the **gthread** worker with many threads. Threads
-start on demand, so a high number costs nothing until used. A worker may take more than its share
-of a burst of new connections, so size ``threads`` for the streams one worker may have to hold, not
-the average (here 2 x 512: 500 concurrent watches fit even if most land on one worker, with room
-for ordinary requests). The sync worker would hold a whole process per stream and be killed by
-``timeout`` during a quiet watch; gthread's heartbeat is independent of request threads.
+Worker class: long watch, ``logs -f`` and exec streams stay open for as long as their clients
+keep them. The default is the gateway's **gevent** worker
+(:class:`bcs_middleware.serving.GatewayGeventWorker`): each connection is a greenlet of a few
+kilobytes, so one worker holds thousands of streams; a request head must arrive within
+``BCS_HEADER_TIMEOUT`` (TLS handshake included), a request body may not stall longer than
+``BCS_BODY_IDLE_TIMEOUT``, idle keep-alive connections are closed after ``keepalive``, and beyond
+``worker_connections`` a client is answered 503 with Retry-After instead of queueing.
+``BCS_WORKER_CLASS=gthread`` runs gunicorn's threaded worker instead: a thread per stream (size
+``threads`` for the streams one worker may hold), none of the limits above.
+
+gevent must patch the standard library before the application's modules are imported (a module
+that took ``ssl.SSLContext`` by name keeps the unpatched class otherwise), so this file patches
+first when it selects gevent: gunicorn reads it before it loads the application.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import sys
-from pathlib import Path
 
-from bcs_middleware.datadir import DEFAULT_DATA_DIR, admin_token_source, announce_admin_token
-from bcs_middleware.datadir import prepare as prepare_data_dir
-from bcs_middleware.tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki
+_WORKER_CLASS = os.environ.get("BCS_WORKER_CLASS", "gevent")
+if _WORKER_CLASS == "gevent":
+    from gevent import monkey
+
+    monkey.patch_all()
+
+import shutil  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from bcs_middleware.datadir import DEFAULT_DATA_DIR, admin_token_source, announce_admin_token  # noqa: E402
+from bcs_middleware.datadir import prepare as prepare_data_dir  # noqa: E402
+from bcs_middleware.tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki  # noqa: E402
 
 bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
 workers = int(os.environ.get("BCS_WORKERS", "2"))
-worker_class = "gthread"
-threads = int(os.environ.get("BCS_THREADS", "512"))
-# gthread counts idle keep-alive connections against worker_connections and closes a
-# connection after its answer when worker_connections - threads are idle already: clients then
-# pay a new TLS handshake while the worker has threads to spare. Idle connections cost no
-# thread, so hold many (gevent's worker_connections is its greenlet bound: keep its default).
-if worker_class == "gthread":
-    worker_connections = threads + 1000
+keepalive = int(os.environ.get("BCS_KEEPALIVE", "75"))
+if _WORKER_CLASS == "gevent":
+    from bcs_middleware.serving import gevent_worker
+
+    worker_class = gevent_worker(
+        header_timeout=float(os.environ.get("BCS_HEADER_TIMEOUT", "10")),
+        body_idle_timeout=float(os.environ.get("BCS_BODY_IDLE_TIMEOUT", "60")),
+    )
+    # Per worker; two workers hold 10,000 streams even when one takes more than its half.
+    # Each connection holds two descriptors (client and upstream): raise the open-file limit.
+    worker_connections = int(os.environ.get("BCS_WORKER_CONNECTIONS", "8192"))
+else:
+    from bcs_middleware.cli import connection_slots
+
+    worker_class = "gthread"
+    threads = int(os.environ.get("BCS_THREADS", "512"))
+    # gthread counts idle keep-alive connections against worker_connections and closes a
+    # connection after its answer when worker_connections - threads are idle already: clients
+    # would pay a new TLS handshake while the worker has threads to spare (as serve sizes it).
+    worker_connections = (int(os.environ.get("BCS_WORKER_CONNECTIONS", "0"))
+                          or connection_slots("gthread", threads)["worker_connections"])
 timeout = 60
 graceful_timeout = 30
-keepalive = 75
 # gunicorn 27 opens a control socket at one fixed path by default; one per server here.
 control_socket_disable = True
 # gunicorn believes X-Forwarded-Proto (https or not) and SCRIPT_NAME/PATH_INFO headers from

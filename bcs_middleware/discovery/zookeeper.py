@@ -60,13 +60,30 @@ def _ordered(children: list[str]) -> list[str]:
 
 
 def make_client(hosts: str, timeout: float) -> Any:
-    """A kazoo client that reconnects forever but retries each command a bounded number of times."""
+    """A kazoo client that reconnects forever but retries each command a bounded number of times.
+
+    Under the gevent worker its I/O and callbacks run in greenlets (kazoo's gevent
+    handler): its default handler's threads and ``select`` would be greenlets anyway
+    after monkey-patching, but kazoo documents the gevent handler as the one to use.
+    """
+    handler = None
+    if _gevent_active():
+        from kazoo.handlers.gevent import SequentialGeventHandler
+
+        handler = SequentialGeventHandler()
     return KazooClient(
         hosts=hosts,
+        handler=handler,
         timeout=timeout,
         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 2.0},
         command_retry={"max_tries": 3, "delay": 0.1, "max_delay": 1.0, "deadline": timeout},
     )
+
+
+def _gevent_active() -> bool:
+    from ..upstream.departure import gevent_active
+
+    return gevent_active()
 
 
 #: how long a process exiting waits for its ZooKeeper client to stop

@@ -41,7 +41,10 @@ hop-by-hop), redirects are **not** followed, and the body is relayed raw
 (no decompression) piece by piece as it arrives, so each event of a
 ``watch=true`` stream reaches the client at once. Closing the returned
 iterable (the client went away) closes the upstream connection instead of
-returning a half-read one to the pool.
+returning a half-read one to the pool. While a body without a length streams
+(a watch, ``logs -f``), the client socket is watched too
+(:mod:`~bcs_middleware.upstream.departure`): a client that leaves while the
+upstream is quiet ends the stream and its upstream connection at once.
 
 Environ: reads ``bcs.upstream`` and ``bcs.error_style``; sets nothing.
 
@@ -68,7 +71,7 @@ from urllib.parse import quote, urlsplit
 
 from .. import environ as env
 from .. import metrics, upgrade_request
-from ..bodies import declared_length
+from ..bodies import body_stalled, declared_length
 from ..converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..errors import (
     BadRequest,
@@ -80,6 +83,7 @@ from ..errors import (
     UpstreamUnreachable,
 )
 from ..shapes import ShapeCache
+from . import departure
 from . import upgrade as upg
 from .transport import HOP_BY_HOP, PooledTransport, Response, Transport, named_by_connection
 
@@ -306,7 +310,7 @@ class UpstreamProxy:
             start_response(f"{resp.status} {resp.reason}", out_headers)
             return [data]
         start_response(f"{resp.status} {resp.reason}", out_headers)
-        return _StreamedBody(resp, upstream.name)
+        return _StreamedBody(resp, upstream.name, upg.client_socket(environ))
 
     def _fixed_upstream(self, environ: dict[str, Any]) -> env.Upstream:
         if self._fixed is None:
@@ -410,6 +414,8 @@ def _sized_body(stream: Any, remaining: int) -> Iterator[bytes]:
     while remaining > 0:
         try:
             piece = stream.read(min(_PIECE, remaining))
+        except TimeoutError:
+            raise body_stalled() from None
         # Servers raise their own types when the client breaks off its body.
         except Exception:
             raise BadRequest("the request body ended before its Content-Length") from None
@@ -423,6 +429,8 @@ def _chunked_body(stream: Any) -> Iterator[bytes]:
     while True:
         try:
             piece = stream.read(_PIECE)
+        except TimeoutError:
+            raise body_stalled() from None
         except Exception:
             raise BadRequest("the chunked request body is malformed or was cut off") from None
         if not piece:
@@ -478,14 +486,22 @@ def end_streams() -> int:
 
 
 class _StreamedBody:
-    """The response body, relayed piece by piece; ``close()`` frees the upstream connection."""
+    """The response body, relayed piece by piece; ``close()`` frees the upstream connection.
 
-    def __init__(self, resp: Response, label: str) -> None:
+    While it streams, the client socket (when the server hands it over) is watched
+    (:mod:`~bcs_middleware.upstream.departure`): a client that leaves during a quiet
+    watch ends the stream at once instead of at the next event or the idle timeout.
+    """
+
+    def __init__(self, resp: Response, label: str, client: Any = None) -> None:
         self._resp = resp
         self._label = label
+        self._client = client
+        self._watch: departure.Watch | None = None
         self._complete = False
         self._closed = False
         self._ending = False
+        self._departed = False
         # Only a body without a length can end early and still look complete to the client.
         self.endable = resp.length_remaining is None
         with _open_lock:
@@ -494,15 +510,29 @@ class _StreamedBody:
 
     def end(self) -> None:
         self._ending = True
+        self._interrupt()
+
+    def _interrupt(self) -> None:
         interrupt = getattr(self._resp, "interrupt", None)
         if interrupt is not None:
             interrupt()
+
+    def _client_left(self) -> None:
+        self._departed = True
+        metrics.STREAMS_DEPARTED.inc()
+        self._interrupt()
 
     def __iter__(self) -> Iterator[bytes]:
         # An empty first piece makes the server send the status line and headers
         # now: a quiet watch must still tell its client the request was accepted.
         yield b""
         read1 = self._resp.read1
+        if self._client is not None and not self._closed:
+            try:
+                self._watch = departure.watch(self._client, self._client_left)
+            except (OSError, ValueError):  # the client is already gone (a closed descriptor)
+                self._departed = True
+                return
         try:
             while True:
                 # read1 returns what has arrived (up to one chunk) instead of
@@ -512,24 +542,34 @@ class _StreamedBody:
                     break
                 yield piece
         except BCSError as exc:
-            if self._ending:
-                return  # shutting down: end the response cleanly (the connection is not reused)
+            if self._ending or self._departed:
+                # Shutting down: end the response cleanly (the connection is not reused).
+                # The client left: nobody reads what follows.
+                return
             cause = "timeout" if isinstance(exc, GatewayTimeout) else "protocol"
             metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(self._label or "?"), cause).inc()
             log.info("upstream %s: response body broke off (%s)", self._label, cause)
             # Ending normally would send the last chunk and make a truncated
             # body look complete; an exception makes the server drop the client.
             raise _UpstreamBrokeOff(f"upstream {self._label} broke off its answer") from None
+        finally:
+            self._stop_watching()
         self._complete = True
+
+    def _stop_watching(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._stop_watching()
         with _open_lock:
             _open_streams.discard(self)
         metrics.OPEN_STREAMS.dec()
-        if not self._complete or self._ending:
+        if not self._complete or self._ending or self._departed:
             # Half-read: the connection is mid-message and must never be reused.
             self._resp.close()
         self._resp.release_conn()

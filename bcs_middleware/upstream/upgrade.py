@@ -22,9 +22,9 @@ has agreed):
    (:func:`splice`) until either side closes or a limit fires. Any other answer
    goes back as an ordinary response and both connections are closed after it.
 
-How gunicorn lets go of the socket (sync and gthread workers alike, read from
-gunicorn 27's ``workers/sync.py``, ``workers/gthread.py`` and
-``http/wsgi.py``): after the application returns, the worker writes the
+How gunicorn lets go of the socket (sync, gthread and gevent workers alike, read
+from gunicorn 27's ``workers/sync.py``, ``workers/gthread.py``,
+``workers/base_async.py`` and ``http/wsgi.py``): after the application returns, the worker writes the
 response head if it has not yet (``Response.close``) and may keep the
 connection for another request. Neither may happen after a splice. The
 iterable returned for an upgrade therefore ends its iteration by raising
@@ -52,9 +52,11 @@ direction: a side that stops reading stops the other side being read. TLS
 sockets are handled with ``pending()`` (bytes OpenSSL already decrypted are
 invisible to ``select``) and ``SSLWantRead/WriteError``. End of input on one side
 is passed on with a TCP half-close (``shutdown(SHUT_WR)``, without a TLS
-``close_notify``, which Go's TLS stack reads as end of stream). Under the sync
-worker a splice, like any long request, is bounded by gunicorn's ``timeout``;
-use gthread workers (``bcs-middleware serve`` does).
+``close_notify``, which Go's TLS stack reads as end of stream). Under the gevent
+worker (``bcs-middleware serve``'s default) ``selectors`` and the sockets are
+gevent's, so the loop waits cooperatively and a splice costs a greenlet; under
+gthread it holds a thread. Under the sync worker a splice, like any long
+request, is bounded by gunicorn's ``timeout``.
 
 Bytes the client sent after its request head *before* the ``101`` (no
 kubectl does: both SPDY and websocket clients wait for the answer) sit in

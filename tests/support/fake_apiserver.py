@@ -898,7 +898,10 @@ class _Handler(BaseHTTPRequestHandler):
         """Whether the client closed its end (it sends nothing while it reads a stream)."""
         sock = self.connection
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
+            # poll, not select: descriptors beyond 1024 (thousands of watches) are fine.
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            readable = poller.poll(0)
             if not readable and not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                 return False
             sock.settimeout(0.01)

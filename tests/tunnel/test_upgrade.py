@@ -1,8 +1,9 @@
 """kubectl exec/attach/port-forward through the tunnel: connection upgrades under gunicorn.
 
-A raw TLS client speaks to the real ``bcs-middleware serve`` gateway (gthread
-workers) of ``conftest.py``; the fake apiserver's ``on_upgrade`` handlers answer
-``101`` and echo, or refuse. One test runs the proxy under a *sync* worker.
+A raw TLS client speaks to the real ``bcs-middleware serve`` gateway (its default
+gevent worker; ``BCS_TEST_WORKER_CLASS=gthread`` for the other) of ``conftest.py``;
+the fake apiserver's ``on_upgrade`` handlers answer ``101`` and echo, or refuse.
+One test runs the proxy under a *sync* worker.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Handlers:
     def __call__(self, req: UpgradeRequest) -> None:
         with self.lock:
             self.seen.append(req)
-        if self.mode == "echo":
+        if self.mode in ("echo", "hangup"):
             self._echo(req)
         else:
             self._refuse(req, 403 if self.mode == "403" else 500)
@@ -89,6 +90,8 @@ class Handlers:
             return
         lines.append("X-Stream-Protocol-Version: v4.channel.k8s.io")
         req.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode() + BANNER)
+        if self.mode == "hangup":
+            return  # the upstream ends the session (the fake closes the connection)
         req.sock.settimeout(20)
         while True:
             try:
@@ -415,6 +418,23 @@ def assert_upstream_closed(seen: UpgradeRequest) -> None:
     while seen.sock.fileno() != -1:
         assert time.monotonic() < deadline, "the upstream connection stayed open"
         time.sleep(0.02)
+
+
+def test_upstream_closing_ends_the_client_connection(gateway: Gateway, echo: Handlers, alice: str) -> None:
+    """The exec'd process exits (the apiserver closes): the client's session ends at once too."""
+    echo.mode = "hangup"
+    try:
+        conn = upgrade(gateway, alice)
+        try:
+            assert conn.status == 101
+            assert conn.read_exactly(len(BANNER)) == BANNER
+            started = time.monotonic()
+            assert_closed(conn)
+            assert time.monotonic() - started < 2
+        finally:
+            conn.sock.close()
+    finally:
+        echo.mode = "echo"
 
 
 def test_closed_client_frees_the_upstream_connection(

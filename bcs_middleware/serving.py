@@ -1,0 +1,251 @@
+"""The gunicorn worker the gateway runs on by default: gevent, with slow clients bounded.
+
+Long-lived connections (watches, ``logs -f``, exec sessions, informers) are most of what
+a gateway holds. Under gunicorn's ``gthread`` worker each one holds a thread; under
+``gevent`` each is a greenlet and costs a few kilobytes, so one worker holds thousands.
+Every layer stays plain WSGI: the worker monkey-patches ``socket``, ``ssl``, ``select``,
+``selectors``, ``threading`` and ``time`` before the application is loaded, and what
+blocks becomes a switch to another greenlet.
+
+gunicorn's own gevent worker (27.x, ``workers/ggevent.py`` and ``base_async.py``) leaves
+a connection's beginning unbounded: the TLS handshake runs before any timeout, the first
+request head is bounded only by ``keepalive`` (and not at all when it is 0), a request
+body may stall forever, and at ``worker_connections`` it stops accepting, so new
+clients queue silently in the kernel. :class:`GatewayGeventWorker` adds:
+
+* ``header_timeout`` (default 10 s): the TLS handshake and the first request head must
+  complete within it — a client that connects and says nothing, or half a head, is
+  closed; later heads on a kept-alive connection within ``keepalive``;
+* ``body_idle_timeout`` (default 60 s): no read or write on the client connection may
+  stall longer (a half-sent body; also a client that stops reading its answer);
+* ``worker_connections`` as a limit, not a queue: beyond it a connection is answered
+  ``503`` with ``Retry-After`` and closed (a little room above the limit is kept for
+  those answers).
+
+:func:`gevent_worker` makes a subclass with other values (``bcs-middleware serve``'s
+options, or ``examples/gunicorn.conf.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import gevent
+from gevent import Timeout
+from gevent.pool import Pool
+from gevent.server import StreamServer
+from gunicorn.sock import ssl_context
+from gunicorn.workers.base_async import AsyncWorker
+from gunicorn.workers.ggevent import GeventWorker
+
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_IDLE_TIMEOUT = 60.0
+DEFAULT_RETRY_AFTER = 1
+# Time given to a refused connection to finish its handshake and take its 503.
+_REFUSAL_TIME = 2.0
+
+
+def _refusal(retry_after: int) -> bytes:
+    body = json.dumps({
+        "code_name": "SERVER_BUSY",
+        "message": "the gateway holds as many connections as it may; retry shortly",
+    }).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        f"Retry-After: {retry_after}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class GatewayGeventWorker(GeventWorker):
+    """gunicorn's gevent worker with a head timeout, a body idle timeout and a hard connection limit."""
+
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_idle_timeout: float | None = DEFAULT_BODY_IDLE_TIMEOUT
+    retry_after: int = DEFAULT_RETRY_AFTER
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: connections served at once; more are answered 503.
+        self.connection_limit: int = self.cfg.worker_connections
+        # The pool also holds the connections being refused (briefly each).
+        self.worker_connections = self.connection_limit + max(16, self.connection_limit // 8)
+        self.active = 0
+        self._ssl: Any = None
+        self._ssl_files: tuple[int, int] | None = None
+        self._ssl_checked = 0.0
+        self._refusal = _refusal(self.retry_after)
+        # Per connection (by greenlet): its socket, and whether its first request is yet to come.
+        self._conns: dict[int, list[Any]] = {}
+
+    def run(self) -> None:
+        # GeventWorker.run, except that TLS is done in handle() under the head timeout
+        # (gevent's server would handshake first, unbounded) and the pool is larger
+        # than the limit so that clients beyond it get an answer instead of a queue.
+        if self.cfg.is_ssl:
+            self._tls_context()
+        servers = []
+        for s in self.sockets:
+            s.setblocking(1)
+            server = StreamServer(s, handle=self._handle_from(s), spawn=Pool(self.worker_connections))
+            if self.cfg.workers > 1:
+                server.max_accept = 1
+            server.start()
+            servers.append(server)
+
+        while self.alive:
+            self.notify()
+            gevent.sleep(1.0)
+
+        for server in servers:
+            server.close()  # stop accepting
+        # Running requests finish until graceful_timeout (open streams were ended on SIGTERM).
+        started = time.monotonic()
+        while time.monotonic() - started <= self.cfg.graceful_timeout:
+            if all(server.pool.free_count() == server.pool.size for server in servers):
+                return
+            self.notify()
+            gevent.sleep(0.2)
+        self.log.warning("Worker graceful timeout (pid:%s)", self.pid)
+        for server in servers:
+            server.stop(timeout=1)
+
+    def _handle_from(self, listener: Any) -> Any:
+        def handle(client: Any, addr: Any) -> None:
+            self.handle(listener, client, addr)
+
+        return handle
+
+    def handle(self, listener: Any, client: Any, addr: Any) -> None:
+        if self.active >= self.connection_limit:
+            self._refuse(client)
+            return
+        self.active += 1
+        me = id(gevent.getcurrent())
+        try:
+            if self._ssl is not None:
+                client = self._handshake(client)
+                if client is None:
+                    return
+            client.settimeout(self.body_idle_timeout)
+            self._conns[me] = [client, True]
+            AsyncWorker.handle(self, listener, client, addr)
+        finally:
+            self._conns.pop(me, None)
+            self.active -= 1
+
+    def _tls_context(self) -> Any:
+        """The TLS context, rebuilt when the certificate or key file changes (checked once a second).
+
+        A renewed certificate (:class:`bcs_middleware.tls.CertificateRenewer` replaces the file)
+        is served from the next connection on, as gunicorn's gthread worker does by loading the
+        files for every connection.
+        """
+        now = time.monotonic()
+        if self._ssl is None or now - self._ssl_checked >= 1.0:
+            self._ssl_checked = now
+            files: tuple[int, int] | None
+            try:
+                files = (os.stat(self.cfg.certfile).st_mtime_ns, os.stat(self.cfg.keyfile).st_mtime_ns)
+            except OSError:
+                files = self._ssl_files
+            if self._ssl is None or files != self._ssl_files:
+                try:
+                    self._ssl = ssl_context(self.cfg)
+                    self._ssl_files = files
+                except (OSError, ValueError) as exc:  # half-written: the current one serves on
+                    if self._ssl is None:
+                        raise
+                    self.log.warning("reloading the TLS certificate failed (%s); retrying", exc)
+        return self._ssl
+
+    def _handshake(self, client: Any) -> Any:
+        tls = self._tls_context().wrap_socket(client, server_side=True, do_handshake_on_connect=False,
+                                    suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        try:
+            with Timeout(self.header_timeout):
+                tls.do_handshake()
+        except (Timeout, OSError):  # ssl.SSLError is an OSError
+            _close(tls)
+            return None
+        return tls
+
+    def timeout_ctx(self) -> Any:
+        # AsyncWorker reads every request head under this: the first within the head
+        # timeout (counted from the end of the handshake), later ones within keepalive.
+        conn = self._conns.get(id(gevent.getcurrent()))
+        if conn is None:
+            return Timeout(self.header_timeout, False)
+        first, conn[1] = conn[1], False
+        return _head_wait(conn[0], self.header_timeout if first else self.cfg.keepalive, self.body_idle_timeout)
+
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        try:
+            return super().handle_request(listener_name, req, sock, addr)
+        except TimeoutError:
+            # The body idle timeout while writing: the client stopped reading its answer.
+            # A slow client, not a server error: close the connection quietly.
+            raise StopIteration() from None
+
+    def _refuse(self, client: Any) -> None:
+        """Answer 503 (Retry-After) and close; bounded in time whatever the client does."""
+        try:
+            with Timeout(_REFUSAL_TIME, False):
+                if self._ssl is not None:
+                    client = self._tls_context().wrap_socket(client, server_side=True,
+                                                             do_handshake_on_connect=False)
+                    client.do_handshake()
+                client.sendall(self._refusal)
+                # Read what the client sent before closing: closing with unread input
+                # sends a reset, which may destroy the answer before it is read.
+                socket.socket.shutdown(client, socket.SHUT_WR)
+                for _ in range(16):
+                    if not client.recv(65536):
+                        break
+        except OSError:
+            pass
+        finally:
+            _close(client)
+
+
+@contextmanager
+def _head_wait(sock: Any, seconds: float, body_idle_timeout: float | None) -> Iterator[None]:
+    """Wait for a request head for ``seconds`` at most (then the connection is closed quietly).
+
+    The socket's own timeout (the body idle timeout) is lifted meanwhile: it would fire first
+    when it is the shorter one, as an error instead of a quiet close.
+    """
+    sock.settimeout(None)
+    try:
+        with Timeout(seconds, False):
+            yield
+    finally:
+        sock.settimeout(body_idle_timeout)
+
+
+def _close(sock: Any) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def gevent_worker(*, header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+                  body_idle_timeout: float | None = DEFAULT_BODY_IDLE_TIMEOUT,
+                  retry_after: int = DEFAULT_RETRY_AFTER) -> type[GatewayGeventWorker]:
+    """A :class:`GatewayGeventWorker` with these limits, for gunicorn's ``worker_class``."""
+    return type("GatewayGeventWorker", (GatewayGeventWorker,), {
+        "header_timeout": header_timeout,
+        "body_idle_timeout": body_idle_timeout,
+        "retry_after": retry_after,
+        "__module__": __name__,
+    })
