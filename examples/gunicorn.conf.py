@@ -31,7 +31,11 @@ from __future__ import annotations
 
 import os
 
-_WORKER_CLASS = os.environ.get("BCS_WORKER_CLASS", "gevent")
+# A server that registers in ZooKeeper (BCS_ZOOKEEPER) does so from gunicorn's master, whose
+# client forked gevent workers would inherit and keep running: it runs gthread (as serve does).
+_WORKER_CLASS = os.environ.get("BCS_WORKER_CLASS") or ("gthread" if os.environ.get("BCS_ZOOKEEPER") else "gevent")
+if _WORKER_CLASS == "gevent" and os.environ.get("BCS_ZOOKEEPER"):
+    raise SystemExit("error: BCS_WORKER_CLASS=gevent cannot be combined with BCS_ZOOKEEPER; use gthread")
 if _WORKER_CLASS == "gevent":
     from gevent import monkey
 

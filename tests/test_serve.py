@@ -282,8 +282,34 @@ def test_postgresql_without_its_driver_is_a_clear_error(
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the postgresql extra were not installed
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.setenv("BCS_ADMIN_TOKEN", "t" * 43)
+    # gthread: serve on gevent would monkey-patch this test process (it patches before anything else).
     code = cli.main(["serve", "--data-dir", str(tmp_path / "data"), "--bind", f"127.0.0.1:{free_port()}",
-                     "--database-url", "postgresql://bcs@127.0.0.1:1/bcs"])
+                     "--worker-class", "gthread", "--database-url", "postgresql://bcs@127.0.0.1:1/bcs"])
     assert code == 2
     err = capsys.readouterr().err
     assert "pip install 'bcs-middleware[postgresql]'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "gevent"),
+    [
+        pytest.param(["serve"], True, id="default"),
+        pytest.param(["serve", "--worker-class", "gthread"], False, id="gthread"),
+        pytest.param(["serve", "--zookeeper", "zk:2181"], False, id="registers"),
+        pytest.param(["serve", "--zookeeper=zk:2181", "--worker-class=gthread"], False, id="registers-gthread"),
+        pytest.param(["kube-agent"], False, id="not-serve"),
+    ],
+)
+def test_a_server_that_registers_in_zookeeper_runs_gthread(argv: list[str], gevent: bool) -> None:
+    from bcs_middleware import cli
+
+    assert cli._serves_on_gevent(argv) is gevent
+
+
+def test_gevent_with_zookeeper_registration_is_refused() -> None:
+    from bcs_middleware import cli
+
+    with pytest.raises(SystemExit, match="cannot be combined with --zookeeper"):
+        cli.worker_class_for("gevent", registers=True)
+    assert cli.worker_class_for(None, registers=True) == "gthread"
+    assert cli.worker_class_for(None, registers=False) == "gevent"
