@@ -53,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 from tests.support.fake_upstream import FakeUpstream  # noqa: E402
 from tests.support.servers import BIN, ServerProcess, free_port, gunicorn, http_get  # noqa: E402
 
-# ``bcs-middleware serve``'s defaults (--workers 2, --threads 128), for every contender.
-GUNICORN = {"workers": 2, "worker_class": "gthread", "threads": 128}
+# `bcs-middleware serve`'s defaults (2 workers, gevent; --threads 128 under gthread), for every contender.
+GUNICORN = {"workers": 2, "worker_class": "gevent", "threads": 128}
 # Extra gunicorn arguments, the same for every contender (--switch-interval adds a config file).
 # --reuse-port: every worker listens on its own SO_REUSEPORT socket and the kernel spreads
 # connections over them. With the one shared socket, the worker that happens to be awake
