@@ -23,6 +23,7 @@ from bcs_middleware.admission import CircuitBreaker, WebhookCallError, WebhookCl
 from bcs_middleware.admission.definitions import ClientConfig
 from bcs_middleware.upstream.addresses import AddressPolicy
 from bcs_middleware.upstream.transport import PooledTransport
+from tests.support.servers import TrapListener
 
 from .conftest import Hook, review_answer
 
@@ -39,41 +40,9 @@ def _config(ca: trustme.CA | None, service: str = "hook-a.webhooks") -> ClientCo
                         service_name=name, service_namespace=namespace)
 
 
-class Listener:
-    """A TCP listener that accepts and then says nothing (``accepted`` counts)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._held: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            self._held.append(conn)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        for conn in self._held:
-            conn.close()
-        self.sock.close()
-
-
 @pytest.fixture
-def silent() -> Iterator[Listener]:
-    listener = Listener()
+def silent() -> Iterator[TrapListener]:
+    listener = TrapListener(hold=True)
     yield listener
     listener.close()
 
@@ -97,7 +66,7 @@ def test_a_refused_port_is_a_connect_failure_not_a_timeout(ca: trustme.CA) -> No
     assert time.monotonic() - started < 2.0  # answered at once, not after the timeout
 
 
-def test_a_webhook_that_never_answers_is_a_timeout(ca: trustme.CA, silent: Listener) -> None:
+def test_a_webhook_that_never_answers_is_a_timeout(ca: trustme.CA, silent: TrapListener) -> None:
     client = _client(PooledTransport(), ("hook-a.webhooks", f"127.0.0.1:{silent.port}"))
     started = time.monotonic()
     with pytest.raises(WebhookCallError) as info:
@@ -107,7 +76,7 @@ def test_a_webhook_that_never_answers_is_a_timeout(ca: trustme.CA, silent: Liste
     assert silent.accepted == 1
 
 
-def test_the_breaker_opens_after_repeated_failures_and_then_calls_nothing(ca: trustme.CA, silent: Listener) -> None:
+def test_the_breaker_opens_after_repeated_failures_and_then_calls_nothing(ca: trustme.CA, silent: TrapListener) -> None:
     client = _client(PooledTransport(), ("hook-a.webhooks", f"127.0.0.1:{silent.port}"), threshold=2)
     for _ in range(2):
         with pytest.raises(WebhookCallError) as info:

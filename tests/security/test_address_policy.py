@@ -18,9 +18,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,50 +34,11 @@ from bcs_middleware.upstream.cluster_api import cluster_request
 from bcs_middleware.upstream.transport import PooledTransport
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLI, SA_TOKEN, Gateway, served_gateway
+from tests.support.servers import TrapListener as Trap
 from tests.support.servers import free_port
 
 UNREACHABLE = "cannot reach the cluster's apiserver"
 _ids = itertools.count()
-
-
-class Trap:
-    """A TCP listener that counts the connections it accepts (and answers ``answer``, if any)."""
-
-    def __init__(self, host: str, answer: bytes = b"") -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.answer = answer
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                if self.answer:
-                    conn.settimeout(2)
-                    try:
-                        conn.recv(4096)
-                        conn.sendall(self.answer)
-                    except OSError:
-                        pass
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

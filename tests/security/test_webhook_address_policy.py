@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,43 +29,15 @@ import trustme
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.servers import TrapListener
 
 CONFIGS = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
 PODS = f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods"
 
 
-class Trap:
-    """A TCP listener that counts the connections it accepts, and closes them."""
-
-    def __init__(self, host: str) -> None:
-        self.sock = socket.create_server((host, 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
-def trap() -> Iterator[Trap]:
-    made = Trap("127.0.0.1")
+def trap() -> Iterator[TrapListener]:
+    made = TrapListener("127.0.0.1")
     yield made
     made.close()
 
@@ -111,7 +81,7 @@ def _configuration(name: str, url: str) -> dict[str, Any]:
     }
 
 
-def _literals(gateway: Gateway, trap: Trap) -> list[str]:
+def _literals(gateway: Gateway, trap: TrapListener) -> list[str]:
     return [
         f"https://127.0.0.1:{trap.port}/",  # denied by the operator
         f"https://[::ffff:127.0.0.1]:{trap.port}/",  # the same, IPv6-mapped
@@ -121,7 +91,7 @@ def _literals(gateway: Gateway, trap: Trap) -> list[str]:
 
 
 def test_an_edit_holder_cannot_define_a_webhook_at_a_refused_address(
-    gateway: Gateway, mallory: str, trap: Trap
+    gateway: Gateway, mallory: str, trap: TrapListener
 ) -> None:
     for number, url in enumerate(_literals(gateway, trap)):
         status, body = gateway.call("POST", CONFIGS, token=mallory, body=_configuration(f"literal-{number}", url))
@@ -133,7 +103,7 @@ def test_an_edit_holder_cannot_define_a_webhook_at_a_refused_address(
 
 
 def test_a_webhook_host_name_at_a_denied_address_is_refused_at_connect(
-    gateway: Gateway, mallory: str, trap: Trap, apiserver: FakeAPIServer
+    gateway: Gateway, mallory: str, trap: TrapListener, apiserver: FakeAPIServer
 ) -> None:
     status, body = gateway.call("POST", CONFIGS, token=mallory,
                                 body=_configuration("by-name", f"https://localhost:{trap.port}/review"))

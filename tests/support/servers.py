@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -166,3 +167,52 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, cafile: str | N
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()
+
+
+class TrapListener:
+    """A TCP listener on loopback that counts the connections it accepts (``accepted``).
+
+    Each accepted connection is answered ``answer`` after the first read (if given), held open
+    until :meth:`close` (``hold=True``: a peer that accepts and says nothing), or closed at once.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", *, answer: bytes = b"", hold: bool = False) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, 0), family=family)
+        self.sock.settimeout(0.1)
+        self.port = int(self.sock.getsockname()[1])
+        self.answer = answer
+        self.hold = hold
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            if self.hold:
+                self._held.append(conn)
+                continue
+            with conn:
+                if self.answer:
+                    conn.settimeout(2)
+                    try:
+                        conn.recv(4096)
+                        conn.sendall(self.answer)
+                    except OSError:
+                        pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for conn in self._held:
+            conn.close()
+        self.sock.close()
