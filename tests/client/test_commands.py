@@ -12,7 +12,6 @@ import json
 import os
 import stat
 import subprocess
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import yaml
 from bcs_middleware.cli import build_parser
 from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 from tests.support.kube import kubectl
 
 CLUSTER = "cli-k8s-1"
@@ -45,15 +44,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("cli")
     data = tmp / "data"
     ini = tmp / "gateway.ini"
-    ini.write_text(textwrap.dedent(f"""
-        [app:main]
-        use = egg:bcs-middleware#gateway
-        data_dir = {data}
-        bootstrap_users =
-            admin = env:BCS_ADMIN_TOKEN
-        cluster_cache_ttl = 1s
-        token_cache_ttl = 1s
-    """))
+    gateway_ini(ini, data, cluster_cache_ttl="1s", token_cache_ttl="1s")
     with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
         alice = gw.user("alice")
         register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem, token=alice)

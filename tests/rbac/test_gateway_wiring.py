@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import ssl
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import gateway_ini
 from tests.support.servers import BIN, ServerProcess, free_port
 
 ADMIN = "rbac-wiring-admin-token-" + "r" * 20
@@ -28,16 +28,7 @@ def test_serve_with_a_permission_file_reconciles_and_reports(tmp_path: Path) -> 
         {"user": "alice", "cluster": "rbac-c1", "namespace": "default", "role": "view"}]}))
     data = tmp_path / "data"
     ini = tmp_path / "gateway.ini"
-    ini.write_text(textwrap.dedent(f"""
-        [app:main]
-        use = egg:bcs-middleware#gateway
-        data_dir = {data}
-        bootstrap_users =
-            admin = env:BCS_ADMIN_TOKEN
-        rbac = true
-        rbac_source_file = {grants}
-        rbac_interval = 2s
-    """))
+    gateway_ini(ini, data, rbac="true", rbac_source_file=str(grants), rbac_interval="2s")
     with FakeAPIServer(token="sa-rbac") as api:
         port = free_port()
         argv = [str(BIN / "bcs-middleware"), "serve", "--config", str(ini), "--data-dir", str(data),

@@ -11,7 +11,6 @@ grants give ``view``.
 from __future__ import annotations
 
 import json
-import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import pytest
 from bcs_middleware.store import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway import SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 
 CLUSTER = "alice-c1"
 MESOS = "alice-mesos"
@@ -54,20 +53,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     data = tmp / "data"
     driver = FakeUpstream()  # Alice's Mesos cluster's mesos-driver
     ini = tmp / "gateway.ini"
-    ini.write_text(textwrap.dedent(f"""
-        [app:main]
-        use = egg:bcs-middleware#gateway
-        data_dir = {data}
-        bootstrap_users =
-            admin = env:BCS_ADMIN_TOKEN
-        rbac = true
-        rbac_source_file = {grants}
-        rbac_interval = 2s
-        cluster_cache_ttl = {CACHE_TTL}s
-        token_cache_ttl = 30s
-        static_drivers =
-            {MESOS} = {driver.url}
-    """))
+    gateway_ini(ini, data, rbac="true", rbac_source_file=str(grants), rbac_interval="2s",
+                cluster_cache_ttl=f"{CACHE_TTL}s", token_cache_ttl="30s",
+                static_drivers=f"\n    {MESOS} = {driver.url}")
     with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
         tokens = {name: gw.user(name) for name in ("alice", "bob", "carol", "dave", "erin", "gina")}
         register_token = register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem, token=tokens["alice"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 
 CLUSTER = "lifecycle-c1"
 #: The token and cluster caches' bound in this module's gateway.
@@ -40,15 +39,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("lifecycle")
     data = tmp / "data"
     ini = tmp / "gateway.ini"
-    ini.write_text(textwrap.dedent(f"""
-        [app:main]
-        use = egg:bcs-middleware#gateway
-        data_dir = {data}
-        bootstrap_users =
-            admin = env:BCS_ADMIN_TOKEN
-        cluster_cache_ttl = {TTL}s
-        token_cache_ttl = {TTL}s
-    """))
+    gateway_ini(ini, data, cluster_cache_ttl=f"{TTL}s", token_cache_ttl=f"{TTL}s")
     with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
         tokens = {name: gw.user(name) for name in ("alice", "bob", "mallory")}
         yield World(gw, api, tokens)

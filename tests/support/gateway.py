@@ -111,3 +111,15 @@ def register_cluster(gw: Gateway, cluster_id: str, *, server_url: str, ca_pem: s
     assert agent.returncode == 0, agent.stderr
     assert register_token not in agent.stderr + agent.stdout and sa_token not in agent.stderr
     return register_token
+
+
+def gateway_ini(path: Path, data: Path, **options: str) -> Path:
+    """An ini for ``serve --config``: the gateway app in ``data``, the bootstrap admin, ``options``.
+
+    A multi-line value is given with its line breaks and indentation (``"\\n    a = b"``).
+    """
+    lines = ["[app:main]", "use = egg:bcs-middleware#gateway", f"data_dir = {data}",
+             "bootstrap_users =", "    admin = env:BCS_ADMIN_TOKEN"]
+    lines += [f"{key} = {value}" for key, value in options.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
