@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.support.websocket import frame, read_frame
+
 _GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -29,31 +31,6 @@ class Seen:
     headers: dict[str, str]
     after_refusal: bytes | None = None
     frames: list[bytes] = field(default_factory=list)
-
-
-def _read_frame(rfile: Any) -> tuple[int | None, bytes]:
-    head = rfile.read(2)
-    if len(head) < 2:
-        return None, b""
-    opcode, length = head[0] & 0x0F, head[1] & 0x7F
-    if length == 126:
-        length = int.from_bytes(rfile.read(2), "big")
-    elif length == 127:
-        length = int.from_bytes(rfile.read(8), "big")
-    mask = rfile.read(4) if head[1] & 0x80 else b""
-    data = rfile.read(length)
-    if mask:
-        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
-    return opcode, data
-
-
-def _frame(opcode: int, payload: bytes) -> bytes:
-    size = len(payload)
-    if size < 126:
-        return bytes([0x80 | opcode, size]) + payload
-    if size < 65536:
-        return bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big") + payload
-    return bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big") + payload
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -90,11 +67,11 @@ class _Handler(BaseHTTPRequestHandler):
                          b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
         self.wfile.flush()
         while True:
-            opcode, payload = _read_frame(self.rfile)
+            opcode, payload = read_frame(self.rfile)
             if opcode is None or opcode == 0x8:
                 break
             seen.frames.append(payload)
-            self.wfile.write(_frame(opcode, b"echo:" + self.server.name.encode() + b":" + payload))
+            self.wfile.write(frame(opcode, b"echo:" + self.server.name.encode() + b":" + payload))
             self.wfile.flush()
         self.close_connection = True
 

@@ -30,6 +30,7 @@ from bcs_middleware.upstream.proxy import UpstreamProxy
 from tests.support.fake_apiserver import FakeAPIServer, UpgradeRequest
 from tests.support.kube import kubectl
 from tests.support.servers import gunicorn
+from tests.support.websocket import frame, read_frame
 
 from .conftest import CLUSTER, SA_TOKEN, Gateway
 
@@ -85,7 +86,7 @@ class Handlers:
                 req.wfile.write(b"\x88\x02\x03\xe8")
                 req.sock.settimeout(5)
                 with contextlib.suppress(OSError):
-                    while _ws_read(req.rfile)[0] not in (None, 0x8):
+                    while read_frame(req.rfile)[0] not in (None, 0x8):
                         pass
             return
         lines.append("X-Stream-Protocol-Version: v4.channel.k8s.io")
@@ -122,7 +123,7 @@ def _websocket_echo(req: UpgradeRequest) -> None:
     """Minimal k8s channel protocol: echo stdin (channel 0) as stdout (1), then a status on 3."""
     req.sock.settimeout(20)
     while True:
-        opcode, payload = _ws_read(req.rfile)
+        opcode, payload = read_frame(req.rfile)
         if opcode is None or opcode == 0x8:
             return
         if opcode == 0x2 and payload[:1] == b"\x00":
@@ -133,31 +134,8 @@ def _websocket_echo(req: UpgradeRequest) -> None:
             return
 
 
-def _ws_read(rfile: Any) -> tuple[int | None, bytes]:
-    head = rfile.read(2)
-    if len(head) < 2:
-        return None, b""
-    opcode, length = head[0] & 0x0F, head[1] & 0x7F
-    if length == 126:
-        length = int.from_bytes(rfile.read(2), "big")
-    elif length == 127:
-        length = int.from_bytes(rfile.read(8), "big")
-    mask = rfile.read(4) if head[1] & 0x80 else b""
-    data = rfile.read(length)
-    if mask:
-        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
-    return opcode, data
-
-
 def _ws_write(wfile: Any, payload: bytes) -> None:
-    size = len(payload)
-    if size < 126:
-        head = bytes([0x82, size])
-    elif size < 65536:
-        head = bytes([0x82, 126]) + size.to_bytes(2, "big")
-    else:
-        head = bytes([0x82, 127]) + size.to_bytes(8, "big")
-    wfile.write(head + payload)
+    wfile.write(frame(0x2, payload))
 
 
 # --------------------------------------------------------------------------- fixtures

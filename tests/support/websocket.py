@@ -1,0 +1,32 @@
+"""The server side of RFC 6455 framing, for the fake WebSocket endpoints of the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def read_frame(rfile: Any) -> tuple[int | None, bytes]:
+    """``(opcode, payload)`` of the next frame (unmasked); ``(None, b"")`` at end of input."""
+    head = rfile.read(2)
+    if len(head) < 2:
+        return None, b""
+    opcode, length = head[0] & 0x0F, head[1] & 0x7F
+    if length == 126:
+        length = int.from_bytes(rfile.read(2), "big")
+    elif length == 127:
+        length = int.from_bytes(rfile.read(8), "big")
+    mask = rfile.read(4) if head[1] & 0x80 else b""
+    data = rfile.read(length)
+    if mask:
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+    return opcode, data
+
+
+def frame(opcode: int, payload: bytes) -> bytes:
+    """A final, unmasked frame (servers never mask)."""
+    size = len(payload)
+    if size < 126:
+        return bytes([0x80 | opcode, size]) + payload
+    if size < 65536:
+        return bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big") + payload
+    return bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big") + payload
