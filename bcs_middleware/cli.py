@@ -159,7 +159,6 @@ def connection_slots(worker_class: str, threads: int) -> dict[str, int]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    args.worker_class = worker_class_for(args.worker_class, registers=bool(args.zookeeper))
     data_dir = Path(args.data_dir).absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir.chmod(0o700)
@@ -295,36 +294,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serves_on_gevent(argv: Sequence[str]) -> bool:
-    """Will this command line run ``serve`` on the gevent worker? (:func:`worker_class_for`)"""
+    """Will this command line run ``serve`` on the gevent worker (the default)?"""
     if not argv or argv[0] != "serve":
         return False
-    chosen = None
-    registers = False
+    chosen = "gevent"
     for i, arg in enumerate(argv):
         if arg == "--worker-class" and i + 1 < len(argv):
             chosen = argv[i + 1]
         elif arg.startswith("--worker-class="):
             chosen = arg.partition("=")[2]
-        elif arg == "--zookeeper" or arg.startswith("--zookeeper="):
-            registers = True
-    return worker_class_for(chosen, registers=registers) == "gevent"
-
-
-def worker_class_for(chosen: str | None, *, registers: bool) -> str:
-    """The worker class ``serve`` runs: gevent by default, gthread for a server that registers.
-
-    A server given ``--zookeeper`` registers itself from gunicorn's master. Under gevent
-    the master is patched and its ZooKeeper client is greenlets and a socket, which every
-    forked worker inherits and keeps running: two processes then read one session's socket
-    and the registration is lost. Threads are not inherited by a fork, so those servers
-    run gthread until registration moves out of the master.
-    """
-    if chosen is None:
-        return "gthread" if registers else "gevent"
-    if chosen == "gevent" and registers:
-        raise SystemExit("error: --worker-class gevent cannot be combined with --zookeeper (the "
-                         "ZooKeeper registration lives in gunicorn's master); use gthread")
-    return chosen
+    return chosen == "gevent"
 
 
 def _patch_for_gevent() -> None:
@@ -530,10 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
     serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
     serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
-    serve.add_argument("--worker-class", choices=("gevent", "gthread"),
+    serve.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
                        help="gevent (default): each connection is a greenlet, thousands of open "
-                            "watches per worker; gthread (the default with --zookeeper, whose "
-                            "registration lives in the master): each connection being served holds a thread")
+                            "watches per worker; gthread: each connection being served holds a thread")
     serve.add_argument("--worker-connections", type=int, metavar="N",
                        help="connections one worker serves at once; beyond it clients get 503 with "
                             f"Retry-After (default {DEFAULT_WORKER_CONNECTIONS} under gevent, "

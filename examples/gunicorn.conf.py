@@ -31,11 +31,7 @@ from __future__ import annotations
 
 import os
 
-# A server that registers in ZooKeeper (BCS_ZOOKEEPER) does so from gunicorn's master, whose
-# client forked gevent workers would inherit and keep running: it runs gthread (as serve does).
-_WORKER_CLASS = os.environ.get("BCS_WORKER_CLASS") or ("gthread" if os.environ.get("BCS_ZOOKEEPER") else "gevent")
-if _WORKER_CLASS == "gevent" and os.environ.get("BCS_ZOOKEEPER"):
-    raise SystemExit("error: BCS_WORKER_CLASS=gevent cannot be combined with BCS_ZOOKEEPER; use gthread")
+_WORKER_CLASS = os.environ.get("BCS_WORKER_CLASS") or "gevent"
 if _WORKER_CLASS == "gevent":
     from gevent import monkey
 
@@ -175,8 +171,9 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
 def when_ready(server):  # type: ignore[no-untyped-def]
     if _renewer is not None:
         _renewer.start()  # keeps the generated certificate fresh while serving
-    # One ZooKeeper registration per server (not per worker), in the master once the socket is
-    # bound: the gateway announces itself under /bcs/services/endpoints/apiserver/.
+    # One ZooKeeper registration per server (not per worker), once the socket is bound: the
+    # gateway announces itself under /bcs/services/endpoints/apiserver/ from a registration
+    # process of its own (any worker class; see bcs_middleware.discovery.registration).
     hosts = os.environ.get("BCS_ZOOKEEPER")
     if not hosts:
         return

@@ -295,21 +295,12 @@ def test_postgresql_without_its_driver_is_a_clear_error(
     [
         pytest.param(["serve"], True, id="default"),
         pytest.param(["serve", "--worker-class", "gthread"], False, id="gthread"),
-        pytest.param(["serve", "--zookeeper", "zk:2181"], False, id="registers"),
+        pytest.param(["serve", "--zookeeper", "zk:2181"], True, id="registers"),
         pytest.param(["serve", "--zookeeper=zk:2181", "--worker-class=gthread"], False, id="registers-gthread"),
         pytest.param(["kube-agent"], False, id="not-serve"),
     ],
 )
-def test_a_server_that_registers_in_zookeeper_runs_gthread(argv: list[str], gevent: bool) -> None:
+def test_serve_runs_gevent_unless_told_otherwise(argv: list[str], gevent: bool) -> None:
     from bcs_middleware import cli
 
     assert cli._serves_on_gevent(argv) is gevent
-
-
-def test_gevent_with_zookeeper_registration_is_refused() -> None:
-    from bcs_middleware import cli
-
-    with pytest.raises(SystemExit, match="cannot be combined with --zookeeper"):
-        cli.worker_class_for("gevent", registers=True)
-    assert cli.worker_class_for(None, registers=True) == "gthread"
-    assert cli.worker_class_for(None, registers=False) == "gevent"

@@ -20,11 +20,18 @@ where the cluster's own tools look for it. Here both live in the ZooKeeper
 given to the driver (the one its schedulers register in).
 
 Under gunicorn there must be one registration per *server*, not per worker:
-:func:`gunicorn_hooks` returns ``when_ready``/``on_exit`` hooks that register in
-the master process, and deregister *first* when the master is told to stop
-(SIGTERM, SIGINT, SIGQUIT): the nodes are deleted before gunicorn closes its
-listening sockets and waits for the workers, so gateways stop routing to a
-driver before it stops answering. Example ``gunicorn.conf.py``::
+:func:`gunicorn_hooks` returns ``when_ready``/``on_exit`` hooks that start one
+**registration process** beside the master (:class:`RegistrationProcess`, this
+module run as ``python -m``), and stop it *first* when the master is told to
+stop (SIGTERM, SIGINT, SIGQUIT): the nodes are deleted before gunicorn closes
+its listening sockets and waits for the workers, so gateways stop routing to a
+driver before it stops answering. Not in the master itself: under the gevent
+worker the master is monkey-patched, its ZooKeeper client would be greenlets and
+a socket, and every forked worker would inherit them and keep them running (two
+processes reading one session's socket lose the registration). A process of its
+own (spawned, not forked) holds the only session whatever the worker class, and
+ends its session — so the nodes go — when the master is gone, even killed.
+Example ``gunicorn.conf.py``::
 
     from bcs_middleware.discovery import Endpoint
     from bcs_middleware.discovery.registration import gunicorn_hooks, driver_path
@@ -38,12 +45,16 @@ driver before it stops answering. Example ``gunicorn.conf.py``::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -201,6 +212,75 @@ def _close_client(client: Any) -> None:
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
+class RegistrationProcess:
+    """The registrations of one server, held by a process of their own.
+
+    :meth:`start` spawns ``python -m bcs_middleware.discovery.registration`` (a fresh
+    interpreter: nothing of the caller's threads, greenlets or sockets) and waits up to
+    ``timeout`` for every node to exist; :meth:`stop` asks it to delete them and waits
+    at most ``wait`` seconds. The child watches its parent and deregisters on its own
+    when the parent is gone.
+
+    :param registrations: ``(directory, endpoint)`` pairs.
+    :param go_names: name the nodes as bk-bcs's Go services do (``_c_<guid>-<ip><seq>``).
+    """
+
+    def __init__(self, zk_hosts: str, registrations: Sequence[tuple[str, Endpoint]], *,
+                 timeout: float = 10.0, go_names: bool = True) -> None:
+        self.spec = {
+            "hosts": zk_hosts,
+            "timeout": timeout,
+            "go_names": go_names,
+            "registrations": [{"path": path, "endpoint": json.loads(what.to_json())}
+                              for path, what in registrations],
+        }
+        self.timeout = timeout
+        self.pid: int | None = None
+
+    def start(self) -> bool:
+        """Spawn the process; returns whether every node exists within ``timeout``."""
+        ready_r, ready_w = os.pipe()
+        env = {**os.environ, _SPEC_ENV: json.dumps(self.spec), _PARENT_ENV: str(os.getpid())}
+        try:
+            # posix_spawn, not subprocess: gevent patches subprocess (and its SIGCHLD
+            # handling) in a patched master; a spawn touches nothing of the caller's.
+            self.pid = os.posix_spawn(
+                sys.executable, [sys.executable, "-m", __name__], env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, ready_w, _READY_FD)])
+        finally:
+            os.close(ready_w)
+        try:
+            return _wait_readable(ready_r, self.timeout) and os.read(ready_r, 1) == b"1"
+        finally:
+            os.close(ready_r)
+
+    def stop(self, wait: float = 2.0) -> None:
+        """Delete the nodes (the process's clean exit); safe to call from a signal handler."""
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        # Polled with the original (unpatched) calls: this runs inside a signal handler of a
+        # possibly gevent-patched master, where a cooperative wait may not switch.
+        waitpid = _original("os", "waitpid")
+        sleep = _original("time", "sleep")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                done, _ = waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by gunicorn's SIGCHLD handling
+                return
+            if done:
+                return
+            sleep(0.02)
+        log.warning("the ZooKeeper registration process did not stop in %.1f s; killing it", wait)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def gunicorn_hooks(
     zk_hosts: str,
     path: str,
@@ -213,33 +293,24 @@ def gunicorn_hooks(
     """``(when_ready, on_exit)`` gunicorn server hooks registering once per server.
 
     ``when_ready`` runs in the master after the sockets are bound, so the node
-    only appears once the server can answer; it also wraps the master's stop
-    signals so the nodes are deleted before gunicorn stops (see the module doc).
-    ``on_exit`` removes whatever is still registered.
+    only appears once the server can answer; it starts the registration process
+    and wraps the master's stop signals so the nodes are deleted before gunicorn
+    stops (see the module doc). ``on_exit`` removes whatever is still registered.
 
     :param also: further ``(directory, endpoint)`` registrations (a driver's second layout).
     :param go_names: name the nodes as bk-bcs's Go services do (``_c_<guid>-<ip><seq>``).
     """
-    registrations = [(path, endpoint), *also]
-    registrars: list[Registrar] = []
-
-    def deregister_all() -> None:
-        while registrars:
-            registrars.pop().deregister()
+    process = RegistrationProcess(zk_hosts, [(path, endpoint), *also], timeout=timeout, go_names=go_names)
 
     def when_ready(server: Any) -> None:
-        for directory, what in registrations:
-            prefix = go_node_prefix(what.ip) if go_names else ""
-            registrar = Registrar(zk_hosts, directory, what, timeout=timeout, prefix=prefix)
-            registrars.append(registrar)
-            if not registrar.register(wait=timeout):
-                log.warning("ZooKeeper not reachable yet; %s registers when it is", directory)
+        if not process.start():
+            log.warning("ZooKeeper not reachable yet; %s registers when it is", path)
         for signum in _STOP_SIGNALS:
             previous = signal.getsignal(signum)
-            signal.signal(signum, _deregister_first(deregister_all, previous))
+            signal.signal(signum, _deregister_first(process.stop, previous))
 
     def on_exit(server: Any) -> None:
-        deregister_all()
+        process.stop()
 
     return when_ready, on_exit
 
@@ -251,3 +322,59 @@ def _deregister_first(deregister: Any, previous: Any) -> Any:
             previous(signum, frame)
 
     return on_stop
+
+
+_SPEC_ENV = "BCS_REGISTRATION_SPEC"
+_PARENT_ENV = "BCS_REGISTRATION_PARENT"
+_READY_FD = 3
+# How often the registration process checks that its parent is alive.
+_PARENT_CHECK = 0.5
+
+
+def _original(module: str, name: str) -> Any:
+    from gevent import monkey
+
+    return monkey.get_original(module, name)
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    import select
+
+    readable, _, _ = select.select([fd], [], [], timeout)
+    return bool(readable)
+
+
+def _serve_registrations() -> int:
+    """The registration process: register, then hold until told to stop or orphaned."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    spec = json.loads(os.environ[_SPEC_ENV])
+    parent = int(os.environ[_PARENT_ENV])
+    stop = threading.Event()
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, lambda *_: stop.set())
+    # A reload (SIGHUP to the master) keeps the registration; the terminal's hang-up too.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    registrars = []
+    for item in spec["registrations"]:
+        what = Endpoint.from_json(item["endpoint"])
+        prefix = go_node_prefix(what.ip) if spec["go_names"] else ""
+        registrars.append(Registrar(spec["hosts"], item["path"], what, timeout=spec["timeout"], prefix=prefix))
+    deadline = time.monotonic() + spec["timeout"]
+    registered = all([registrar.register(wait=max(0.0, deadline - time.monotonic())) for registrar in registrars])
+    try:
+        os.write(_READY_FD, b"1" if registered else b"0")
+        os.close(_READY_FD)
+    except OSError:  # the parent stopped waiting
+        pass
+    while not stop.wait(_PARENT_CHECK):
+        if os.getppid() != parent:
+            log.warning("the server is gone; deleting its ZooKeeper registration")
+            break
+    for registrar in reversed(registrars):
+        registrar.deregister()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve_registrations())

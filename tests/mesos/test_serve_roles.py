@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import ssl
 import time
@@ -108,3 +109,72 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
         driver.stop()
         raw.stop()
         raw.close()
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of a process's children (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def test_a_gevent_server_keeps_one_registration_across_worker_restarts_and_drops_it_when_killed(  # type: ignore[no-untyped-def]
+        zookeeper, tmp_path: Path) -> None:
+    """The default (gevent) worker with --zookeeper: workers forked from a patched master must not
+    inherit the ZooKeeper session, and the registration must not outlive the server."""
+    raw = KazooClient(hosts=zookeeper.hosts)
+    raw.start(10)
+    port = free_port()
+    gateway = ServerProcess(
+        [CLI, "serve", "--zookeeper", zookeeper.hosts, "--data-dir", str(tmp_path / "gw"),
+         "--bind", f"127.0.0.1:{port}", "--workers", "2", "--graceful-timeout", "3"],
+        port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
+    directory = apiserver_path(DEFAULT_ROOT)
+    try:
+        assert _until(lambda: raw.exists(directory) and raw.get_children(directory), 15)
+        [node] = raw.get_children(directory)
+        session = raw.exists(f"{directory}/{node}").ephemeralOwner
+        assert _until(lambda: len(_children(gateway.proc.pid)) == 3, 15)  # two workers and the registration
+        children = _children(gateway.proc.pid)
+        keepers = [pid for pid, cmd in children if "discovery.registration" in cmd]
+        workers = [pid for pid, _ in children if pid not in keepers]
+        assert len(keepers) == 1 and len(workers) == 2
+        # A worker dies and gunicorn forks another from the (gevent-patched) master.
+        os.kill(workers[0], signal.SIGKILL)
+        assert _until(lambda: len(_children(gateway.proc.pid)) == 3
+                      and workers[0] not in {pid for pid, _ in _children(gateway.proc.pid)}, 15)
+        # Longer than the registrar's session timeout (10 s) would be needed to see a lost session
+        # expire; two processes reading one session's socket break it within a few pings instead.
+        time.sleep(4)
+        assert raw.get_children(directory) == [node]
+        assert raw.exists(f"{directory}/{node}").ephemeralOwner == session
+        cafile = str(tmp_path / "gw" / "tls" / "ca.crt")
+        assert _request(f"https://localhost:{port}/healthz", cafile)[0] == 200
+
+        # The master killed outright (no hooks run): the registration process sees it and deletes
+        # the node at once instead of leaving it for the session timeout.
+        gateway.proc.kill()
+        gateway.proc.wait(10)
+        assert _until(lambda: not raw.get_children(directory), 3)
+        assert _until(lambda: not _alive(keepers[0]), 5)
+    finally:
+        gateway.stop()
+        raw.stop()
+        raw.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
