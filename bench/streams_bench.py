@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.servers import BIN, ServerProcess, free_port  # noqa: E402
-from tests.support.watch_apiserver import WatchAPIServer  # noqa: E402
+from tests.support.watch_apiserver import UVLOOP_ENV, WatchAPIServer, use_uvloop  # noqa: E402
 
 ADMIN = "streams-bench-admin-token-" + "b" * 20
 SA = "streams-bench-sa-token"
@@ -290,12 +290,21 @@ def main() -> int:
     parser.add_argument("--direct", action="store_true",
                         help="also measure the harness alone: the client straight to the fake apiserver")
     parser.add_argument("--json")
+    parser.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the harness (this client and the fake apiserver) on uvloop when it is "
+                             "installed (default on: its own loop is otherwise a large share of two cores)")
     args = parser.parse_args()
+    if args.uvloop:
+        os.environ[UVLOOP_ENV] = "1"  # the fake apiserver's process inherits it
+        if not use_uvloop():
+            print("uvloop is not installed (pip install uvloop): the harness runs on asyncio's own loop",
+                  file=sys.stderr)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # inherited by the servers started here
     results = []
     for count in (int(n) for n in args.watches.split(",")):
         result = run(count, args.departed, args.slow, args.serve_arg)
+        result["harness_loop"] = type(asyncio.get_event_loop_policy()).__module__.partition(".")[0]
         if args.direct:
             result.update(run_direct(count))
         print(json.dumps(result), flush=True)

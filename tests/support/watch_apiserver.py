@@ -178,9 +178,30 @@ class WatchAPIServer:
         return dict(self._call("GET", "/_stats"))
 
 
+UVLOOP_ENV = "WATCH_APISERVER_UVLOOP"
+
+
+def use_uvloop() -> bool:
+    """Run asyncio on uvloop when ``WATCH_APISERVER_UVLOOP=1`` and it is installed (benchmarks only).
+
+    At 10,000 connections the harness's own event loop is a large share of two cores
+    (``bench/streams_bench.py --direct`` measures the harness alone); the benchmark turns
+    this on for its client and this fake apiserver. Tests keep the standard loop.
+    """
+    if os.environ.get(UVLOOP_ENV) != "1":
+        return False
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
 if __name__ == "__main__":
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    use_uvloop()
     asyncio.run(_main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]))
