@@ -39,7 +39,7 @@ def apiserver() -> Iterator[FakeAPIServer]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK) as gw:
+    with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK, workers=1) as gw:
         yield gw
     assert SA_TOKEN not in gw.server.output()
 

@@ -41,16 +41,19 @@ def apiserver() -> Iterator[FakeAPIServer]:
         yield api
 
 
+# One worker: the agent's connection lands in it, and so does every request (reaching an
+# agent held by another worker or instance is the peer forwarding's job, tested there).
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK) as gw:
+    with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK, workers=1) as gw:
         yield gw
     assert SA_TOKEN not in gw.server.output()
 
 
 def create_cluster(gw: Gateway, cluster_id: str, *, token: str | None = None) -> str:
     """Create a Kubernetes cluster and its register token through the REST API; returns the token."""
-    gw.json("POST", "/rest/clusters/bcs", token=token, body={"id": cluster_id, "project_id": "p1", "cluster_type": "k8s"})
+    gw.json("POST", "/rest/clusters/bcs", token=token,
+            body={"id": cluster_id, "project_id": "p1", "cluster_type": "k8s"})
     return str(gw.json("POST", f"/rest/clusters/{cluster_id}/register_tokens", token=token)["token"])
 
 
