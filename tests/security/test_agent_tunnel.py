@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,9 @@ import pytest
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
+from tests.support.servers import TrapListener
 from tests.tunnel_agent.conftest import (
+    CONNECT,
     DENY_LOOPBACK,
     Agent,
     create_cluster,
@@ -164,3 +168,127 @@ def test_the_direct_path_to_the_fake_is_closed(gateway: Gateway, apiserver: Fake
                                 body={"server_addresses": apiserver.url, "cacert_data": apiserver.ca_pem,
                                       "user_token": SA_TOKEN})
     assert status == 400 and b"does not connect" in body, body
+
+
+# ----------------------------------------------------------------------------- a connected agent
+
+
+@pytest.fixture(scope="module")
+def victim_agent(gateway: Gateway, apiserver: FakeAPIServer, tokens: dict[str, str],
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    running = Agent(gateway, apiserver, VICTIM, tokens[VICTIM], tmp_path_factory.mktemp("agent")).start()
+    try:
+        running.wait_connected()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def mallory(gateway: Gateway, tokens: dict[str, str]) -> str:
+    token = gateway.user("mallory-nat")
+    gateway.grant("mallory-nat", cluster=VICTIM)
+    return token
+
+
+@pytest.mark.parametrize("header", ["Impersonate-User", "impersonate-group", "Impersonate-Extra-Scopes"])
+def test_client_impersonation_is_still_refused_on_a_tunnelled_cluster(
+    gateway: Gateway, apiserver: FakeAPIServer, victim_agent: Agent, mallory: str, header: str,
+) -> None:
+    apiserver.requests.clear()
+    status, body = gateway.call("GET", f"/tunnels/clusters/{VICTIM}/api/v1/namespaces", token=mallory,
+                                headers={header: "system:admin"})
+    assert status == 403, body
+    assert not apiserver.requests.matching("/api/v1/namespaces")
+    status, body = gateway.call("GET", f"/tunnels/clusters/{VICTIM}/api/v1/namespaces", token=mallory)
+    assert status == 200, body
+    seen = apiserver.requests.last("/api/v1/namespaces")
+    assert seen is not None and seen.headers.get("Impersonate-User") == "mallory-nat"
+    assert seen.headers.get("Authorization") == f"Bearer {SA_TOKEN}"
+
+
+def test_another_cluster_is_never_reached_through_this_agent(
+    gateway: Gateway, apiserver: FakeAPIServer, victim_agent: Agent, tokens: dict[str, str],
+) -> None:
+    """OTHER reports credentials directly (an address the policy allows, where nothing listens):
+    its requests fail on their own path and never ride VICTIM's tunnel to the apiserver it reaches."""
+    status, body = gateway.call("PUT", f"/rest/clusters/{OTHER}/credentials", token=tokens[OTHER],
+                                body={"server_addresses": "https://192.0.2.1:6443", "cacert_data": apiserver.ca_pem,
+                                      "user_token": SA_TOKEN})
+    assert status == 200, body
+    apiserver.requests.clear()
+    deadline = time.monotonic() + 10
+    while True:  # the gateway's cluster cache picks the report up within a few seconds
+        status, body = gateway.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces", timeout=15)
+        if status != 502 or b"credentials" not in body or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status in (502, 504), body
+    assert not apiserver.requests.matching("/api/v1/namespaces")
+
+
+def test_the_agent_cannot_open_connections_on_the_gateway_side(
+    gateway: Gateway, apiserver: FakeAPIServer,
+) -> None:
+    """A hostile agent sends Connect itself, towards a listener beside the gateway: refused, nothing dialled."""
+    from bcs_middleware.tunnel.frames import Message, MessageType, decode, encode
+    from bcs_middleware.tunnel.wschannel import WebSocketChannel
+
+    cluster = "BCS-K8S-HOSTILE"
+    token = create_cluster(gateway, cluster)
+    trap = TrapListener(answer=b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    raw = socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10)
+    sock = ssl.create_default_context(cafile=gateway.ca_file).wrap_socket(raw, server_hostname="localhost")
+    headers = tunnel_headers(cluster, token, _params(apiserver))
+    channel = WebSocketChannel.connect(sock, host=f"localhost:{gateway.server.port}", path=CONNECT,
+                                       headers=list(headers.items()), timeout=10)
+    try:
+        for target in (trap.port, gateway.server.port):
+            channel.send(encode(Message.connect(7, "tcp", f"127.0.0.1:{target}")))
+            channel.send(encode(Message.data(7, b"GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n")))
+        answers = []
+        deadline = time.monotonic() + 5
+        sock.settimeout(5)
+        while time.monotonic() < deadline and len(answers) < 2:
+            try:
+                frame = channel.receive()
+            except OSError:
+                break
+            if frame is None:
+                break
+            message = decode(frame)
+            if message.conn_id == 7:
+                answers.append(message)
+        assert all(m.type == MessageType.ERROR for m in answers), answers
+        time.sleep(0.5)
+        assert trap.accepted == 0
+    finally:
+        channel.close()
+        sock.close()
+        trap.close()
+
+
+def test_rotating_the_register_token_drops_the_tunnel(
+    gateway: Gateway, apiserver: FakeAPIServer, tmp_path: Path,
+) -> None:
+    cluster = "BCS-K8S-ROTATE-LIVE"
+    token = create_cluster(gateway, cluster)
+    running = Agent(gateway, apiserver, cluster, token, tmp_path).start()
+    try:
+        running.wait_connected()
+        gateway.json("DELETE", f"/rest/clusters/{cluster}/register_tokens")
+        revoked = time.monotonic()
+        status, body = 200, b""
+        while time.monotonic() - revoked < 10:
+            status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/version", timeout=5)
+            if status == 503:
+                break
+            time.sleep(0.1)
+        assert status == 503, body
+        assert time.monotonic() - revoked < 5
+        # The agent keeps trying with its old token and is refused every time.
+        time.sleep(2)
+        assert gateway.call("GET", f"/tunnels/clusters/{cluster}/version")[0] == 503
+        assert gateway.json("GET", f"/rest/clusters/{cluster}")["agent"]["tunnel_connected"] is False
+    finally:
+        running.stop()
