@@ -308,6 +308,10 @@ def build_gateway(
     address_policy = AddressPolicy(allow=config.upstream_allow, deny=config.upstream_deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
     agents = LocalAgents(holder=Holder(f"{socket.gethostname()}/{os.getpid()}"), placements=store)
+    if background:
+        # A worker leaving closes its agents' connections and clears their placements, so the
+        # agents reconnect (to another worker) at once and nobody is sent to a dead holder.
+        atexit.register(agents.close)
     if transport is None:
         transport = PooledTransport(
             connect_timeout=config.connect_timeout,
