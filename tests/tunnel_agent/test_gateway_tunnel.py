@@ -140,6 +140,27 @@ def test_metrics_count_the_agent(gateway: Gateway, agent: Agent) -> None:
     assert 'bcs_api_request_count_total{cluster="",code="101",kind="agent",method="GET"}' in text
 
 
+def test_a_second_agent_for_the_cluster_takes_over_without_failing_requests(
+    gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, tmp_path: Path,
+) -> None:
+    """The newest connection wins; the older one is closed once idle (README: run one replica)."""
+    second = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
+    try:
+        before = gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"]
+        deadline = time.monotonic() + 20
+        while gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"] == before:
+            assert time.monotonic() < deadline, second.output()
+            time.sleep(0.1)
+        statuses = []
+        for _ in range(30):
+            statuses.append(gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0])
+            time.sleep(0.1)
+        assert set(statuses) == {200}, statuses
+    finally:
+        second.stop()
+    agent.wait_connected()
+
+
 def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(
     gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path, tmp_path: Path,
 ) -> None:
