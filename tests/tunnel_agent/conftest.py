@@ -45,7 +45,8 @@ def apiserver() -> Iterator[FakeAPIServer]:
 # agent held by another worker or instance is the peer forwarding's job, tested there).
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK, workers=1) as gw:
+    data = tmp_path_factory.mktemp("gateway")
+    with served_gateway(data, args=[*DENY_LOOPBACK, "--audit-log", str(data / "audit.jsonl")], workers=1) as gw:
         yield gw
     assert SA_TOKEN not in gw.server.output()
 

@@ -81,6 +81,25 @@ def test_kubectl_get_apply_delete(gateway: Gateway, agent: Agent, apiserver: Fak
     assert kubectl("get", "configmap", "behind-nat", kubeconfig=kubeconfig).returncode != 0
 
 
+def test_requests_through_the_agent_are_audited_as_direct_ones(gateway: Gateway, agent: Agent, alice: str) -> None:
+    audit_id = "through-the-agent-0001"
+    status, _ = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/configmaps",
+                             token=alice, headers={"X-Request-Id": audit_id})
+    assert status == 200
+    path = gateway.data / "audit.jsonl"
+    deadline = time.monotonic() + 10
+    found: list[dict] = []
+    while len(found) < 2 and time.monotonic() < deadline:
+        lines = (path.read_text() if path.exists() else "").split("\n")[:-1]
+        found = [e for e in (json.loads(line) for line in lines if audit_id in line) if e["auditID"] == audit_id]
+        time.sleep(0.1)
+    complete = next(e for e in found if e["stage"] == "ResponseComplete")
+    assert complete["verb"] == "list" and complete["responseStatus"]["code"] == 200
+    assert complete["user"]["username"] == "alice-nat"
+    assert complete["impersonatedUser"]["username"] == "alice-nat"
+    assert complete["annotations"]["bcs-middleware/cluster"] == CLUSTER
+
+
 def test_kubectl_watch_receives_events(agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path) -> None:
     with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
         time.sleep(0.5)
