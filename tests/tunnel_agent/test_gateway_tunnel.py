@@ -8,13 +8,16 @@ Python client as the clients.
 
 from __future__ import annotations
 
+import base64
 import json
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.kube import kubectl, kubectl_watch
@@ -98,6 +101,56 @@ def test_requests_through_the_agent_are_audited_as_direct_ones(gateway: Gateway,
     assert complete["user"]["username"] == "alice-nat"
     assert complete["impersonatedUser"]["username"] == "alice-nat"
     assert complete["annotations"]["bcs-middleware/cluster"] == CLUSTER
+
+
+def test_gateway_side_admission_applies_through_the_agent(
+    gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path, tmp_path: Path,
+) -> None:
+    """A Kubernetes webhook on the gateway admits what kubectl applies to the cluster behind NAT."""
+    import sidecar_injector
+    from webhook_kit import https_server
+
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.2").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "hook.pem"))
+    server = https_server(sidecar_injector.app, str(tmp_path / "hook.pem"), str(tmp_path / "hook.pem"),
+                          host="127.0.0.2", port=0)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    configs = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
+    hook = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "sidecar"},
+        "webhooks": [{
+            "name": "sidecar.example.com",
+            "clientConfig": {"url": f"https://127.0.0.2:{server.server_port}/",
+                             "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode()},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
+        }],
+    }
+    status, body = gateway.call("POST", configs, body=hook)
+    assert status == 201, body
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "Pod",
+                                    "metadata": {"name": "injected", "namespace": "default"},
+                                    "spec": {"containers": [{"name": "app", "image": "nginx:1.25"}]}}))
+    try:
+        time.sleep(2.5)  # definitions reach the worker within the admission refresh bound (2 s)
+        deadline = time.monotonic() + 10
+        while True:
+            result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
+            try:
+                pod = apiserver.store.get("pods", "default", "injected")
+            except Exception:
+                pod = None
+            if pod is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert pod is not None, result.stderr
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["app", "sidecar"], result.stderr
+    finally:
+        gateway.call("DELETE", f"{configs}/MutatingWebhookConfiguration/sidecar")
+        server.shutdown()
+        server.server_close()
 
 
 def test_kubectl_watch_receives_events(agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path) -> None:
