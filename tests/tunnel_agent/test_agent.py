@@ -320,3 +320,20 @@ def test_the_cli_agent_needs_https(tmp_path: Path, api: FakeAPIServer) -> None:
     assert "https://" in result.stderr
 
 
+
+
+def test_the_example_manifests_tunnel_line_is_a_valid_agent_option() -> None:
+    import argparse
+
+    import yaml
+
+    from bcs_middleware import kube_agent
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "kube-agent.yaml").read_text()
+    assert "# - --tunnel\n" in text
+    documents = list(yaml.safe_load_all(text.replace("# - --tunnel\n", "- --tunnel\n")))
+    container = documents[-1]["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    kube_agent.configure_parser(parser)
+    args = parser.parse_args(container["args"])
+    assert args.tunnel and args.bke_address.startswith("https://")
