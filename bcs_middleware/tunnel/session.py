@@ -15,7 +15,7 @@ Threads. Whatever the number of streams, a session runs
 * a **pump**: one selector loop over every stream's local socket — reads what the
   local side sends and forwards it as Data, writes what the peer sent, and pings;
 * the channel's writer (see :mod:`.wschannel`); and on the agent, one short-lived
-  thread per dial in progress (at most :data:`MAX_CONCURRENT_DIALS` at a time).
+  thread per Connect being dialled (at most :data:`MAX_CONCURRENT_DIALS` dial at once).
 
 Flow control is remotedialer's Pause/Resume, per stream. When a stream's buffer
 of bytes from the peer (not yet taken by the local side) exceeds ``window``, the
