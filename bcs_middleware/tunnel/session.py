@@ -15,7 +15,7 @@ Threads. Whatever the number of streams, a session runs
 * a **pump**: one selector loop over every stream's local socket — reads what the
   local side sends and forwards it as Data, writes what the peer sent, and pings;
 * the channel's writer (see :mod:`.wschannel`); and on the agent, one short-lived
-  thread per dial in progress (at most :data:`MAX_CONCURRENT_DIALS` at a time).
+  thread per Connect being dialled (at most :data:`MAX_CONCURRENT_DIALS` dial at once).
 
 Flow control is remotedialer's Pause/Resume, per stream. When a stream's buffer
 of bytes from the peer (not yet taken by the local side) exceeds ``window``, the
@@ -23,9 +23,13 @@ session sends Pause for it, and Resume once the local side has taken it down to 
 quarter of the window; a Pause from the peer stops reading that stream's local
 socket until Resume, which holds the local writer through its own socket buffer.
 A slow consumer so holds only its own stream; the reader keeps reading for the
-others. A peer that ignores Pause (bk-bcs's fork of remotedialer predates it)
-is cut off per stream: past ``window + overflow`` buffered bytes the stream is
-reset with an Error, so memory per stream stays bounded.
+others. What a stream buffers past its window is what was in flight when the
+Pause left — bounded by the connection's TCP buffers, shared by all streams. So
+the session counts the bytes its streams hold past their windows together: when
+that total exceeds ``overflow``, the peer is ignoring Pause (bk-bcs's fork of
+remotedialer predates it) and the stream the data is for is reset with an Error.
+Memory per session stays below ``streams * window + overflow``, and per stream
+below ``window + overflow``.
 
 End of a stream, as remotedialer: an Error message ends it in both directions
 (``EOF`` is the clean end); the bytes received before it are still delivered to
@@ -65,8 +69,8 @@ log = logging.getLogger("bcs_middleware.tunnel.session")
 
 #: Bytes read from a local socket per Data message (Go's ``io.Copy`` buffer size).
 CHUNK = 32 * 1024
-#: Bytes past the window a stream may buffer before it is reset (the peer ignored Pause).
-OVERFLOW = 8 * 1024 * 1024
+#: Bytes all streams of a session may hold past their windows together (see the module docstring).
+OVERFLOW = 32 * 1024 * 1024
 MAX_STREAMS = 10_000
 MAX_CONCURRENT_DIALS = 64
 #: Dial timeout on the agent when the Connect's deadline is absent or absurd (Go's default).
@@ -127,6 +131,7 @@ class Session:
         self.window = window
         self.resume_at = window // 4
         self.overflow = overflow
+        self._excess = 0  # bytes held past their windows, all streams together
         self.max_streams = max_streams
         self.ping_interval = ping_interval
         self.dead_after = dead_after
@@ -254,12 +259,14 @@ class Session:
         with self._lock:
             stream = self._streams.get(message.conn_id)
             if stream is not None and not stream.done:
+                before = len(stream.out)
                 stream.out += message.payload
                 self.bytes_in += len(message.payload)
                 buffered = len(stream.out)
-                if buffered > self.window + self.overflow:
+                self._excess += self._past_window(buffered) - self._past_window(before)
+                if self._excess > self.overflow:
                     overflowed = True
-                    stream.out.clear()
+                    self._drop_buffer_locked(stream)
                 elif buffered > self.window and not stream.sent_pause:
                     # Decided and queued under the lock, so a Resume from the pump cannot overtake it.
                     stream.sent_pause = True
@@ -273,8 +280,8 @@ class Session:
             self._send(Message.error(message.conn_id, f"connection not found {message.conn_id}"), quiet=True)
             return
         if overflowed:
-            log.warning("tunnel %s: stream %d buffered more than %d bytes past its window (the peer ignores "
-                        "Pause); resetting the stream", self.name, stream.conn_id, self.overflow)
+            log.warning("tunnel %s: streams hold more than %d bytes past their windows (the peer ignores "
+                        "Pause); resetting stream %d", self.name, self.overflow, stream.conn_id)
             self._send(Message.error(stream.conn_id, "buffer overflow"), quiet=True)
             self._end_stream(stream.conn_id, "buffer overflow")
             return
@@ -441,7 +448,9 @@ class Session:
                 gone: OSError | None = exc
             else:
                 gone = None
+                before = len(stream.out)
                 del stream.out[:sent]
+                self._excess += self._past_window(len(stream.out)) - self._past_window(before)
                 if stream.sent_pause and len(stream.out) <= self.resume_at and not stream.done:
                     stream.sent_pause = False
                     self._send(Message.resume(stream.conn_id), quiet=True, urgent=True)
@@ -480,10 +489,17 @@ class Session:
         with self._lock:
             told = stream.done
             stream.done = True
-            stream.out.clear()
+            self._drop_buffer_locked(stream)
         if not told:
             self._send(Message.error(stream.conn_id, error), quiet=True)
         self._mark(stream)
+
+    def _past_window(self, buffered: int) -> int:
+        return buffered - self.window if buffered > self.window else 0
+
+    def _drop_buffer_locked(self, stream: _Stream) -> None:
+        self._excess -= self._past_window(len(stream.out))
+        stream.out.clear()
 
     def _forget_locked(self, stream: _Stream) -> None:
         if self._streams.get(stream.conn_id) is stream:

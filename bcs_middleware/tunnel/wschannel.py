@@ -155,6 +155,8 @@ class WebSocketChannel:
                     raise ChannelError("the server closed the connection during the WebSocket handshake")
                 received += len(data)
                 if received > MAX_HANDSHAKE + MAX_REJECT_BODY:
+                    if reject is not None:  # a refusal with a long body: its start says enough
+                        raise HandshakeRejected(reject.status_code, bytes(body))
                     raise ChannelError("the WebSocket handshake answer is too large")
                 try:
                     ws.receive_data(data)
