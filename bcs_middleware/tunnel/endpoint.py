@@ -74,6 +74,7 @@ from .handshake import (
     MODULE_KUBE_AGENT_V2,
     TunnelParams,
     TunnelParamsError,
+    dial_address,
 )
 from .registry import LocalAgents
 
@@ -260,7 +261,9 @@ def parse_params(value: str) -> TunnelParams:
         certs = []
     if not certs:
         raise _bad_params("caCert: must be base64 of a PEM certificate")
-    return TunnelParams(address.rstrip("/"), user_token, ca_pem)
+    # Stored in one canonical form (the Go agent writes IPv6 unbracketed, `https://fd00::1:443`),
+    # so every reader of server_addresses parses it as a URL.
+    return TunnelParams(f"https://{dial_address(address)}", user_token, ca_pem)
 
 
 def _bad_params(what: str) -> BadRequest:

@@ -47,3 +47,18 @@ def test_the_request_head_is_rebuilt_for_the_handshake() -> None:
     assert head.startswith(b"GET /bcsapi/v1/websocket/connect HTTP/1.1\r\n")
     assert b"Host: gw:8443\r\n" in head and b"Sec-Websocket-Key: abc==\r\n" in head
     assert head.endswith(b"\r\n\r\n")
+
+
+@pytest.mark.parametrize(("reported", "stored"), [
+    ("https://fd00::1:443", "https://[fd00::1]:443"),  # the Go agent's unbracketed IPv6
+    ("https://[fd00::1]:6443/", "https://[fd00::1]:6443"),
+    ("https://Kube.Example:443", "https://kube.example:443"),
+    ("https://10.96.0.1", "https://10.96.0.1:443"),
+])
+def test_the_reported_address_is_stored_in_one_canonical_form(reported: str, stored: str) -> None:
+    """Every reader of server_addresses parses them as URLs: an unbracketed IPv6 would not parse."""
+    from urllib.parse import urlsplit
+
+    params = parse_params(_go_agent_params(reported, "token", CA_PEM))
+    assert params.address == stored
+    assert urlsplit(params.address).port is not None
