@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -245,13 +246,13 @@ class _Deadline:
     def send_all(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            sent = self.run(lambda: self.sock.send(view), selectors.EVENT_WRITE)
+            sent = self.run(functools.partial(self.sock.send, view), selectors.EVENT_WRITE)
             view = view[sent:]
 
     def read_exactly(self, size: int) -> bytes:
         data = b""
         while len(data) < size:
-            piece = self.run(lambda: self.sock.recv(size - len(data)))
+            piece = self.run(functools.partial(self.sock.recv, size - len(data)))
             if not piece:
                 raise ConnectionResetError("the peer closed the connection")
             data += piece
@@ -263,7 +264,7 @@ class _Deadline:
         while not line.endswith(b"\n"):
             if len(line) >= limit:
                 raise ValueError("line too long")
-            piece = self.run(lambda: self.sock.recv(limit - len(line)))
+            piece = self.run(functools.partial(self.sock.recv, limit - len(line)))
             if not piece:
                 raise ConnectionResetError("the peer closed the connection")
             line += piece
