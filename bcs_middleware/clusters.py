@@ -91,4 +91,6 @@ def upstream_for(
         bearer_token=credentials.user_token,
         set_headers=impersonating(user) if user is not None else (),
         name=f"cluster:{credentials.cluster_id}",
+        # Reported through the agent's tunnel: reached through it, never directly.
+        tunnel=credentials.cluster_id if credentials.via_tunnel else None,
     )

@@ -82,6 +82,8 @@ class Upstream:
         ``Authorization`` and hop-by-hop headers (impersonation, for example).
     :param client_cert: ``(certfile, keyfile)`` to present, if any.
     :param name: a label for logs and metrics (never a credential).
+    :param tunnel: the cluster id whose kube-agent tunnel carries the connection
+        (its apiserver is dialled through that agent, not directly); ``None``: direct.
     """
 
     base_urls: tuple[str, ...]
@@ -94,6 +96,7 @@ class Upstream:
     set_headers: tuple[tuple[str, str], ...] = ()
     client_cert: tuple[str, str] | None = None
     name: str = ""
+    tunnel: str | None = None
 
 
 @dataclass(frozen=True)

@@ -287,6 +287,16 @@ class ServiceUnavailable(BCSError):
     code_name = "SERVICE_UNAVAILABLE"
 
 
+class AgentUnavailable(ServiceUnavailable):
+    """A cluster reached through its kube-agent's tunnel, and no agent connection to use.
+
+    The message names the reason (not connected, gone, being replaced); it never
+    names where the agent connects from.
+    """
+
+    code_name = "AGENT_UNAVAILABLE"
+
+
 class ClusterNotReady(BCSError):
     """A cluster whose kube-agent has not reported yet: nothing to forward to.
 

@@ -3,6 +3,8 @@
 Request flow::
 
     RequestContextMiddleware (request id, error style, metrics, access log)
+      ├ /bcsapi/v1/websocket/connect           AgentTunnelMiddleware (kube-agent tunnels,
+      │                                        authenticated by the register token)
       └ TokenAuthMiddleware                    bcs.user / bcs.agent
           └ GatewayDispatcher
               ├ /healthz /readyz /metrics      health and metrics (public)
@@ -24,6 +26,7 @@ import atexit
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +49,10 @@ from .middleware.webconsole import WEBCONSOLE
 from .permissions import ClusterAuthorizer
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
-from .store import SQLStore, open_store
+from .store import Holder, SQLStore, open_store
 from .store.crypto import token_digest
+from .tunnel.endpoint import AgentTunnelMiddleware
+from .tunnel.registry import LocalAgents, LocalOnlyDialer
 from .upstream.addresses import AddressPolicy
 from .upstream.cluster_api import TunnelClusterReader
 from .upstream.proxy import UpstreamProxy
@@ -301,12 +306,15 @@ def build_gateway(
         raise ConfigError("the gateway needs a secret key: set secret_key, env BCS_SECRET_KEY, or data_dir")
     apply_bootstrap(store, config.bootstrap_users)
     address_policy = AddressPolicy(allow=config.upstream_allow, deny=config.upstream_deny)
+    # This process's kube-agent tunnels; clusters they report for are dialled through them.
+    agents = LocalAgents(holder=Holder(f"{socket.gethostname()}/{os.getpid()}"), placements=store)
     if transport is None:
         transport = PooledTransport(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             stream_idle_timeout=config.stream_idle_timeout,
             address_policy=address_policy,
+            tunnels=LocalOnlyDialer(agents),
         )
     if not config.upstream_verify:
         log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
@@ -435,7 +443,10 @@ def build_gateway(
         authed = AuditMiddleware(authed, sink=AuditSink.open(config.audit_log), policy=policy)
     elif config.audit_policy_file:
         raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
-    return RequestContextMiddleware(authed, access_log=config.access_log)
+    # Outside user-token auth (and the audit of user requests): the agent authenticates
+    # with its register token; its credential report is audited in the store.
+    edge: Any = AgentTunnelMiddleware(authed, store=store, agents=agents)
+    return RequestContextMiddleware(edge, access_log=config.access_log)
 
 
 _OPTIONS: dict[str, conv.Converter] = {

@@ -81,6 +81,33 @@ UPGRADES = Counter(
     ["outcome"],
 )
 
+AGENTS_CONNECTED = Gauge(
+    "bcs_agent_tunnels_connected",
+    "kube-agent tunnels connected to this gateway right now.",
+    multiprocess_mode="livesum",
+)
+AGENT_CONNECTIONS = Counter(
+    "bcs_agent_tunnel_connections",
+    "kube-agent tunnel connections accepted, by cluster.",
+    ["cluster"],
+)
+AGENT_RECONNECTS = Counter(
+    "bcs_agent_tunnel_reconnects",
+    "kube-agent tunnel connections for a cluster whose agent was connected before (after a drop, "
+    "or replacing a connection still held), by cluster.",
+    ["cluster"],
+)
+AGENT_STREAMS = Gauge(
+    "bcs_agent_tunnel_streams",
+    "Streams open over a cluster's kube-agent tunnel (refreshed every few seconds).",
+    ["cluster"],
+    multiprocess_mode="livesum",
+)
+AGENT_BYTES = Counter(
+    "bcs_agent_tunnel_bytes",
+    "Bytes carried over a cluster's kube-agent tunnel, by direction (in: from the agent).",
+    ["cluster", "direction"],
+)
 
 # The item MetricBatch.request queues: both per-request metrics for one ``put``.
 _REQUEST = object()

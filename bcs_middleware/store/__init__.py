@@ -5,14 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from .crypto import SecretBox, load_keys
-from .records import AuditRecord, ClusterRecord, CredentialRecord, PermissionRecord, TokenRecord, UserRecord
+from .records import (
+    AuditRecord,
+    ClusterRecord,
+    CredentialRecord,
+    Holder,
+    PermissionRecord,
+    PlacementRecord,
+    TokenRecord,
+    UserRecord,
+)
 from .sql import SQLStore, normalize_url, sqlite_url
 
 __all__ = [
     "AuditRecord",
     "ClusterRecord",
     "CredentialRecord",
+    "Holder",
     "PermissionRecord",
+    "PlacementRecord",
     "SQLStore",
     "SecretBox",
     "TokenRecord",

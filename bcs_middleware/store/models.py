@@ -14,6 +14,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData(
@@ -84,6 +85,21 @@ cluster_credentials = Table(
     # JSON {server_addresses, cacert_pem, user_token}, Fernet-encrypted as a whole.
     Column("secret_encrypted", Text, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # Reported through the kube-agent's tunnel: the apiserver is reached through it.
+    Column("via_tunnel", Boolean, nullable=False, default=False, server_default=false()),
+)
+
+# Which gateway process holds each cluster's agent tunnel right now (one row per
+# cluster: the newest connection wins). ``seen_at`` is the holder's heartbeat.
+agent_placements = Table(
+    "agent_placements",
+    metadata,
+    Column("cluster_id", String(128), ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True),
+    Column("holder_id", String(160), nullable=False, index=True),
+    Column("peer_address", String(300), nullable=True),
+    Column("peer_fingerprint", String(128), nullable=True),
+    Column("connected_at", DateTime(timezone=True), nullable=False),
+    Column("seen_at", DateTime(timezone=True), nullable=False),
 )
 
 webhook_definitions = Table(

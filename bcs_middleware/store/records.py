@@ -61,6 +61,34 @@ class CredentialRecord:
     cacert_pem: str
     user_token: str = field(repr=False)
     updated_at: datetime | None = None
+    #: reported through the kube-agent's tunnel: the apiserver is reached through it.
+    via_tunnel: bool = False
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds an agent tunnel: ``id`` is ``"<instance>/<pid>"``.
+
+    ``peer_address``/``peer_fingerprint``: where other processes reach this one to
+    forward a request to its agent (filled in by the peer listener, if any).
+    Re-exported by :mod:`bcs_middleware.tunnel.registry`.
+    """
+
+    id: str
+    peer_address: str | None = None
+    peer_fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """Which gateway process holds a cluster's agent tunnel (``holder_id`` = ``<instance>/<pid>``)."""
+
+    cluster_id: str
+    holder_id: str
+    peer_address: str | None
+    peer_fingerprint: str | None
+    connected_at: datetime
+    seen_at: datetime
 
 
 @dataclass(frozen=True)

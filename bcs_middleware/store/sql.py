@@ -29,7 +29,16 @@ from sqlalchemy.sql import ColumnElement
 from ..errors import Conflict, NotFound, ServiceUnavailable
 from . import models as m
 from .crypto import SecretBox, digests_equal, new_token, token_digest
-from .records import AuditRecord, ClusterRecord, CredentialRecord, PermissionRecord, TokenRecord, UserRecord
+from .records import (
+    AuditRecord,
+    ClusterRecord,
+    CredentialRecord,
+    Holder,
+    PermissionRecord,
+    PlacementRecord,
+    TokenRecord,
+    UserRecord,
+)
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
@@ -518,6 +527,7 @@ class SQLStore:
                 delete(m.cluster_credentials).where(m.cluster_credentials.c.cluster_id == cluster_id)
             ).rowcount
             conn.execute(delete(perms).where(perms.c.cluster_id == cluster_id))
+            conn.execute(delete(m.agent_placements).where(m.agent_placements.c.cluster_id == cluster_id))
             if configurations:
                 conn.execute(
                     delete(webhooks).where(webhooks.c.flavor == "k8s", webhooks.c.cluster_id == cluster_id)
@@ -627,9 +637,14 @@ class SQLStore:
         )[1]
 
     def report_credentials(
-        self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str
+        self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str,
+        via_tunnel: bool = False,
     ) -> tuple[tuple[str, ...] | None, CredentialRecord]:
-        """Store a kube-agent's report; also the addresses it replaced (``None``: first report)."""
+        """Store a kube-agent's report; also the addresses it replaced (``None``: first report).
+
+        :param via_tunnel: the report came with the agent's tunnel: the apiserver is
+            reached through that connection, not directly.
+        """
         self.get_cluster(cluster_id)
         blob = self.secrets.encrypt(
             json.dumps(
@@ -649,14 +664,15 @@ class SQLStore:
             changed = conn.execute(
                 update(m.cluster_credentials)
                 .where(m.cluster_credentials.c.cluster_id == cluster_id)
-                .values(secret_encrypted=blob, updated_at=now)
+                .values(secret_encrypted=blob, updated_at=now, via_tunnel=via_tunnel)
             ).rowcount
             if not changed:
                 try:
                     with conn.begin_nested():
                         conn.execute(
                             insert(m.cluster_credentials).values(
-                                cluster_id=cluster_id, secret_encrypted=blob, updated_at=now
+                                cluster_id=cluster_id, secret_encrypted=blob, updated_at=now,
+                                via_tunnel=via_tunnel,
                             )
                         )
                 except IntegrityError:
@@ -664,9 +680,10 @@ class SQLStore:
                     conn.execute(
                         update(m.cluster_credentials)
                         .where(m.cluster_credentials.c.cluster_id == cluster_id)
-                        .values(secret_encrypted=blob, updated_at=now)
+                        .values(secret_encrypted=blob, updated_at=now, via_tunnel=via_tunnel)
                     )
-        return previous, CredentialRecord(cluster_id, tuple(server_addresses), cacert_pem, user_token, now)
+        return previous, CredentialRecord(cluster_id, tuple(server_addresses), cacert_pem, user_token, now,
+                                          via_tunnel)
 
     def get_credentials(self, cluster_id: str) -> CredentialRecord | None:
         with self.connection() as conn:
@@ -682,7 +699,60 @@ class SQLStore:
             data["cacert_pem"],
             data["user_token"],
             _aware(row.updated_at),
+            bool(row.via_tunnel),
         )
+
+    # -- agent placements (which process holds a cluster's agent tunnel) ---------------------
+
+    @staticmethod
+    def _placement(row: Any) -> PlacementRecord:
+        return PlacementRecord(str(row.cluster_id), str(row.holder_id), row.peer_address, row.peer_fingerprint,
+                               _aware(row.connected_at), _aware(row.seen_at))  # type: ignore[arg-type]
+
+    def put_placement(self, cluster_id: str, holder: Holder) -> PlacementRecord:
+        """Record that ``holder`` holds ``cluster_id``'s agent now (the newest connection wins)."""
+        now = _now()
+        values = {"holder_id": holder.id, "peer_address": holder.peer_address,
+                  "peer_fingerprint": holder.peer_fingerprint, "connected_at": now, "seen_at": now}
+        table = m.agent_placements
+        with self.transaction() as conn:
+            changed = conn.execute(update(table).where(table.c.cluster_id == cluster_id).values(**values)).rowcount
+            if not changed:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(table).values(cluster_id=cluster_id, **values))
+                except IntegrityError:
+                    # Another process inserted first (or the cluster is gone): last writer wins.
+                    conn.execute(update(table).where(table.c.cluster_id == cluster_id).values(**values))
+        return PlacementRecord(cluster_id, holder.id, holder.peer_address, holder.peer_fingerprint, now, now)
+
+    def clear_placement(self, cluster_id: str, holder_id: str) -> bool:
+        """Forget ``cluster_id``'s placement if ``holder_id`` still holds it (a newer holder stays)."""
+        table = m.agent_placements
+        with self.transaction() as conn:
+            return bool(conn.execute(
+                delete(table).where(table.c.cluster_id == cluster_id, table.c.holder_id == holder_id)
+            ).rowcount)
+
+    def get_placement(self, cluster_id: str) -> PlacementRecord | None:
+        table = m.agent_placements
+        with self.connection() as conn:
+            row = conn.execute(select(table).where(table.c.cluster_id == cluster_id)).first()
+        return self._placement(row) if row else None
+
+    def touch_placements(self, holder_id: str) -> int:
+        """The holder's heartbeat: mark every placement it holds as seen now."""
+        table = m.agent_placements
+        with self.transaction() as conn:
+            return int(conn.execute(
+                update(table).where(table.c.holder_id == holder_id).values(seen_at=_now())
+            ).rowcount)
+
+    def clear_holder(self, holder_id: str) -> int:
+        """Forget every placement of a holder (a process that is shutting down)."""
+        table = m.agent_placements
+        with self.transaction() as conn:
+            return int(conn.execute(delete(table).where(table.c.holder_id == holder_id)).rowcount)
 
     # -- cluster permissions ------------------------------------------------------------
 

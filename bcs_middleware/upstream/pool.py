@@ -46,6 +46,8 @@ class PoolKey(NamedTuple):
     server_name: str | None
     verify: bool
     client_cert: tuple[str, str] | None
+    # The cluster whose agent tunnel carries the connection; None: dialled directly.
+    tunnel: str | None = None
 
 
 class Connection:

@@ -46,6 +46,14 @@ Behaviour of :meth:`PooledTransport.send`:
   (``max_upstreams``) and by idle time, so a worker that served 10,000 clusters
   once holds no more than a busy one (bench/pool_memory_bench.py).
 
+**Agent tunnels**: an upstream whose ``tunnel`` names a cluster is dialled through
+that cluster's kube-agent connection (``tunnels``, a
+:class:`~bcs_middleware.tunnel.registry.TunnelDialer`) instead of TCP; the stream
+comes back as a connected socket, and TLS (with the reported CA and server name),
+the codec, the pool and upgrades are the same as for a direct connection. The
+address policy does not apply to that hop: the agent dials only its own apiserver.
+No agent is :class:`~bcs_middleware.errors.AgentUnavailable` (503), raised as is.
+
 **Upgrades** (:meth:`PooledTransport.open_upgrade`): the same connect, failover,
 TLS and error rules, but always on a fresh connection that is never pooled; a
 ``101`` answer's socket is handed to the caller (``detach()``).
@@ -76,7 +84,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from ..environ import Upstream
-from ..errors import BadGateway, BCSError
+from ..errors import AgentUnavailable, BadGateway, BCSError
 from ..lru import LRUCache
 from .addresses import DEFAULT_POLICY, AddressPolicy
 from .codec import (
@@ -126,6 +134,12 @@ class Response(Protocol):
     def release_conn(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class TunnelDialer(Protocol):
+    """Opens a stream to a cluster's apiserver through its kube-agent (:mod:`bcs_middleware.tunnel.registry`)."""
+
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket: ...
 
 
 class Transport(Protocol):
@@ -294,6 +308,8 @@ class PooledTransport:
         used beyond it are dropped.
     :param idle_timeout: seconds an idle connection is kept.
     :param state_ttl: seconds a TLS context or parsed address is kept unused.
+    :param tunnels: how upstreams with a ``tunnel`` are dialled (through the
+        cluster's kube-agent); without it such upstreams are :class:`AgentUnavailable`.
 
     ``connections_opened`` counts every upstream connection established, so
     tests and benchmarks can check keep-alive works (connections per request).
@@ -311,8 +327,10 @@ class PooledTransport:
         max_upstreams: int = 512,
         idle_timeout: float = 55.0,
         state_ttl: float = 600.0,
+        tunnels: TunnelDialer | None = None,
     ) -> None:
         self.address_policy = address_policy or DEFAULT_POLICY
+        self.tunnels = tunnels
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.stream_idle_timeout = stream_idle_timeout
@@ -415,6 +433,7 @@ class PooledTransport:
                 scheme, host, port,
                 *((upstream.ca_pem, upstream.server_name, upstream.verify, upstream.client_cert)
                   if scheme == "https" else (None, None, True, None)),
+                upstream.tunnel,
             )
             head = request_head(method, f"{prefix}{target}", host_header, headers,
                                 content_length, body is not None)
@@ -424,7 +443,7 @@ class PooledTransport:
                     try:
                         conn = self._connect(key, label, timeout)
                     except BCSError as exc:
-                        if exc.code_name == TLS_ERROR:
+                        if exc.code_name == TLS_ERROR or isinstance(exc, AgentUnavailable):
                             raise
                         with self._lock:
                             self._failed.put(base, time.monotonic())
@@ -486,13 +505,19 @@ class PooledTransport:
 
     def _connect(self, key: PoolKey, label: str, timeout: float | None = None) -> Connection:
         """The one place a connection to an upstream is made (TCP, then TLS for https)."""
+        seconds = self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
         try:
-            # The address policy resolves and checks every address, and connects only to an
-            # allowed one (AddressRefused, a BCSError, passes through to the failover).
-            sock = self.address_policy.connect(
-                key.host, key.port, self.connect_timeout if timeout is None else min(timeout, self.connect_timeout),
-                label=label)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if key.tunnel is not None:
+                if self.tunnels is None:
+                    raise AgentUnavailable(f"upstream {label}: this gateway does not serve agent tunnels")
+                # A stream through the cluster's own agent, which dials only its apiserver:
+                # the address policy guards direct connections, not this hop.
+                sock = self.tunnels.dial(key.tunnel, key.host, key.port, seconds)
+            else:
+                # The address policy resolves and checks every address, and connects only to an
+                # allowed one (AddressRefused, a BCSError, passes through to the failover).
+                sock = self.address_policy.connect(key.host, key.port, seconds, label=label)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except FOREIGN as exc:
             raise translate(exc, "connect", label, key.host) from None
         if key.scheme == "https":

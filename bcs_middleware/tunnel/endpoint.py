@@ -1,0 +1,286 @@
+"""``GET /bcsapi/v1/websocket/connect`` — where kube-agents in tunnel mode connect.
+
+The source system's tunnel server (bk-bcs ``bcs-cluster-manager/internal/tunnel``
+with ``bcs-common/common/websocketDialer``), spoken as its kube-agent speaks it
+(``bcs-kube-agent/app/websocket.go``): a WebSocket upgrade carrying
+
+========================  =========================================================
+header                    value
+========================  =========================================================
+``BCS-API-Tunnel-Module``    ``kubeagent`` (the Go agent) or ``kube-agent``
+``BCS-API-Tunnel-ClusterId`` the cluster id
+``BCS-API-Tunnel-Token``     the cluster's register token
+``BCS-API-Tunnel-Params``    standard base64 of JSON ``{"address", "userToken", "caCert"}``:
+                          the apiserver URL as the agent reaches it (``https://``), the
+                          service-account token, and the apiserver's CA — base64 of the
+                          PEM as the Go agent sends it, or the PEM itself
+========================  =========================================================
+
+then remotedialer framing over binary messages (:mod:`bcs_middleware.tunnel.session`).
+
+What happens, in order — nothing is stored until every check passed:
+
+1. the headers are checked and bounded (sizes, an ``https`` address without user
+   information, query or fragment, a PEM CA, a token): ``400`` naming the header;
+2. the register token must be the cluster's **current** one (digest compared in
+   constant time, the check the credential report uses), and the cluster a
+   Kubernetes one: ``401`` otherwise, one answer for an unknown cluster, a wrong,
+   old or another cluster's token (the source's tunnel server had this check
+   commented out);
+3. the request must be a WebSocket upgrade on a connection the server hands over
+   (gunicorn over HTTP/1.1): ``400`` / ``501``;
+4. the credentials are stored like a credential report — encrypted, audited
+   (``credentials.put`` with the old and new addresses and ``via_tunnel``) — and
+   marked ``via_tunnel``: from then on the cluster's apiserver is reached through
+   this agent, never directly;
+5. the ``101`` is written, the connection becomes the agent's session, held in
+   :class:`~bcs_middleware.tunnel.registry.LocalAgents` (a newer connection for
+   the same cluster replaces it) and served in this worker's greenlet or thread
+   until it ends. The register token is re-checked every few seconds: rotating or
+   revoking it drops the tunnel.
+
+The address the agent reports is not checked against the gateway's upstream
+address policy: the gateway never connects to it, the agent does, inside its own
+cluster. The session never dials anything on the gateway's side: an agent's
+``Connect`` is refused, so the connection cannot reach the gateway's own API or
+another cluster.
+
+Refusals are the API's JSON errors with the source's statuses (``400`` for bad
+input, ``401`` for authentication; the source wrote the error text as the body).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import socket
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography import x509
+
+from ..errors import BadRequest, BCSError, NotImplementedByServer, Unauthorized
+from ..store import SQLStore
+from ..upgrade_request import upgrade_protocol
+from ..upstream.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut_client
+from .registry import LocalAgents
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("bcs_middleware.audit")
+
+CONNECT_PATH = "/bcsapi/v1/websocket/connect"
+MODULE_HEADER = "BCS-API-Tunnel-Module"
+CLUSTER_HEADER = "BCS-API-Tunnel-ClusterId"
+TOKEN_HEADER = "BCS-API-Tunnel-Token"
+PARAMS_HEADER = "BCS-API-Tunnel-Params"
+#: ``kubeagent`` is what bcs-kube-agent sends; ``kube-agent`` is accepted as well.
+KUBE_AGENT_MODULES = frozenset({"kubeagent", "kube-agent"})
+
+_MAX_CLUSTER_ID = 128
+_MAX_TOKEN = 512
+_MAX_PARAMS = 64 * 1024
+_MAX_ADDRESS = 2048
+_MAX_USER_TOKEN = 16 * 1024
+_MAX_CA = 32 * 1024
+
+
+def _header(environ: dict[str, Any], name: str) -> str:
+    return str(environ.get("HTTP_" + name.upper().replace("-", "_"), "")).strip()
+
+
+class AgentTunnelMiddleware:
+    """Serve :data:`CONNECT_PATH` (see the module docs); every other request goes to ``app``.
+
+    Mounted outside user-token authentication: the agent authenticates with its
+    cluster's register token, in its own header.
+
+    :param app: the rest of the gateway.
+    :param store: where register tokens are checked and credentials stored.
+    :param agents: this process's connected agents.
+    :param session_options: keyword arguments for each
+        :class:`~bcs_middleware.tunnel.session.Session` (window, ping interval ...).
+    """
+
+    def __init__(self, app: Any, *, store: SQLStore, agents: LocalAgents,
+                 session_options: dict[str, Any] | None = None) -> None:
+        self.app = app
+        self.store = store
+        self.agents = agents
+        self.session_options = dict(session_options or {})
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != CONNECT_PATH:
+            return self.app(environ, start_response)
+        try:
+            return self._connect(environ, start_response)
+        except BCSError as exc:
+            client = client_socket(environ)
+            answer = exc(environ, start_response)
+            # Refused before the upgrade: the connection ends with the answer.
+            return CloseAfter(answer, client) if client is not None else answer
+
+    def _connect(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "GET":
+            raise BadRequest("the tunnel is opened with GET and a WebSocket upgrade", code_name="BAD_TUNNEL_REQUEST")
+        module = _header(environ, MODULE_HEADER)
+        cluster_id = _header(environ, CLUSTER_HEADER)
+        token = _header(environ, TOKEN_HEADER)
+        if not module:
+            raise BadRequest(f"{MODULE_HEADER} is required", code_name="BAD_TUNNEL_REQUEST")
+        if module not in KUBE_AGENT_MODULES:
+            raise BadRequest(f"{MODULE_HEADER}: only kube-agents open tunnels here", code_name="BAD_TUNNEL_REQUEST")
+        if not cluster_id or len(cluster_id) > _MAX_CLUSTER_ID or not cluster_id.isprintable():
+            raise BadRequest(f"{CLUSTER_HEADER} is required (at most {_MAX_CLUSTER_ID} characters)",
+                             code_name="BAD_TUNNEL_REQUEST")
+        if not token or len(token) > _MAX_TOKEN:
+            raise Unauthorized("failed authentication: a register token is required")
+        address, user_token, ca_pem = parse_params(_header(environ, PARAMS_HEADER))
+        # The current register token of this very cluster, compared in constant time.
+        if self.store.check_register_token(cluster_id, token) is not True:
+            raise Unauthorized("failed authentication")
+        cluster = self.store.find_cluster(cluster_id)
+        if cluster is None or cluster.cluster_type != "k8s":
+            raise Unauthorized("failed authentication")
+        if upgrade_protocol(environ) != "websocket" or not environ.get("HTTP_SEC_WEBSOCKET_KEY"):
+            raise BadRequest("the tunnel needs a WebSocket upgrade", code_name="BAD_TUNNEL_REQUEST")
+        if environ.get("HTTP_SEC_WEBSOCKET_VERSION", "").strip() != "13":
+            raise BadRequest("Sec-WebSocket-Version must be 13", code_name="BAD_TUNNEL_REQUEST")
+        client = client_socket(environ)
+        if client is None:
+            raise NotImplementedByServer("agent tunnels need the gateway to run under gunicorn over HTTP/1.1")
+        previous, _record = self.store.report_credentials(
+            cluster_id, server_addresses=[address], cacert_pem=ca_pem, user_token=user_token, via_tunnel=True)
+        # Addresses only: the CA and the service-account token never enter the audit trail.
+        self.store.record_audit(
+            f"cluster-agent:{cluster_id}", "credentials.put", f"cluster:{cluster_id}",
+            {"old_server_addresses": list(previous) if previous is not None else None,
+             "server_addresses": [address], "via_tunnel": True},
+        )
+        head = request_head(environ)
+        start_response("101 Switching Protocols", [])
+        return _AgentConnection(self, client, head, cluster_id, token)
+
+    def serve(self, client: socket.socket, head: bytes, cluster_id: str, token: str) -> None:
+        """Answer the handshake and serve the agent's session until it ends."""
+        from .session import Session
+        from .wschannel import WebSocketChannel
+
+        # The worker's per-read timeout is for HTTP bodies: the session has its own
+        # liveness (pings, and an agent silent too long is dead).
+        client.settimeout(None)
+        channel = WebSocketChannel.accept(client, head)
+        session = Session(channel, name=f"agent:{cluster_id}", **self.session_options)
+
+        def still_authorized() -> bool:
+            return self.store.check_register_token(cluster_id, token) is True
+
+        self.agents.attach(cluster_id, session, still_authorized=still_authorized)
+        reason = "the agent disconnected"
+        try:
+            session.serve()
+        except Exception:
+            reason = "the agent connection failed"
+            log.exception("the tunnel session of cluster %s failed", cluster_id)
+        finally:
+            self.agents.detach(cluster_id, session, reason)
+            if not session.closed:
+                session.close(reason)
+
+
+class _AgentConnection:
+    """The ``101`` body: iterating it runs the session, then hands the connection over."""
+
+    def __init__(self, endpoint: AgentTunnelMiddleware, client: socket.socket, head: bytes,
+                 cluster_id: str, token: str) -> None:
+        self._endpoint = endpoint
+        self._client: socket.socket | None = client
+        self._head = head
+        self._cluster_id = cluster_id
+        self._token = token
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                self._endpoint.serve(client, self._head, self._cluster_id, self._token)
+            except OSError as exc:
+                log.info("tunnel of cluster %s ended: %s", self._cluster_id, exc.strerror or exc)
+            finally:
+                shut_client(client)
+        raise ConnectionHandedOver()
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            shut_client(client)
+
+
+def parse_params(value: str) -> tuple[str, str, str]:
+    """``BCS-API-Tunnel-Params`` → (address, user token, CA PEM); ``400`` naming what is wrong."""
+    if not value:
+        raise _bad_params("is required")
+    if len(value) > _MAX_PARAMS:
+        raise _bad_params(f"is longer than {_MAX_PARAMS} bytes")
+    try:
+        params = json.loads(base64.b64decode(value, validate=True))
+    except (binascii.Error, ValueError, RecursionError):
+        raise _bad_params("must be base64 of a JSON object") from None
+    if not isinstance(params, dict):
+        raise _bad_params("must be base64 of a JSON object")
+    address, user_token, ca = params.get("address"), params.get("userToken"), params.get("caCert")
+    if not isinstance(address, str) or not address or len(address) > _MAX_ADDRESS:
+        raise _bad_params("address: an https:// URL is required")
+    parts = urlsplit(address)
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise _bad_params("address: the port is invalid") from None
+    if (parts.scheme != "https" or not parts.hostname or parts.username or parts.password
+            or parts.query or parts.fragment or "@" in parts.netloc):
+        raise _bad_params("address: must be an https://host[:port] URL")
+    if not isinstance(user_token, str) or not user_token or len(user_token) > _MAX_USER_TOKEN \
+            or not user_token.isprintable() or " " in user_token:
+        raise _bad_params("userToken: the service-account token is required")
+    if not isinstance(ca, str) or not ca or len(ca) > _MAX_CA:
+        raise _bad_params("caCert: the apiserver's CA is required")
+    return address.rstrip("/"), user_token, _ca_pem(ca)
+
+
+def _ca_pem(value: str) -> str:
+    text = value
+    if "-----BEGIN" not in value:
+        try:
+            text = base64.b64decode(value, validate=True).decode("ascii")
+        except (binascii.Error, ValueError):
+            raise _bad_params("caCert: must be a PEM certificate, or base64 of one") from None
+    try:
+        certs = x509.load_pem_x509_certificates(text.encode())
+    except ValueError:
+        certs = []
+    if not certs:
+        raise _bad_params("caCert: must be a PEM certificate, or base64 of one")
+    return text
+
+
+def _bad_params(what: str) -> BadRequest:
+    return BadRequest(f"{PARAMS_HEADER} {what}", code_name="BAD_TUNNEL_PARAMS")
+
+
+def request_head(environ: dict[str, Any]) -> bytes:
+    """The HTTP/1.1 request head the client sent, rebuilt from the WSGI environ (for the handshake)."""
+    target = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
+    lines = [f"{environ.get('REQUEST_METHOD', 'GET')} {target} HTTP/1.1"]
+    for key, value in environ.items():
+        if key.startswith("HTTP_") and isinstance(value, str):
+            name = "-".join(part.capitalize() for part in key[5:].split("_"))
+            lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+__all__ = ["CONNECT_PATH", "AgentTunnelMiddleware", "parse_params", "request_head"]

@@ -1,0 +1,280 @@
+"""This process's connected kube-agents, and the dial seam the upstream transport uses.
+
+A kube-agent in tunnel mode (``bcs-middleware kube-agent --tunnel``, or the Go
+``bcs-kube-agent`` in websocket mode) holds one WebSocket to one gateway worker
+(:mod:`bcs_middleware.tunnel.endpoint`). That worker keeps the agent's
+:class:`~bcs_middleware.tunnel.session.Session` in :class:`LocalAgents`, keyed by
+cluster id, and records in the store that it holds it (``agent_placements``), so
+other workers and instances can find it (the peers helper's router).
+
+* **One agent per cluster, the newest wins.** A second connection for the same
+  cluster replaces the first, which is closed: an agent whose network broke
+  reconnects long before the gateway could notice its old connection is dead, and
+  both connections authenticated with the same current register token.
+* **The register token is re-checked** every ``check_every`` seconds for every
+  held agent: a rotated or revoked token (or a deleted cluster) drops the tunnel
+  within that time, wherever the revocation was made. The same pass is the
+  holder's heartbeat in the store and refreshes the per-agent metrics.
+* **An agent that is gone** fails new requests at once with
+  :class:`~bcs_middleware.errors.AgentUnavailable` (503, the reason named);
+  streams open over it end when the session ends.
+
+:class:`LocalOnlyDialer` is the :class:`TunnelDialer` for a single process: the
+agent must be held here. The transport calls ``dial`` for upstreams whose
+``tunnel`` is set (:attr:`bcs_middleware.environ.Upstream.tunnel`).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from .. import metrics
+from ..errors import AgentUnavailable
+from ..lru import LRUCache
+from ..store.records import Holder, PlacementRecord
+from ..upstream.transport import TunnelDialer
+
+__all__ = ["AgentSession", "Holder", "LocalAgents", "LocalOnlyDialer", "PlacementStore", "TunnelDialer"]
+
+log = logging.getLogger(__name__)
+
+#: How often held agents' register tokens are re-checked (and the heartbeat written).
+DEFAULT_CHECK_EVERY = 2.0
+# Why recently departed agents left, kept a while so a 503 can say "gone" rather than "never here".
+_GONE_KEPT = 600.0
+
+
+class AgentSession(Protocol):
+    """What the registry needs of a tunnel session (:class:`bcs_middleware.tunnel.session.Session`)."""
+
+    closed: bool
+    streams: int
+    bytes_in: int
+    bytes_out: int
+
+    def open(self, proto: str, address: str, timeout: float) -> socket.socket: ...
+
+    def close(self, reason: str = "") -> None: ...
+
+
+class PlacementStore(Protocol):
+    """Where placements are recorded (:class:`~bcs_middleware.store.SQLStore` has these)."""
+
+    def put_placement(self, cluster_id: str, holder: Holder) -> PlacementRecord: ...
+
+    def clear_placement(self, cluster_id: str, holder_id: str) -> bool: ...
+
+    def get_placement(self, cluster_id: str) -> PlacementRecord | None: ...
+
+    def touch_placements(self, holder_id: str) -> int: ...
+
+
+@dataclass
+class _Attached:
+    session: AgentSession
+    since: datetime
+    still_authorized: Callable[[], bool] | None
+    label: str
+    reported: tuple[int, int] = field(default=(0, 0))
+
+
+class LocalAgents:
+    """The agents connected to this process, by cluster id (see the module docs).
+
+    :param holder: who this process is, as recorded in the placements.
+    :param placements: where placements are recorded; ``None`` records nothing
+        (a single process, tests).
+    :param check_every: seconds between re-checks of every held agent's register
+        token (and heartbeats).
+    """
+
+    def __init__(self, *, holder: Holder, placements: PlacementStore | None,
+                 check_every: float = DEFAULT_CHECK_EVERY) -> None:
+        self.holder = holder
+        self.placements = placements
+        self.check_every = check_every
+        self._lock = threading.Lock()
+        self._agents: dict[str, _Attached] = {}
+        self._gone: LRUCache[str, str] = LRUCache(max_entries=4096, ttl=_GONE_KEPT)
+        self._keeper: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def attach(self, cluster_id: str, session: AgentSession, *,
+               still_authorized: Callable[[], bool] | None = None) -> None:
+        """Hold ``session`` as ``cluster_id``'s agent (replacing and closing any older one).
+
+        :param still_authorized: asked every ``check_every`` seconds; ``False`` drops
+            the agent (its register token was rotated or revoked).
+        """
+        attached = _Attached(session, datetime.now(UTC), still_authorized, metrics.cluster_label(cluster_id))
+        with self._lock:
+            old = self._agents.get(cluster_id)
+            self._agents[cluster_id] = attached
+            was_gone = self._gone.pop(cluster_id) is not None
+        if old is not None:
+            self._retire(cluster_id, old, "replaced by a newer connection of the cluster's kube-agent")
+        if old is not None or was_gone:
+            metrics.AGENT_RECONNECTS.labels(attached.label).inc()
+        metrics.AGENTS_CONNECTED.inc()
+        metrics.AGENT_CONNECTIONS.labels(attached.label).inc()
+        if self.placements is not None:
+            self.placements.put_placement(cluster_id, self.holder)
+        self._start_keeper()
+        log.info("kube-agent of cluster %s connected", cluster_id)
+
+    def detach(self, cluster_id: str, session: AgentSession, reason: str = "disconnected") -> None:
+        """Forget ``session`` if it is still ``cluster_id``'s agent here (a newer one stays)."""
+        with self._lock:
+            attached = self._agents.get(cluster_id)
+            if attached is None or attached.session is not session:
+                return
+            del self._agents[cluster_id]
+            self._gone.put(cluster_id, reason)
+        self._retire(cluster_id, attached, reason)
+        if self.placements is not None:
+            try:
+                self.placements.clear_placement(cluster_id, self.holder.id)
+            except Exception:  # the store is down: the placement's heartbeat goes stale instead
+                log.warning("could not clear the placement of cluster %s", cluster_id, exc_info=True)
+        log.info("kube-agent of cluster %s left: %s", cluster_id, reason)
+
+    def _retire(self, cluster_id: str, attached: _Attached, reason: str) -> None:
+        metrics.AGENTS_CONNECTED.dec()
+        self._report(attached)
+        metrics.AGENT_STREAMS.labels(attached.label).set(0)
+        if not attached.session.closed:
+            attached.session.close(reason)
+
+    def session(self, cluster_id: str) -> AgentSession | None:
+        """The live session held for ``cluster_id`` (a closed one is forgotten)."""
+        attached = self._agents.get(cluster_id)
+        if attached is None:
+            return None
+        if attached.session.closed:
+            self.detach(cluster_id, attached.session, "the agent connection closed")
+            return None
+        return attached.session
+
+    def open_local(self, cluster_id: str, address: str, timeout: float) -> socket.socket | None:
+        """A stream to ``address`` (``host:port``) through the agent held here; ``None`` if none is."""
+        from .session import TunnelClosed
+
+        session = self.session(cluster_id)
+        if session is None:
+            return None
+        try:
+            return session.open("tcp", address, timeout)
+        except TunnelClosed:
+            self.detach(cluster_id, session, "the agent connection closed")
+            return None
+
+    def connected_since(self, cluster_id: str) -> datetime | None:
+        attached = self._agents.get(cluster_id)
+        return attached.since if attached is not None and not attached.session.closed else None
+
+    def gone_reason(self, cluster_id: str) -> str | None:
+        """Why the agent held here for ``cluster_id`` left (kept for a while), if it did."""
+        with self._lock:
+            return self._gone.get(cluster_id)
+
+    def drop(self, cluster_id: str, reason: str) -> None:
+        """Close and forget ``cluster_id``'s agent (its register token was rotated, for example)."""
+        attached = self._agents.get(cluster_id)
+        if attached is not None:
+            self.detach(cluster_id, attached.session, reason)
+
+    def clusters(self) -> list[str]:
+        with self._lock:
+            return list(self._agents)
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    # -- the keeper: token re-checks, heartbeat, metrics ----------------------------------
+
+    def _start_keeper(self) -> None:
+        keeper = self._keeper
+        if keeper is not None and keeper.is_alive():
+            return
+        with self._lock:
+            if self._keeper is not None and self._keeper.is_alive():
+                return
+            self._keeper = threading.Thread(target=self._keep, name="bcs-agent-keeper", daemon=True)
+            self._keeper.start()
+
+    def _keep(self) -> None:
+        while not self._stopped.wait(self.check_every):
+            try:
+                self.check()
+            except Exception:
+                log.exception("checking the connected kube-agents failed")
+
+    def check(self) -> None:
+        """One pass: drop agents no longer authorized, heartbeat, refresh metrics."""
+        with self._lock:
+            held = list(self._agents.items())
+        for cluster_id, attached in held:
+            if attached.session.closed:
+                self.detach(cluster_id, attached.session, "the agent connection closed")
+                continue
+            verdict = True
+            if attached.still_authorized is not None:
+                try:
+                    verdict = attached.still_authorized()
+                except Exception:  # the store is unreachable: keep the agent, say why in the log
+                    log.warning("could not re-check the register token of cluster %s", cluster_id)
+            if not verdict:
+                self.detach(cluster_id, attached.session, "the cluster's register token was rotated or revoked")
+                continue
+            self._report(attached)
+        if held and self.placements is not None:
+            try:
+                self.placements.touch_placements(self.holder.id)
+            except Exception:
+                log.warning("could not write the agent placements' heartbeat")
+
+    def _report(self, attached: _Attached) -> None:
+        session = attached.session
+        bytes_in, bytes_out = session.bytes_in, session.bytes_out
+        last_in, last_out = attached.reported
+        attached.reported = (bytes_in, bytes_out)
+        if bytes_in > last_in:
+            metrics.AGENT_BYTES.labels(attached.label, "in").inc(bytes_in - last_in)
+        if bytes_out > last_out:
+            metrics.AGENT_BYTES.labels(attached.label, "out").inc(bytes_out - last_out)
+        metrics.AGENT_STREAMS.labels(attached.label).set(session.streams)
+
+    def close(self, reason: str = "the gateway is shutting down") -> None:
+        """Drop every agent (a worker leaving) and stop the keeper."""
+        self._stopped.set()
+        for cluster_id in self.clusters():
+            self.drop(cluster_id, reason)
+
+
+class LocalOnlyDialer:
+    """:class:`TunnelDialer` for one process: the cluster's agent must be held by ``agents``."""
+
+    def __init__(self, agents: LocalAgents) -> None:
+        self.agents = agents
+
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket:
+        shown = f"[{host}]" if ":" in host else host
+        sock = self.agents.open_local(cluster_id, f"{shown}:{port}", timeout)
+        if sock is None:
+            raise unavailable(cluster_id, self.agents.gone_reason(cluster_id))
+        return sock
+
+
+def unavailable(cluster_id: str, gone: str | None = None) -> AgentUnavailable:
+    """The 503 for a cluster whose agent cannot be used, naming why."""
+    if gone:
+        return AgentUnavailable(f"the kube-agent of cluster {cluster_id} is gone ({gone}); "
+                                "requests resume when it reconnects")
+    return AgentUnavailable(f"the kube-agent of cluster {cluster_id} is not connected to the gateway")
+
