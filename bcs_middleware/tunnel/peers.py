@@ -45,8 +45,6 @@ it in TLS, selects and pools it as any socket.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import functools
 import hashlib
@@ -67,9 +65,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from ..errors import ConfigError
 from ..tls import cert_fingerprint, self_signed_server_cert
 from ..upstream.upgrade import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_DURATION, splice
@@ -84,8 +79,8 @@ _MAX_LINE = 1024
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: ``host:port`` or ``[v6]:port`` of an apiserver, as the transport names it.
 _ADDRESS = re.compile(r"^(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
-_HKDF_SALT = b"bcs-middleware peer link"
-_HKDF_INFO = b"peer dial v1"
+#: What the peer-link key is derived for (:meth:`bcs_middleware.store.SecretBox.derive`).
+PEER_KEY_PURPOSE = b"bcs-middleware peer link v1"
 
 T = TypeVar("T")
 
@@ -102,28 +97,6 @@ class PeerError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def derive_peer_keys(secret_keys: Sequence[str]) -> tuple[bytes, ...]:
-    """The peer-link keys of the gateway's secret keys (Fernet keys, the first current).
-
-    HKDF gives a key used for nothing else, so a MAC on the peer link never serves as, or
-    reveals, anything about the key that encrypts credentials at rest.
-    """
-    derived = []
-    for key in secret_keys:
-        try:
-            material = base64.urlsafe_b64decode(key.encode("ascii"))
-        except (binascii.Error, UnicodeEncodeError, ValueError):
-            raise ConfigError("a secret key is not valid url-safe base64 (make one with: bcs-middleware keygen)") \
-                from None
-        if len(material) < 32:
-            raise ConfigError("a secret key is shorter than 32 bytes (make one with: bcs-middleware keygen)")
-        derived.append(HKDF(algorithm=hashes.SHA256(), length=32, salt=_HKDF_SALT, info=_HKDF_INFO)
-                       .derive(material))
-    if not derived:
-        raise ConfigError("the peer link needs the gateway's secret key (secret_key, env BCS_SECRET_KEY, or data_dir)")
-    return tuple(derived)
 
 
 def _mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
@@ -306,7 +279,7 @@ def _client_context() -> ssl.SSLContext:
 class PeerListener:
     """A worker's peer listener: authenticated peers get a byte pipe to an agent this worker holds.
 
-    :param keys: the peer-link keys (:func:`derive_peer_keys`); any of them authenticates.
+    :param keys: the peer-link keys (``SecretBox.derive(PEER_KEY_PURPOSE)``); any of them authenticates.
     :param address: where to bind; the bound address is :attr:`advertised`.
     :param handshake_timeout: seconds for TLS, greeting and request together.
     :param max_connections: connections served at once (handshakes and pipes); more are closed.
@@ -341,6 +314,9 @@ class PeerListener:
         self._sock: socket.socket | None = None
         self._local: LocalDialer | None = None
         self._closed = threading.Event()
+        self._count_lock = threading.Lock()
+        #: connections being served (handshakes and pipes)
+        self.active = 0
         self.advertised: str | None = None
 
     def bind(self) -> str:
@@ -398,6 +374,8 @@ class PeerListener:
             if not self._slots.acquire(blocking=False):
                 _close(conn)
                 continue
+            with self._count_lock:
+                self.active += 1
             threading.Thread(target=self._serve, args=(conn,), name="bcs-peer", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -413,6 +391,8 @@ class PeerListener:
             _close(stream)
             _close(tls)
             _close(conn)
+            with self._count_lock:
+                self.active -= 1
             self._slots.release()
 
     def _handshake(self, conn: socket.socket) -> tuple[socket.socket, socket.socket | None]:
@@ -488,9 +468,11 @@ def _parse_request(line: bytes) -> tuple[str, str, bytes, bytes] | None:
 class PeerClient:
     """Dials through another worker's peer listener; returns a pipe to the agent's apiserver.
 
-    :param key: the current peer-link key (the first of :func:`derive_peer_keys`).
+    :param key: the current peer-link key (the first of ``SecretBox.derive(PEER_KEY_PURPOSE)``).
     :param connect_timeout: the TCP connect, capped apart from the whole handshake so that a
         holder that is gone is reported within it.
+    :param handshake_timeout: TLS, greeting and answer together (a holder that accepts and
+        then says nothing, stopped or overloaded).
     """
 
     def __init__(
@@ -498,11 +480,13 @@ class PeerClient:
         key: bytes,
         *,
         connect_timeout: float = 1.0,
+        handshake_timeout: float = 3.0,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         max_duration: float | None = DEFAULT_MAX_DURATION,
     ) -> None:
         self.key = key
         self.connect_timeout = connect_timeout
+        self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.max_duration = max_duration
         self._context = _client_context()
@@ -525,7 +509,7 @@ class PeerClient:
         try:
             _keepalive(raw)
             tls = self._context.wrap_socket(raw, server_side=False, do_handshake_on_connect=False)
-            io = _Deadline(tls, max(timeout - (time.monotonic() - started), 0.05))
+            io = _Deadline(tls, max(min(timeout, self.handshake_timeout) - (time.monotonic() - started), 0.05))
             outcome = self._handshake(tls, io, peer_address, fingerprint, cluster_id, address)
             io.done()
         except PeerError:
