@@ -24,6 +24,7 @@ from bcs_middleware.store import Holder, SecretBox, SQLStore, open_store
 from bcs_middleware.tls import generate_ca, issue_server_cert
 from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener
 from bcs_middleware.tunnel.router import AgentRouter
+from tests.support.peer_link import StandInAgents
 from tests.support.servers import TrapListener, free_port
 
 CLUSTER = "BCS-K8S-PEER1"
@@ -76,28 +77,6 @@ class EchoServer:
     def close(self) -> None:
         self._stop.set()
         self.sock.close()
-
-
-class StandInAgents:
-    """What the router and listener use of :class:`LocalAgents`; streams go to an echo server."""
-
-    def __init__(self, holder_id: str, port: int, clusters: tuple[str, ...] = (), *, fail: bool = False) -> None:
-        self.holder = Holder(holder_id)
-        self.port = port
-        self.clusters = set(clusters)
-        self.fail = fail
-        self.opened: list[tuple[str, str]] = []
-
-    def open_local(self, cluster_id: str, address: str, timeout: float) -> socket.socket | None:
-        if cluster_id not in self.clusters:
-            return None
-        if self.fail:
-            raise ConnectionResetError("the agent's session ended")
-        self.opened.append((cluster_id, address))
-        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
-
-    def gone_reason(self, cluster_id: str) -> str | None:
-        return None
 
 
 @pytest.fixture(scope="module")
