@@ -93,7 +93,7 @@ class AgentRouter:
             raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} is connected to a gateway process "
                                    "that accepts no forwarded requests (it runs no peer listener)")
         try:
-            return self.peers.open(record.peer_address, record.peer_fingerprint, cluster_id, address, timeout)
+            sock = self.peers.open(record.peer_address, record.peer_fingerprint, cluster_id, address, timeout)
         except PeerError as exc:
             log.warning("forwarding a dial for cluster %s to %s (%s) failed: %s", cluster_id, record.holder_id,
                         record.peer_address, exc)
@@ -101,6 +101,8 @@ class AgentRouter:
                 self._forget(cluster_id, record.holder_id)
             raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} cannot be used: "
                                    f"{_REASONS.get(exc.reason, exc.reason)}") from None
+        log.debug("dial for cluster %s forwarded to its holder %s", cluster_id, record.holder_id)
+        return sock
 
     def _forget(self, cluster_id: str, holder_id: str) -> None:
         try:

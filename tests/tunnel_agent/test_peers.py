@@ -7,6 +7,7 @@ without an agent; the served, two-instance paths are in ``tests/security/test_pe
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import ssl
@@ -24,8 +25,13 @@ from bcs_middleware.store import Holder, SecretBox, SQLStore, open_store
 from bcs_middleware.tls import generate_ca, issue_server_cert
 from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener
 from bcs_middleware.tunnel.router import AgentRouter
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import Gateway, served_gateway
+from tests.support.kube import kubectl
 from tests.support.peer_link import StandInAgents
 from tests.support.servers import TrapListener, free_port
+
+from .conftest import Agent, create_cluster
 
 CLUSTER = "BCS-K8S-PEER1"
 APISERVER = "10.0.0.1:6443"
@@ -401,3 +407,110 @@ def test_holder_without_a_peer_listener_is_agent_unavailable(store: SQLStore, ec
     with pytest.raises(AgentUnavailable, match="no peer listener"):
         router.dial(CLUSTER, "10.0.0.1", 6443, 5)
     assert store.get_placement(CLUSTER) is not None  # a live holder's record stays
+
+
+# -- through real processes: two instances on PostgreSQL, two workers of one -----------------------
+
+
+def _wait_agent_placed(store: SQLStore, cluster_id: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = store.get_placement(cluster_id)
+        if record is not None and record.peer_address:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no placement with a peer address for {cluster_id}")
+
+
+def _timed_gets(gw: Gateway, path: str, count: int) -> list[float]:
+    """``count`` sequential GETs on one kept-alive HTTPS connection; the seconds each took."""
+    import http.client
+
+    context = ssl.create_default_context(cafile=gw.ca_file)
+    conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
+    samples = []
+    try:
+        for _ in range(count):
+            started = time.perf_counter()
+            conn.request("GET", path, headers={"Authorization": f"Bearer {gw.admin}"})
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == 200, body
+            samples.append(time.perf_counter() - started)
+    finally:
+        conn.close()
+    return samples
+
+
+@pytest.fixture(scope="module")
+def two_instances(postgres_server, tmp_path_factory: pytest.TempPathFactory,  # type: ignore[no-untyped-def]
+                  apiserver: FakeAPIServer) -> Iterator[tuple[Gateway, Gateway, SQLStore]]:
+    """Two ``serve`` instances sharing one PostgreSQL and secret key; each its own data dir and CA."""
+    url = postgres_server.create_database()
+    key = Fernet.generate_key().decode()
+    args = ["--database-url", url, "--upstream-deny", "127.0.0.0/8", "--peer-address", "127.0.0.1",
+            "--log-level", "debug"]
+    env = {"BCS_SECRET_KEY": key}
+    with served_gateway(tmp_path_factory.mktemp("one"), args=args, env=env, workers=1) as one, \
+            served_gateway(tmp_path_factory.mktemp("two"), args=args, env=env, workers=1) as two:
+        store = open_store(url, secret_key=key)
+        try:
+            yield one, two, store
+        finally:
+            store.dispose()
+
+
+def test_request_to_the_instance_without_the_agent_works(
+        two_instances: tuple[Gateway, Gateway, SQLStore], apiserver: FakeAPIServer,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    one, two, store = two_instances
+    cluster = "BCS-K8S-TWOINST"
+    token = create_cluster(one, cluster)
+    agent = Agent(one, apiserver, cluster, token, tmp_path_factory.mktemp("agent")).start()
+    try:
+        agent.wait_connected()
+        _wait_agent_placed(store, cluster)
+        # kubectl against the instance the agent is NOT connected to.
+        kubeconfig = two.kubeconfig(two.user("bob-two"), tmp_path_factory.mktemp("kc") / "kubeconfig",
+                                    cluster=cluster)
+        two.grant("bob-two", cluster=cluster)
+        result = kubectl("get", "namespaces", "-o", "name", kubeconfig=kubeconfig)
+        assert result.returncode == 0, result.stderr
+        assert "namespace/default" in result.stdout
+        assert "forwarded to its holder" in two.server.output()
+        # The hop's cost: a few hundred requests each way (a figure for the report, not an assert).
+        path = f"/tunnels/clusters/{cluster}/api/v1/namespaces"
+        local, forwarded = _timed_gets(one, path, 300), _timed_gets(two, path, 300)
+        print(f"\nagent held by this instance: median {sorted(local)[150] * 1e3:.2f} ms; "
+              f"held by the other instance: median {sorted(forwarded)[150] * 1e3:.2f} ms (300 GETs each)")
+        # The agent leaves: the other instance answers 503 at once, naming the reason.
+        agent.stop()
+        deadline = time.monotonic() + 10
+        status, body = two.call("GET", path)
+        while status == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status, body = two.call("GET", path)
+        started = time.monotonic()
+        status, body = two.call("GET", f"/tunnels/clusters/{cluster}/version")
+        assert status == 503 and time.monotonic() - started < 1.0, body
+        assert cluster in json.loads(body)["message"]
+    finally:
+        agent.stop()
+
+
+def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.TempPathFactory,
+                                                       apiserver: FakeAPIServer) -> None:
+    cluster = "BCS-K8S-TWOWORK"
+    args = ["--upstream-deny", "127.0.0.0/8", "--log-level", "debug"]
+    with served_gateway(tmp_path_factory.mktemp("workers"), args=args, workers=2) as gw:
+        token = create_cluster(gw, cluster)
+        agent = Agent(gw, apiserver, cluster, token, tmp_path_factory.mktemp("agent2")).start()
+        try:
+            agent.wait_connected()
+            # Fresh connections land in either worker (SO_REUSEPORT): every one is answered.
+            for _ in range(24):
+                status, body = gw.call("GET", f"/tunnels/clusters/{cluster}/version")
+                assert status == 200, body
+            assert "forwarded to its holder" in gw.server.output()
+        finally:
+            agent.stop()
