@@ -313,6 +313,10 @@ def build_gateway(
     address_policy = AddressPolicy(allow=config.upstream_allow, deny=config.upstream_deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
     agents = LocalAgents(holder=Holder(f"{socket.gethostname()}/{os.getpid()}"), placements=store)
+    if background:
+        # A worker leaving closes its agents' connections and clears their placements, so the
+        # agents reconnect (to another worker) at once and nobody is sent to a dead holder.
+        atexit.register(agents.close)
     # Other workers and instances reach this worker's agents through its peer listener.
     tunnels: TunnelDialer = LocalOnlyDialer(agents) if config.peer_address is None else peer_routing(
         agents, store, store.secrets, peer_address=config.peer_address, background=background)

@@ -30,7 +30,7 @@ LATENCY = Histogram(
 )
 UPSTREAM_ERRORS = Counter(
     "bcs_upstream_errors",
-    "Upstream failures by upstream label and cause (connect, timeout, protocol).",
+    "Upstream failures by upstream label and cause (connect, tls, timeout, agent, protocol).",
     ["upstream", "cause"],
 )
 OPEN_STREAMS = Gauge(

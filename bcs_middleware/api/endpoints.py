@@ -19,7 +19,8 @@ from ..errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationEr
 from ..middleware.auth import bearer_token
 from ..permissions import EDIT, VIEW
 from ..schemas import validate
-from ..store import ClusterRecord, PermissionRecord, TokenRecord, UserRecord
+from ..store import ClusterRecord, PermissionRecord, PlacementRecord, TokenRecord, UserRecord
+from ..tunnel.registry import PLACEMENT_STALE_AFTER
 from .context import Ctx, json_response
 
 
@@ -123,7 +124,22 @@ def create_cluster(ctx: Ctx) -> Response:
 
 def get_cluster(ctx: Ctx, cluster_id: str) -> Response:
     _, cluster = ctx.require_cluster(cluster_id, VIEW)
-    return json_response(cluster_json(cluster))
+    return json_response({**cluster_json(cluster), "agent": agent_json(ctx.store.get_placement(cluster.id))})
+
+
+def agent_json(placement: PlacementRecord | None) -> dict[str, Any]:
+    """Whether the cluster's kube-agent tunnel is connected (to any gateway process), and since when.
+
+    A placement whose holder stopped writing its heartbeat (a process killed before it
+    could clear it) reads as not connected.
+    """
+    now = datetime.now(UTC)
+    live = placement is not None and now - placement.seen_at <= timedelta(seconds=PLACEMENT_STALE_AFTER)
+    return {
+        "tunnel_connected": live,
+        "connected_since": _iso(placement.connected_at) if placement is not None and live else None,
+        "last_seen_at": _iso(placement.seen_at) if placement is not None else None,
+    }
 
 
 def create_register_token(ctx: Ctx, cluster_id: str) -> Response:

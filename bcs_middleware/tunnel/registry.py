@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 #: How often held agents' register tokens are re-checked (and the heartbeat written).
 DEFAULT_CHECK_EVERY = 2.0
+#: A placement whose heartbeat is older than this belongs to a process that died
+#: without clearing it: nobody holds that agent.
+PLACEMENT_STALE_AFTER = 15.0
 # Why recently departed agents left, kept a while so a 503 can say "gone" rather than "never here".
 _GONE_KEPT = 600.0
 

@@ -441,6 +441,8 @@ def _chunked_body(stream: Any) -> Iterator[bytes]:
 def _count_error(upstream: env.Upstream, exc: BCSError) -> None:
     if exc.code_name == "UPSTREAM_TLS_ERROR":
         cause = "tls"
+    elif exc.code_name == "AGENT_UNAVAILABLE":
+        cause = "agent"
     elif isinstance(exc, GatewayTimeout):
         cause = "timeout"
     elif exc.status == 502:

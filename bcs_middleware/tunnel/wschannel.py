@@ -1,0 +1,382 @@
+"""A WebSocket message channel over one connected (TLS) socket, built on ``wsproto``.
+
+The agent tunnel exchanges binary messages (one remotedialer frame each, see
+:mod:`~bcs_middleware.tunnel.frames`) over a WebSocket. :class:`WebSocketChannel`
+is that and nothing more: the opening handshake (client :meth:`~WebSocketChannel.connect`
+or server :meth:`~WebSocketChannel.accept`), binary messages each way, pings and
+the closing handshake. ``wsproto`` does the RFC 6455 framing; this module owns the
+socket.
+
+Concurrency. One reader calls :meth:`~WebSocketChannel.receive`; any number of
+threads or greenlets call :meth:`~WebSocketChannel.send`. Frames are written by one
+writer thread per channel from a queue, so
+
+* a reader never blocks on a write: the answers the channel owes the peer
+  (pongs, the closing frame) and the messages sent with ``wait=False`` (the
+  session's Pause/Resume/Error) are queued without waiting. Two peers whose
+  readers both waited to write into full TCP buffers would deadlock each other.
+* :meth:`~WebSocketChannel.send` applies back-pressure: it returns once the queue
+  holds less than ``high_water`` bytes, so a fast producer is held at the speed
+  of the connection and the queue stays bounded.
+
+Only the standard library's ``socket`` and ``threading`` are used (gevent patches
+both), so the channel works the same under threads and under gevent; no loop
+polls.
+
+Bounds: a received message larger than ``max_message`` closes the channel (1009);
+a text message closes it (1003: remotedialer speaks binary only); a peer silent
+for ``idle_timeout`` seconds (see :meth:`~WebSocketChannel.set_idle_timeout`) is
+taken as gone. The handshake answer is read up to 64 KiB within ``timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+
+log = logging.getLogger("bcs_middleware.tunnel.wschannel")
+
+MAX_MESSAGE = 1 << 20
+HIGH_WATER = 512 * 1024
+MAX_HANDSHAKE = 64 * 1024
+MAX_REJECT_BODY = 4096
+RECV_SIZE = 64 * 1024
+#: How long :meth:`WebSocketChannel.close` lets the writer flush before it cuts the socket.
+CLOSE_FLUSH_SECONDS = 2.0
+_ENDED = object()
+
+
+class ChannelError(ConnectionError):
+    """The channel cannot be used (closed, or the handshake failed); the message is safe to log."""
+
+
+class ChannelClosed(ChannelError):
+    """:meth:`WebSocketChannel.send` on a channel that has ended."""
+
+
+class HandshakeRejected(ChannelError):
+    """The server answered the opening handshake with something other than 101.
+
+    :param status: the HTTP status code.
+    :param body: the first 4 KiB of the answer's body (e.g. the gateway's JSON error).
+    """
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"the server refused the WebSocket upgrade: HTTP {status}")
+
+
+class WebSocketChannel:
+    """Binary WebSocket messages over ``sock``; build one with :meth:`connect` or :meth:`accept`.
+
+    :param sock: the connected socket (plain or TLS), after the handshake.
+    :param ws: the ``wsproto`` state machine, past the handshake.
+    :param max_message: the largest message :meth:`receive` accepts.
+    :param high_water: :meth:`send` waits while more than this many bytes are queued.
+    """
+
+    def __init__(self, sock: socket.socket, ws: WSConnection, *, max_message: int = MAX_MESSAGE,
+                 high_water: int = HIGH_WATER) -> None:
+        self._sock = sock
+        self._ws = ws
+        self.max_message = max_message
+        self.high_water = high_water
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[bytes] = deque()
+        self._queued = 0
+        self._closing = False  # no more messages may be queued
+        self._ended = False  # the socket is shut: nothing more goes either way
+        self._close_deadline = 0.0
+        self.close_reason = ""
+        self.last_received = time.monotonic()
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self._writer = threading.Thread(target=self._write_loop, name="bcs-ws-writer", daemon=True)
+        self._writer.start()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def connect(cls, sock: socket.socket, *, host: str, path: str, headers: Sequence[tuple[str, str]],
+                timeout: float, max_message: int = MAX_MESSAGE) -> WebSocketChannel:
+        """Do the client handshake on ``sock`` and return the open channel.
+
+        Raises :class:`HandshakeRejected` (status and the start of the body) when the
+        server answers other than 101, :class:`ChannelError` on a malformed answer, a
+        timeout or a lost connection. ``sock`` is left open on failure: the caller owns it.
+        """
+        ws = WSConnection(ConnectionType.CLIENT)
+        extra = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+        previous = sock.gettimeout()
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(ws.send(Request(host=host, target=path, extra_headers=extra)))
+            received = 0
+            reject: RejectConnection | None = None
+            body = bytearray()
+            while True:
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    if reject is not None:
+                        raise HandshakeRejected(reject.status_code, bytes(body))
+                    raise ChannelError("the server closed the connection during the WebSocket handshake")
+                received += len(data)
+                if received > MAX_HANDSHAKE + MAX_REJECT_BODY:
+                    raise ChannelError("the WebSocket handshake answer is too large")
+                try:
+                    ws.receive_data(data)
+                    for event in ws.events():
+                        if isinstance(event, AcceptConnection):
+                            sock.settimeout(previous)
+                            return cls(sock, ws, max_message=max_message)
+                        if isinstance(event, RejectConnection):
+                            reject = event
+                            if not event.has_body:
+                                raise HandshakeRejected(event.status_code, b"")
+                        elif isinstance(event, RejectData):
+                            body += event.data[: MAX_REJECT_BODY - len(body)]
+                            if event.body_finished and reject is not None:
+                                raise HandshakeRejected(reject.status_code, bytes(body))
+                except RemoteProtocolError as exc:
+                    raise ChannelError(f"malformed WebSocket handshake answer: {exc}") from None
+        except TimeoutError:
+            raise ChannelError(f"no WebSocket handshake answer within {timeout:g}s") from None
+        except OSError as exc:
+            if isinstance(exc, ChannelError):
+                raise
+            raise ChannelError(f"the connection failed during the WebSocket handshake: "
+                               f"{type(exc).__name__}") from None
+
+    @classmethod
+    def accept(cls, sock: socket.socket, request_head: bytes, *, leftover: bytes = b"",
+               max_message: int = MAX_MESSAGE) -> WebSocketChannel:
+        """Answer the client's upgrade request ``request_head`` with 101 on ``sock``.
+
+        :param request_head: the raw HTTP/1.1 request head the client sent, ending in
+            an empty line (the gateway rebuilds it from the WSGI environ after it has
+            authenticated the request).
+        :param leftover: bytes the client sent after the head and the server already
+            read (the start of the WebSocket stream).
+
+        Raises :class:`ChannelError` if the head is not a valid WebSocket upgrade
+        request; nothing has been written to ``sock`` then.
+        """
+        ws = WSConnection(ConnectionType.SERVER)
+        try:
+            ws.receive_data(request_head)
+            request = next((e for e in ws.events() if isinstance(e, Request)), None)
+        except RemoteProtocolError as exc:
+            raise ChannelError(f"not a WebSocket upgrade request: {exc}") from None
+        if request is None:
+            raise ChannelError("not a complete WebSocket upgrade request head")
+        answer = ws.send(AcceptConnection())
+        try:
+            sock.sendall(answer)
+        except OSError as exc:
+            raise ChannelError(f"cannot answer the WebSocket upgrade: {type(exc).__name__}") from None
+        channel = cls(sock, ws, max_message=max_message)
+        if leftover:
+            with channel._cond:
+                channel._feed(leftover)
+        return channel
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def set_idle_timeout(self, seconds: float | None) -> None:
+        """Take the peer as gone after ``seconds`` without a byte from it (the peer's pings count)."""
+        self._sock.settimeout(seconds)
+
+    def receive(self) -> bytes | None:
+        """The next binary message; ``None`` once the channel has ended (then see :attr:`close_reason`).
+
+        Only one reader may call this at a time.
+        """
+        message = bytearray()
+        while True:
+            with self._cond:
+                outcome = self._next_event(message)
+            if outcome is _ENDED:
+                return None
+            if isinstance(outcome, bytes):
+                return outcome
+            if self._ended:
+                return None
+            try:
+                data = self._sock.recv(RECV_SIZE)
+            except TimeoutError:
+                self._end("the peer sent nothing within the idle timeout")
+                return None
+            except OSError as exc:
+                self._end(f"connection lost: {type(exc).__name__}")
+                return None
+            if not data:
+                self._end("the peer closed the connection")
+                return None
+            self.last_received = time.monotonic()
+            self.bytes_received += len(data)
+            with self._cond:
+                try:
+                    self._feed(data)
+                except LocalProtocolError:
+                    self._end("data after the closing handshake")
+                    return None
+
+    def _feed(self, data: bytes) -> None:
+        self._ws.receive_data(data)
+
+    def _next_event(self, message: bytearray) -> bytes | object | None:
+        """Process pending wsproto events: a complete message, ``_ENDED``, or ``None`` (need more bytes)."""
+        for event in self._ws.events():
+            if isinstance(event, BytesMessage):
+                message += event.data
+                if len(message) > self.max_message:
+                    self._close_locked(1009, "message too big")
+                    self.close_reason = f"the peer sent a message over {self.max_message} bytes"
+                    return _ENDED
+                if event.message_finished:
+                    return bytes(message)
+            elif isinstance(event, Ping):
+                self._enqueue_locked(self._ws.send(event.response()))
+            elif isinstance(event, Pong):
+                pass  # last_received is already fresh
+            elif isinstance(event, TextMessage):
+                self._close_locked(1003, "binary messages only")
+                self.close_reason = "the peer sent a text message"
+                return _ENDED
+            elif isinstance(event, CloseConnection):
+                if self._ws.state is ConnectionState.REMOTE_CLOSING:
+                    self._enqueue_locked(self._ws.send(event.response()))
+                self._closing = True
+                if not self.close_reason:
+                    self.close_reason = f"the peer closed the WebSocket ({event.code})"
+                self._cond.notify_all()
+                return _ENDED
+        return None
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, data: bytes, *, wait: bool = True) -> None:
+        """Queue one binary message.
+
+        With ``wait`` (the default) return once the queue is below ``high_water``
+        bytes; ``wait=False`` never blocks (for small control messages from a
+        reader). Raises :class:`ChannelClosed` once the channel is closing.
+        """
+        with self._cond:
+            if self._closing or self._ended:
+                raise ChannelClosed(self.close_reason or "the channel is closed")
+            self._enqueue_locked(self._ws.send(BytesMessage(data=data)))
+            if not wait:
+                return
+            while self._queued > self.high_water and not self._ended:
+                self._cond.wait()
+            if self._ended:
+                raise ChannelClosed(self.close_reason or "the channel is closed")
+
+    def ping(self) -> None:
+        """Queue a ping (the peer's pong, like any byte from it, refreshes :attr:`last_received`)."""
+        with self._cond:
+            if self._closing or self._ended or self._ws.state is not ConnectionState.OPEN:
+                return
+            self._enqueue_locked(self._ws.send(Ping()))
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """Start the closing handshake, flush what is queued (at most a few seconds) and end.
+
+        Idempotent; never blocks for long. A reader in :meth:`receive` returns ``None``.
+        """
+        with self._cond:
+            if not self.close_reason:
+                self.close_reason = reason or "closed locally"
+            self._close_locked(code, reason)
+
+    def abort(self, reason: str) -> None:
+        """End at once without flushing (a dead peer)."""
+        self._end(reason)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing or self._ended
+
+    def _close_locked(self, code: int, reason: str) -> None:
+        if self._closing or self._ended:
+            return
+        if self._ws.state in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
+            self._enqueue_locked(self._ws.send(CloseConnection(code=code, reason=reason[:120])))
+        self._closing = True
+        self._close_deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
+        self._cond.notify_all()
+
+    def _enqueue_locked(self, frame: bytes) -> None:
+        if frame and not self._ended:
+            self._queue.append(frame)
+            self._queued += len(frame)
+            self._cond.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing and not self._ended:
+                    self._cond.wait()
+                if self._ended:
+                    return
+                if not self._queue:  # closing and flushed
+                    break
+                chunks: list[bytes] = []
+                size = 0
+                while self._queue and size < RECV_SIZE * 4:
+                    chunk = self._queue.popleft()
+                    chunks.append(chunk)
+                    size += len(chunk)
+            try:
+                self._sock.sendall(b"".join(chunks))
+            except OSError as exc:
+                self._end(f"connection lost while sending: {type(exc).__name__}")
+                return
+            with self._cond:
+                self._queued -= size
+                self.bytes_sent += size
+                self._cond.notify_all()
+                if self._closing and time.monotonic() > self._close_deadline and self._queue:
+                    break
+        self._end(self.close_reason or "closed")
+
+    def _end(self, reason: str) -> None:
+        with self._cond:
+            if self._ended:
+                return
+            self._ended = True
+            self._closing = True
+            if not self.close_reason:
+                self.close_reason = reason
+            self._queue.clear()
+            self._queued = 0
+            self._cond.notify_all()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
+        try:
+            self._sock.close()
+        except OSError:
+            pass

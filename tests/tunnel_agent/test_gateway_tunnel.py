@@ -1,0 +1,167 @@
+"""A cluster the gateway cannot reach, used through a real ``kube-agent --tunnel``.
+
+Real processes throughout: ``bcs-middleware serve`` (gunicorn, HTTPS; gevent, or
+gthread with ``BCS_TEST_WORKER_CLASS=gthread``) whose address policy refuses the fake
+apiserver's loopback address, the agent as its own process, kubectl and the official
+Python client as the clients.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.kube import kubectl, kubectl_watch
+from tests.tunnel.test_upgrade import Handlers
+
+from .conftest import CLUSTER, SA_TOKEN, Agent, Gateway
+
+POD = {"metadata": {"name": "p", "namespace": "default"},
+       "spec": {"containers": [{"name": "app", "image": "busybox"}]}}
+
+
+@pytest.fixture(scope="module")
+def alice(gateway: Gateway, register_token: str) -> str:
+    token = gateway.user("alice-nat")
+    gateway.grant("alice-nat", cluster=CLUSTER)
+    return token
+
+
+@pytest.fixture
+def kubeconfig(gateway: Gateway, agent: Agent, alice: str, tmp_path: Path) -> Path:
+    return gateway.kubeconfig(alice, tmp_path / "kubeconfig", cluster=CLUSTER)
+
+
+@pytest.fixture(scope="module")
+def handlers(apiserver: FakeAPIServer) -> Iterator[Handlers]:
+    apiserver.create("pods", POD, "default")
+    h = Handlers(apiserver)
+    apiserver.on_upgrade(h)
+    yield h
+    apiserver.on_upgrade(None)
+
+
+def test_the_credentials_came_through_the_tunnel(gateway: Gateway, agent: Agent, apiserver: FakeAPIServer) -> None:
+    status = gateway.json("GET", f"/rest/clusters/{CLUSTER}/credentials")
+    assert status["reported"] and status["server_addresses"] == [apiserver.url]
+    cluster = gateway.json("GET", f"/rest/clusters/{CLUSTER}")
+    assert cluster["agent"]["tunnel_connected"] is True
+    assert cluster["agent"]["connected_since"]
+
+
+def test_kubectl_get_apply_delete(gateway: Gateway, agent: Agent, apiserver: FakeAPIServer,
+                                  kubeconfig: Path) -> None:
+    manifest = textwrap.dedent("""\
+        apiVersion: v1
+        kind: ConfigMap
+        metadata:
+          name: behind-nat
+          namespace: default
+        data:
+          where: edge
+    """)
+    applied = kubectl("apply", "-f", "-", kubeconfig=kubeconfig, input=manifest)
+    assert applied.returncode == 0, applied.stderr
+    got = kubectl("get", "configmap", "behind-nat", "-o", "json", kubeconfig=kubeconfig)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["data"] == {"where": "edge"}
+    # Identical to the direct path: the cluster's credential and impersonation, never the user's token.
+    seen = apiserver.requests.last("/api/v1/namespaces/default/configmaps/behind-nat")
+    assert seen is not None
+    assert seen.headers.get("Authorization") == f"Bearer {SA_TOKEN}"
+    assert seen.headers.get("Impersonate-User") == "alice-nat"
+    deleted = kubectl("delete", "configmap", "behind-nat", kubeconfig=kubeconfig)
+    assert deleted.returncode == 0, deleted.stderr
+    assert kubectl("get", "configmap", "behind-nat", kubeconfig=kubeconfig).returncode != 0
+
+
+def test_kubectl_watch_receives_events(agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path) -> None:
+    with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
+        time.sleep(0.5)
+        apiserver.create("configmaps", {"metadata": {"name": "watched-1", "namespace": "default"}}, "default")
+        watch.wait_for("configmap/watched-1", timeout=15)
+
+
+def test_kubectl_exec_over_websocket(agent: Agent, handlers: Handlers, kubeconfig: Path) -> None:
+    handlers.mode = "echo"
+    result = kubectl("exec", "p", "-c", "app", "--", "echo", "through", "the", "agent", kubeconfig=kubeconfig)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "echo through the agent\n"
+    seen = handlers.seen[-1].info.headers
+    assert (seen.get("Upgrade") or "").lower() == "websocket"
+    assert seen.get("Impersonate-User") == "alice-nat"
+
+
+def test_python_client_lists_and_watches(agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path) -> None:
+    from kubernetes import client, config, watch
+
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        core = client.CoreV1Api(api_client)
+        assert "p" in [p.metadata.name for p in core.list_namespaced_pod("default").items]
+        w = watch.Watch()
+        seen: list[tuple[str, str]] = []
+        started = time.monotonic()
+        created = False
+        for event in w.stream(core.list_namespaced_config_map, "default", timeout_seconds=15, _request_timeout=20):
+            seen.append((event["type"], event["object"].metadata.name))
+            if not created:
+                apiserver.create("configmaps", {"metadata": {"name": "py-nat", "namespace": "default"}}, "default")
+                created = True
+            if ("ADDED", "py-nat") in seen or time.monotonic() - started > 15:
+                w.stop()
+        assert ("ADDED", "py-nat") in seen
+    finally:
+        api_client.close()
+
+
+def test_metrics_count_the_agent(gateway: Gateway, agent: Agent) -> None:
+    status, body = gateway.call("GET", "/metrics", token="")
+    text = body.decode()
+    assert status == 200
+    assert "bcs_agent_tunnels_connected 1.0" in text
+    assert f'bcs_agent_tunnel_connections_total{{cluster="{CLUSTER}"}}' in text
+
+
+def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(
+    gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path, tmp_path: Path,
+) -> None:
+    with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
+        apiserver.create("configmaps", {"metadata": {"name": "before-kill", "namespace": "default"}}, "default")
+        watch.wait_for("configmap/before-kill", timeout=15)
+        agent.kill()
+        killed = time.monotonic()
+        answer: tuple[int, bytes] = (0, b"")
+        while time.monotonic() - killed < 5:
+            answer = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces", timeout=5)
+            if answer[0] == 503:
+                break
+            time.sleep(0.05)
+        took = time.monotonic() - killed
+        assert answer[0] == 503, answer
+        assert took < 1.0, took
+        status = json.loads(answer[1])
+        assert status["kind"] == "Status" and status["code"] == 503
+        assert "kube-agent" in status["message"] and CLUSTER in status["message"]
+        # The watch over the dead agent ends instead of hanging.
+        deadline = time.monotonic() + 10
+        while watch.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["tunnel_connected"] is False
+
+    again = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
+    try:
+        again.wait_connected()
+        result = kubectl("get", "pods", "-o", "name", kubeconfig=kubeconfig)
+        assert result.returncode == 0, result.stderr
+        assert "pod/p" in result.stdout
+        _, body = gateway.call("GET", "/metrics", token="")
+        assert f'bcs_agent_tunnel_reconnects_total{{cluster="{CLUSTER}"}}' in body.decode()
+    finally:
+        again.stop()

@@ -1,0 +1,200 @@
+"""The dial seam: upstreams with ``tunnel`` set go through a TunnelDialer, then TLS as usual.
+
+The dialer here is a stand-in for an agent: it connects to the fake apiserver itself
+(on loopback, which the transport's address policy refuses), so what is checked is
+the seam — the policy is not consulted for the tunnel hop, TLS still verifies the
+reported CA and name, pool keys never mix tunnelled and direct connections, and no
+agent is a 503 naming the reason.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from bcs_middleware.clusters import upstream_for
+from bcs_middleware.environ import Upstream
+from bcs_middleware.errors import AgentUnavailable
+from bcs_middleware.store import CredentialRecord, Holder, PlacementRecord
+from bcs_middleware.tunnel.registry import LocalAgents, LocalOnlyDialer
+from bcs_middleware.upstream.addresses import AddressPolicy
+from bcs_middleware.upstream.transport import PooledTransport
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import SA_TOKEN
+
+DENY_LOOPBACK = AddressPolicy(deny=("127.0.0.0/8",))
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer(token=SA_TOKEN) as api:
+        yield api
+
+
+class DirectDialer:
+    """Stands in for an agent: dials the address itself and counts the dials."""
+
+    def __init__(self) -> None:
+        self.dials: list[tuple[str, str, int]] = []
+
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket:
+        self.dials.append((cluster_id, host, port))
+        return socket.create_connection((host, port), timeout=timeout)
+
+
+class FakeSession:
+    """A session whose streams are socketpairs relayed to the fake apiserver (what Session.open returns)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.closed = False
+        self.streams = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.close_reason = ""
+
+    def open(self, proto: str, address: str, timeout: float) -> socket.socket:
+        from bcs_middleware.tunnel.session import TunnelClosed
+
+        if self.closed:
+            raise TunnelClosed("closed")
+        assert proto == "tcp"
+        ours, theirs = socket.socketpair()
+        upstream = socket.create_connection(self.target, timeout=timeout)
+        for a, b in ((theirs, upstream), (upstream, theirs)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+        self.streams += 1
+        return ours
+
+    def close(self, reason: str = "") -> None:
+        self.closed = True
+        self.close_reason = reason
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _upstream(apiserver: FakeAPIServer, tunnel: str | None) -> Upstream:
+    creds = CredentialRecord("c1", (apiserver.url,), apiserver.ca_pem, SA_TOKEN, via_tunnel=tunnel is not None)
+    return upstream_for(creds, path="/version")
+
+
+def test_upstream_for_sets_the_tunnel_from_the_credentials(apiserver: FakeAPIServer) -> None:
+    assert _upstream(apiserver, "c1").tunnel == "c1"
+    assert _upstream(apiserver, None).tunnel is None
+
+
+def test_a_tunnelled_upstream_is_dialled_through_the_tunnel_and_verified(apiserver: FakeAPIServer) -> None:
+    dialer = DirectDialer()
+    transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=dialer)
+    resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)
+    assert resp.status == 200, resp.read()
+    resp.read()
+    resp.release_conn()
+    assert dialer.dials == [("c1", "127.0.0.1", apiserver.port)]
+    # The same address directly: refused by the policy, and never given the tunnel's connection.
+    with pytest.raises(Exception) as refused:
+        transport.send(_upstream(apiserver, None), "GET", [], None, None)
+    assert getattr(refused.value, "status", None) == 502
+    assert len(dialer.dials) == 1
+
+
+def test_tls_through_the_tunnel_still_verifies_the_reported_ca(apiserver: FakeAPIServer) -> None:
+    with FakeAPIServer(token=SA_TOKEN) as other:  # another CA
+        creds = CredentialRecord("c1", (apiserver.url,), other.ca_pem, SA_TOKEN, via_tunnel=True)
+        transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=DirectDialer())
+        with pytest.raises(Exception) as failed:
+            transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
+        assert getattr(failed.value, "code_name", "") == "UPSTREAM_TLS_ERROR"
+
+
+def test_without_a_dialer_or_an_agent_the_answer_is_503_naming_the_reason(apiserver: FakeAPIServer) -> None:
+    with pytest.raises(AgentUnavailable):
+        PooledTransport(tunnels=None).send(_upstream(apiserver, "c1"), "GET", [], None, None)
+    agents = LocalAgents(holder=Holder("test/1"), placements=None)
+    transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=LocalOnlyDialer(agents))
+    with pytest.raises(AgentUnavailable) as missing:
+        transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
+    assert missing.value.status == 503
+    assert "c1 is not connected" in missing.value.message
+
+    session = FakeSession(("127.0.0.1", apiserver.port))
+    agents.attach("c1", session)
+    resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)
+    assert resp.status == 200
+    resp.close()
+    assert agents.connected_since("c1") is not None
+
+    agents.detach("c1", session, "the agent disconnected")
+    assert session.closed
+    with pytest.raises(AgentUnavailable) as gone:
+        transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
+    assert "gone (the agent disconnected)" in gone.value.message
+
+
+def test_a_newer_agent_replaces_the_older_one() -> None:
+    placements = RecordingPlacements()
+    agents = LocalAgents(holder=Holder("test/1"), placements=placements)
+    first, second = FakeSession(("127.0.0.1", 1)), FakeSession(("127.0.0.1", 1))
+    agents.attach("c1", first)
+    agents.attach("c1", second)
+    assert first.closed and "replaced" in first.close_reason
+    assert agents.session("c1") is second
+    agents.detach("c1", first)  # the old connection's serve() returning must not drop the new one
+    assert agents.session("c1") is second
+    assert placements.placed == {"c1": "test/1"}
+    agents.detach("c1", second)
+    assert placements.placed == {}
+
+
+def test_an_agent_no_longer_authorized_is_dropped_by_the_check() -> None:
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
+    allowed = {"ok": True}
+    session = FakeSession(("127.0.0.1", 1))
+    agents.attach("c1", session, still_authorized=lambda: allowed["ok"])
+    agents.check()
+    assert not session.closed
+    allowed["ok"] = False
+    agents.check()
+    assert session.closed and "register token" in session.close_reason
+    assert agents.session("c1") is None
+    assert "register token" in (agents.gone_reason("c1") or "")
+
+
+class RecordingPlacements:
+    def __init__(self) -> None:
+        self.placed: dict[str, str] = {}
+
+    def put_placement(self, cluster_id: str, holder: Holder) -> PlacementRecord:
+        self.placed[cluster_id] = holder.id
+        now = datetime.now(UTC)
+        return PlacementRecord(cluster_id, holder.id, None, None, now, now)
+
+    def clear_placement(self, cluster_id: str, holder_id: str) -> bool:
+        if self.placed.get(cluster_id) == holder_id:
+            del self.placed[cluster_id]
+            return True
+        return False
+
+    def get_placement(self, cluster_id: str) -> PlacementRecord | None:
+        holder = self.placed.get(cluster_id)
+        now = datetime.now(UTC)
+        return PlacementRecord(cluster_id, holder, None, None, now, now) if holder else None
+
+    def touch_placements(self, holder_id: str) -> int:
+        return sum(1 for h in self.placed.values() if h == holder_id)
