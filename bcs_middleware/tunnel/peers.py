@@ -283,6 +283,8 @@ class PeerListener:
     :param address: where to bind; the bound address is :attr:`advertised`.
     :param handshake_timeout: seconds for TLS, greeting and request together.
     :param max_connections: connections served at once (handshakes and pipes); more are closed.
+    :param max_handshakes: connections not yet authenticated at once; more are closed (peers
+        that connect and say nothing cannot take the pipes' room).
     :param idle_timeout: seconds without a byte either way before a pipe is cut.
     :param max_duration: seconds after which a pipe is cut whatever happens.
 
@@ -295,7 +297,8 @@ class PeerListener:
         keys: Sequence[bytes],
         address: PeerAddress,
         handshake_timeout: float = 5.0,
-        max_connections: int = 1024,
+        max_connections: int = 8192,
+        max_handshakes: int = 128,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         max_duration: float | None = DEFAULT_MAX_DURATION,
     ) -> None:
@@ -311,6 +314,7 @@ class PeerListener:
         self.fingerprint = cert_fingerprint(identity.cert_pem)
         self._context = _server_context(identity.cert_pem, identity.key_pem)
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._handshakes = threading.BoundedSemaphore(max_handshakes)
         self._sock: socket.socket | None = None
         self._local: LocalDialer | None = None
         self._closed = threading.Event()
@@ -374,6 +378,10 @@ class PeerListener:
             if not self._slots.acquire(blocking=False):
                 _close(conn)
                 continue
+            if not self._handshakes.acquire(blocking=False):
+                self._slots.release()
+                _close(conn)
+                continue
             with self._count_lock:
                 self.active += 1
             threading.Thread(target=self._serve, args=(conn,), name="bcs-peer", daemon=True).start()
@@ -382,7 +390,10 @@ class PeerListener:
         tls: socket.socket | None = None
         stream: socket.socket | None = None
         try:
-            tls, stream = self._handshake(conn)
+            try:
+                tls, stream = self._handshake(conn)
+            finally:
+                self._handshakes.release()
             if stream is not None:
                 splice(tls, stream, idle_timeout=self.idle_timeout, max_duration=self.max_duration)
         except Exception:  # a broken peer must never take the listener down

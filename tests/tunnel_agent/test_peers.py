@@ -279,9 +279,12 @@ def test_a_silent_connection_is_cut_after_the_handshake_timeout(echo: EchoServer
         listener.close()
 
 
-def test_connections_beyond_the_limit_are_closed_at_once(echo: EchoServer) -> None:
-    listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"), handshake_timeout=10,
-                            max_connections=2)
+@pytest.mark.parametrize("limits", [
+    pytest.param({"max_connections": 2}, id="connections"),
+    pytest.param({"max_handshakes": 2}, id="handshakes"),
+])
+def test_connections_beyond_the_limit_are_closed_at_once(echo: EchoServer, limits: dict[str, int]) -> None:
+    listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"), handshake_timeout=10, **limits)
     listener.start(StandInAgents("holder/7", echo.port, (CLUSTER,)))
     port = int((listener.advertised or "").rpartition(":")[2])
     held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
