@@ -15,6 +15,7 @@ Both sides are attacked through a served gateway:
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import ssl
@@ -37,9 +38,10 @@ from tests.support.servers import free_port
 
 KEY = Fernet.generate_key().decode()
 PEER_KEY = SecretBox([KEY]).derive(PEER_KEY_PURPOSE)[0]
-#: A cluster whose credentials came through an agent tunnel: reached only through an agent.
-CLUSTER = "BCS-K8S-FWD01"
+#: A cluster no worker holds an agent for.
+NOT_HELD = "BCS-K8S-NOTHELD"
 APISERVER = "10.0.0.1:6443"
+_CLUSTERS = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +74,27 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, peer_port: int) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def store(gateway: Gateway, apiserver: FakeAPIServer) -> Iterator[SQLStore]:
-    """The gateway's own database, with a tunnelled cluster (as an agent's report makes one)."""
-    gateway.json("POST", "/rest/clusters/bcs", body={"id": CLUSTER, "project_id": "p1", "cluster_type": "k8s"})
+def store(gateway: Gateway) -> Iterator[SQLStore]:
+    """The gateway's own database."""
     opened = open_store(data_dir=gateway.data, secret_key=KEY)
-    opened.report_credentials(CLUSTER, server_addresses=[apiserver.url], cacert_pem=apiserver.ca_pem,
-                              user_token=SA_TOKEN, via_tunnel=True)
     yield opened
     opened.dispose()
 
 
 @pytest.fixture
-def holder(apiserver: FakeAPIServer) -> Iterator[tuple[PeerListener, StandInAgents]]:
+def cluster(gateway: Gateway, store: SQLStore, apiserver: FakeAPIServer) -> str:
+    """A cluster of this test's own (its own upstream pool) whose credentials came through an agent tunnel."""
+    cluster_id = f"BCS-K8S-FWD{next(_CLUSTERS):02d}"
+    gateway.json("POST", "/rest/clusters/bcs", body={"id": cluster_id, "project_id": "p1", "cluster_type": "k8s"})
+    store.report_credentials(cluster_id, server_addresses=[apiserver.url], cacert_pem=apiserver.ca_pem,
+                             user_token=SA_TOKEN, via_tunnel=True)
+    return cluster_id
+
+
+@pytest.fixture
+def holder(apiserver: FakeAPIServer, cluster: str) -> Iterator[tuple[PeerListener, StandInAgents]]:
     """Another worker holding the cluster's agent; its agent's streams reach the fake apiserver."""
-    agents = StandInAgents("test-holder/1", apiserver.port, (CLUSTER,))
+    agents = StandInAgents("test-holder/1", apiserver.port, (cluster,))
     listener = PeerListener(keys=(PEER_KEY,), address=PeerAddress.parse("127.0.0.1"))
     listener.start(agents)
     yield listener, agents
@@ -99,7 +108,7 @@ def test_peer_without_a_credential_gets_nothing(gateway: Gateway, peer_port: int
     peer = RawPeer(peer_port)
     try:
         assert peer.greeting().startswith(GREETING)
-        peer.send(b'{"cluster": "' + CLUSTER.encode() + b'", "address": "10.0.0.1:6443"}\n')
+        peer.send(b'{"cluster": "' + NOT_HELD.encode() + b'", "address": "10.0.0.1:6443"}\n')
         assert peer.rest() == b""
     finally:
         peer.close()
@@ -110,7 +119,7 @@ def test_credential_under_another_key_gets_nothing(gateway: Gateway, peer_port: 
     peer = RawPeer(peer_port)
     try:
         peer.greeting()
-        peer.send(peer.credential(other, "BCS-K8S-NOTHELD", APISERVER))
+        peer.send(peer.credential(other, NOT_HELD, APISERVER))
         assert peer.rest() == b""
     finally:
         peer.close()
@@ -121,7 +130,7 @@ def test_valid_credential_for_a_cluster_not_held_is_told_not_here_and_gets_no_pi
     peer = RawPeer(peer_port)
     try:
         peer.greeting()
-        peer.send(peer.credential(PEER_KEY, "BCS-K8S-NOTHELD", APISERVER))
+        peer.send(peer.credential(PEER_KEY, NOT_HELD, APISERVER))
         answer, _, rest = peer.rest().partition(b"\n")
         assert json.loads(answer)["ok"] is False and json.loads(answer)["error"] == "not_here"
         assert rest == b""
@@ -134,7 +143,7 @@ def test_replayed_credential_gets_nothing(gateway: Gateway, peer_port: int) -> N
     first = RawPeer(peer_port)
     try:
         first.greeting()
-        captured = first.credential(PEER_KEY, "BCS-K8S-NOTHELD", APISERVER)
+        captured = first.credential(PEER_KEY, NOT_HELD, APISERVER)
         first.send(captured)
         assert json.loads(first.rest().partition(b"\n")[0])["error"] == "not_here"  # it was good
     finally:
@@ -153,7 +162,7 @@ def test_credential_made_for_another_holder_gets_nothing(gateway: Gateway, peer_
     peer = RawPeer(peer_port)
     try:
         peer.greeting()
-        peer.send(peer.credential(PEER_KEY, "BCS-K8S-NOTHELD", APISERVER, fingerprint="ab" * 32))
+        peer.send(peer.credential(PEER_KEY, NOT_HELD, APISERVER, fingerprint="ab" * 32))
         assert peer.rest() == b""
     finally:
         peer.close()
@@ -190,14 +199,14 @@ def test_http_to_the_peer_listener_reaches_no_gateway_api(gateway: Gateway, peer
 
 
 def test_request_reaches_the_agent_held_elsewhere_through_the_peer_link(
-        gateway: Gateway, store: SQLStore, apiserver: FakeAPIServer,
+        gateway: Gateway, store: SQLStore, apiserver: FakeAPIServer, cluster: str,
         holder: tuple[PeerListener, StandInAgents]) -> None:
     listener, agents = holder
-    store.put_placement(CLUSTER, Holder(agents.holder.id, listener.advertised, listener.fingerprint))
-    status, body = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces")
+    store.put_placement(cluster, Holder(agents.holder.id, listener.advertised, listener.fingerprint))
+    status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")
     assert status == 200, body
     assert json.loads(body)["kind"] == "NamespaceList"
-    assert agents.opened and agents.opened[0][0] == CLUSTER
+    assert agents.opened and agents.opened[0][0] == cluster
     # The apiserver saw the cluster's service-account token (swapped in by the requesting worker).
     assert any(r.headers.get("Authorization") == f"Bearer {SA_TOKEN}" for r in apiserver.requests.snapshot())
 
@@ -244,13 +253,14 @@ class Impostor:
 
 
 def test_requester_sends_no_credential_to_a_holder_with_another_certificate(
-        gateway: Gateway, store: SQLStore, holder: tuple[PeerListener, StandInAgents], tmp_path) -> None:  # type: ignore[no-untyped-def]
+        gateway: Gateway, store: SQLStore, cluster: str, holder: tuple[PeerListener, StandInAgents],
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
     listener, agents = holder
     impostor = Impostor(str(tmp_path))
     try:
         # The placement pins the real holder's certificate, but the address answers with another.
-        store.put_placement(CLUSTER, Holder(agents.holder.id, f"127.0.0.1:{impostor.port}", listener.fingerprint))
-        status, body = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces")
+        store.put_placement(cluster, Holder(agents.holder.id, f"127.0.0.1:{impostor.port}", listener.fingerprint))
+        status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")
         assert status == 503, body
         assert json.loads(body)["kind"] == "Status"
         deadline = time.monotonic() + 5
@@ -264,26 +274,27 @@ def test_requester_sends_no_credential_to_a_holder_with_another_certificate(
         impostor.close()
 
 
-def test_holder_gone_is_a_503_status_within_a_second(gateway: Gateway, store: SQLStore) -> None:
+def test_holder_gone_is_a_503_status_within_a_second(gateway: Gateway, store: SQLStore, cluster: str) -> None:
     gone = free_port()  # nothing listens there: the holding worker died
-    store.put_placement(CLUSTER, Holder("dead-holder/1", f"127.0.0.1:{gone}", "cd" * 32))
+    store.put_placement(cluster, Holder("dead-holder/1", f"127.0.0.1:{gone}", "cd" * 32))
     started = time.monotonic()
-    status, body = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces")
+    status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")
     elapsed = time.monotonic() - started
     assert status == 503, body
     status_obj = json.loads(body)
     assert status_obj["kind"] == "Status" and status_obj["code"] == 503
-    assert CLUSTER in status_obj["message"] and str(gone) not in status_obj["message"]
+    assert cluster in status_obj["message"] and str(gone) not in status_obj["message"]
     assert elapsed < 1.0, elapsed
 
 
-def test_stale_placement_of_a_dead_holder_is_removed(gateway: Gateway, store: SQLStore) -> None:
+def test_stale_placement_of_a_dead_holder_is_removed(gateway: Gateway, store: SQLStore, cluster: str) -> None:
     """A holder that stopped heartbeating is not asked, and its placement is cleaned up."""
-    store.put_placement(CLUSTER, Holder("dead-holder/2", "127.0.0.1:1", "ef" * 32))
+    store.put_placement(cluster, Holder("dead-holder/2", "127.0.0.1:1", "ef" * 32))
     with store.transaction() as conn:  # its last heartbeat, a minute ago
-        conn.execute(update(models.agent_placements).values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))
-    status, body = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces")
+        conn.execute(update(models.agent_placements).where(models.agent_placements.c.cluster_id == cluster)
+                     .values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))
+    status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")
     assert status == 503, body
     assert "stopped" in json.loads(body)["message"]
-    assert store.get_placement(CLUSTER) is None
+    assert store.get_placement(cluster) is None
 
