@@ -24,6 +24,7 @@ Error messages name the cluster and the reason, never a holder's address (logged
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from datetime import UTC, datetime
 
 from ..errors import AgentUnavailable
 from ..store import Holder, SecretBox
-from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener
+from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener, split_host_port
 from .registry import LocalAgents, PlacementStore, unavailable
 
 __all__ = ["DEFAULT_EXPIRY", "AgentRouter", "peer_routing"]
@@ -92,6 +93,14 @@ class AgentRouter:
         if not record.peer_address or not record.peer_fingerprint:
             raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} is connected to a gateway process "
                                    "that accepts no forwarded requests (it runs no peer listener)")
+        if _loopback(record.peer_address) and _host_of(record.holder_id) != _host_of(self.agents.holder.id):
+            # Another machine's 127.0.0.1 is not that machine: the instances were not given
+            # --peer-address (the default serves one instance).
+            log.warning("cluster %s: its agent is held by %s on another host, which advertises the loopback "
+                        "peer address %s; give every instance a --peer-address the others reach", cluster_id,
+                        record.holder_id, record.peer_address)
+            raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} is connected to another gateway "
+                                   "instance that cannot be reached from this one (peer_address is not set)")
         try:
             sock = self.peers.open(record.peer_address, record.peer_fingerprint, cluster_id, address, timeout)
         except PeerError as exc:
@@ -109,6 +118,18 @@ class AgentRouter:
             self.placements.clear_placement(cluster_id, holder_id)
         except Exception:
             log.warning("could not remove the stale placement of cluster %s", cluster_id, exc_info=True)
+
+
+def _host_of(holder_id: str) -> str:
+    return holder_id.rpartition("/")[0]
+
+
+def _loopback(peer_address: str) -> bool:
+    host = split_host_port(peer_address)[0]
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def peer_routing(agents: LocalAgents, placements: PlacementStore, secrets: SecretBox, *, peer_address: str,

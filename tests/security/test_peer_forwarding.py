@@ -94,7 +94,7 @@ def cluster(gateway: Gateway, store: SQLStore, apiserver: FakeAPIServer) -> str:
 @pytest.fixture
 def holder(apiserver: FakeAPIServer, cluster: str) -> Iterator[tuple[PeerListener, StandInAgents]]:
     """Another worker holding the cluster's agent; its agent's streams reach the fake apiserver."""
-    agents = StandInAgents("test-holder/1", apiserver.port, (cluster,))
+    agents = StandInAgents(f"{socket.gethostname()}/1", apiserver.port, (cluster,))
     listener = PeerListener(keys=(PEER_KEY,), address=PeerAddress.parse("127.0.0.1"))
     listener.start(agents)
     yield listener, agents
@@ -276,7 +276,7 @@ def test_requester_sends_no_credential_to_a_holder_with_another_certificate(
 
 def test_holder_gone_is_a_503_status_within_a_second(gateway: Gateway, store: SQLStore, cluster: str) -> None:
     gone = free_port()  # nothing listens there: the holding worker died
-    store.put_placement(cluster, Holder("dead-holder/1", f"127.0.0.1:{gone}", "cd" * 32))
+    store.put_placement(cluster, Holder(f"{socket.gethostname()}/2", f"127.0.0.1:{gone}", "cd" * 32))
     started = time.monotonic()
     status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")
     elapsed = time.monotonic() - started
@@ -289,7 +289,7 @@ def test_holder_gone_is_a_503_status_within_a_second(gateway: Gateway, store: SQ
 
 def test_stale_placement_of_a_dead_holder_is_removed(gateway: Gateway, store: SQLStore, cluster: str) -> None:
     """A holder that stopped heartbeating is not asked, and its placement is cleaned up."""
-    store.put_placement(cluster, Holder("dead-holder/2", "127.0.0.1:1", "ef" * 32))
+    store.put_placement(cluster, Holder(f"{socket.gethostname()}/3", "127.0.0.1:1", "ef" * 32))
     with store.transaction() as conn:  # its last heartbeat, a minute ago
         conn.execute(update(models.agent_placements).where(models.agent_placements.c.cluster_id == cluster)
                      .values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))

@@ -94,7 +94,7 @@ def echo() -> Iterator[EchoServer]:
 
 @pytest.fixture
 def holder(echo: EchoServer) -> Iterator[tuple[PeerListener, StandInAgents]]:
-    agents = StandInAgents("holder/1", echo.port, (CLUSTER,))
+    agents = StandInAgents("gw-host/101", echo.port, (CLUSTER,))
     listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"), handshake_timeout=2.0)
     listener.start(agents)
     yield listener, agents
@@ -155,8 +155,19 @@ def test_peer_address_that_cannot_be_advertised_is_refused(text: str) -> None:
         PeerAddress.parse(text)
 
 
+def _two_free_ports() -> int:
+    for _ in range(50):
+        low = free_port()
+        try:
+            socket.create_server(("127.0.0.1", low + 1)).close()
+        except OSError:
+            continue
+        return low
+    raise AssertionError("no two consecutive free ports")
+
+
 def test_each_worker_takes_its_own_port_of_a_range() -> None:
-    low = free_port()
+    low = _two_free_ports()
     first = PeerListener(keys=KEYS, address=PeerAddress("127.0.0.1", low, low + 1))
     second = PeerListener(keys=KEYS, address=PeerAddress("127.0.0.1", low, low + 1))
     third = PeerListener(keys=KEYS, address=PeerAddress("127.0.0.1", low, low + 1))
@@ -192,7 +203,7 @@ def test_tls_runs_end_to_end_over_the_pipe(tmp_path: Path) -> None:
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(tmp_path / "s.crt", tmp_path / "s.key")
     apiserver = EchoServer(server_ctx)
-    agents = StandInAgents("holder/2", apiserver.port, (CLUSTER,))
+    agents = StandInAgents("gw-host/102", apiserver.port, (CLUSTER,))
     listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"))
     listener.start(agents)
     try:
@@ -230,7 +241,7 @@ def test_holder_without_the_cluster_says_not_here(holder: tuple[PeerListener, St
 
 def test_agent_that_cannot_open_a_stream_is_unavailable(echo: EchoServer) -> None:
     listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"))
-    listener.start(StandInAgents("holder/3", echo.port, (CLUSTER,), fail=True))
+    listener.start(StandInAgents("gw-host/103", echo.port, (CLUSTER,), fail=True))
     try:
         with pytest.raises(PeerError) as caught:
             PeerClient(KEYS[0]).open(listener.advertised or "", listener.fingerprint, CLUSTER, APISERVER, 5)
@@ -243,9 +254,9 @@ def test_secret_key_rotation_keeps_the_link(echo: EchoServer) -> None:
     """The first key signs, every key verifies: instances part-way through a rotation still talk."""
     old, new = Fernet.generate_key(), Fernet.generate_key()
     rotated = PeerListener(keys=keys_of(new, old), address=PeerAddress.parse("127.0.0.1"))
-    rotated.start(StandInAgents("holder/4", echo.port, (CLUSTER,)))
+    rotated.start(StandInAgents("gw-host/104", echo.port, (CLUSTER,)))
     unrotated = PeerListener(keys=keys_of(old), address=PeerAddress.parse("127.0.0.1"))
-    unrotated.start(StandInAgents("holder/5", echo.port, (CLUSTER,)))
+    unrotated.start(StandInAgents("gw-host/105", echo.port, (CLUSTER,)))
     try:
         for key in (keys_of(old)[0], keys_of(new, old)[0]):
             PeerClient(key).open(rotated.advertised or "", rotated.fingerprint, CLUSTER, APISERVER, 5).close()
@@ -267,7 +278,7 @@ def test_derived_key_is_not_the_secret_key_and_differs_per_purpose() -> None:
 
 def test_a_silent_connection_is_cut_after_the_handshake_timeout(echo: EchoServer) -> None:
     listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"), handshake_timeout=0.5)
-    listener.start(StandInAgents("holder/6", echo.port, (CLUSTER,)))
+    listener.start(StandInAgents("gw-host/106", echo.port, (CLUSTER,)))
     try:
         with socket.create_connection(("127.0.0.1", int((listener.advertised or "").rpartition(":")[2])),
                                       timeout=5) as sock:
@@ -285,7 +296,7 @@ def test_a_silent_connection_is_cut_after_the_handshake_timeout(echo: EchoServer
 ])
 def test_connections_beyond_the_limit_are_closed_at_once(echo: EchoServer, limits: dict[str, int]) -> None:
     listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"), handshake_timeout=10, **limits)
-    listener.start(StandInAgents("holder/7", echo.port, (CLUSTER,)))
+    listener.start(StandInAgents("gw-host/107", echo.port, (CLUSTER,)))
     port = int((listener.advertised or "").rpartition(":")[2])
     held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
     try:
@@ -312,14 +323,14 @@ def store(tmp_path: Path) -> Iterator[SQLStore]:
 
 
 def router_for(store: SQLStore, echo: EchoServer, **kw) -> tuple[AgentRouter, StandInAgents]:  # type: ignore[no-untyped-def]
-    here = StandInAgents("requester/1", echo.port)
+    here = StandInAgents("gw-host/1", echo.port)
     return AgentRouter(here, store, PeerClient(KEYS[0], **kw)), here  # type: ignore[arg-type]
 
 
 def test_router_uses_the_local_agent_first(store: SQLStore, echo: EchoServer) -> None:
     router, here = router_for(store, echo)
     here.clusters.add(CLUSTER)
-    store.put_placement(CLUSTER, Holder("elsewhere/1", "127.0.0.1:1", "00" * 32))  # never asked
+    store.put_placement(CLUSTER, Holder("gw-host/108", "127.0.0.1:1", "00" * 32))  # never asked
     with router.dial(CLUSTER, "10.0.0.1", 6443, 5) as sock:
         assert roundtrip(sock, b"local") == b"local"
     assert here.opened == [(CLUSTER, APISERVER)]
@@ -347,7 +358,7 @@ def test_stale_placement_is_ignored_and_removed(store: SQLStore, echo: EchoServe
     """A holder that stopped heartbeating is dead: no forwarding to it, its record goes."""
     listener, agents = holder
     store.put_placement(CLUSTER, Holder(agents.holder.id, listener.advertised, listener.fingerprint))
-    here = StandInAgents("requester/1", echo.port)
+    here = StandInAgents("gw-host/1", echo.port)
     router = AgentRouter(here, store, PeerClient(KEYS[0]),  # type: ignore[arg-type]
                          clock=lambda: datetime.now(UTC) + timedelta(seconds=60))
     with pytest.raises(AgentUnavailable, match="stopped"):
@@ -360,7 +371,7 @@ def test_holder_gone_is_agent_unavailable_within_a_second(store: SQLStore, echo:
     gone = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"))
     advertised = gone.bind()
     gone.close()  # the worker died: nothing listens there any more
-    store.put_placement(CLUSTER, Holder("dead/1", advertised, gone.fingerprint))
+    store.put_placement(CLUSTER, Holder("gw-host/109", advertised, gone.fingerprint))
     router, _here = router_for(store, echo)
     started = time.monotonic()
     with pytest.raises(AgentUnavailable, match="does not answer"):
@@ -371,7 +382,7 @@ def test_holder_gone_is_agent_unavailable_within_a_second(store: SQLStore, echo:
 def test_holder_that_accepts_and_says_nothing_is_bounded(store: SQLStore, echo: EchoServer) -> None:
     trap = TrapListener(hold=True)
     try:
-        store.put_placement(CLUSTER, Holder("stopped/1", f"127.0.0.1:{trap.port}", "00" * 32))
+        store.put_placement(CLUSTER, Holder("gw-host/110", f"127.0.0.1:{trap.port}", "00" * 32))
         router, _here = router_for(store, echo, handshake_timeout=0.5)
         started = time.monotonic()
         with pytest.raises(AgentUnavailable):
@@ -383,9 +394,9 @@ def test_holder_that_accepts_and_says_nothing_is_bounded(store: SQLStore, echo: 
 
 def test_holder_that_says_not_here_loses_its_placement(store: SQLStore, echo: EchoServer) -> None:
     listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"))
-    listener.start(StandInAgents("left/1", echo.port))  # holds nothing
+    listener.start(StandInAgents("gw-host/111", echo.port))  # holds nothing
     try:
-        store.put_placement(CLUSTER, Holder("left/1", listener.advertised, listener.fingerprint))
+        store.put_placement(CLUSTER, Holder("gw-host/111", listener.advertised, listener.fingerprint))
         router, _here = router_for(store, echo)
         started = time.monotonic()
         with pytest.raises(AgentUnavailable, match="just left"):
@@ -404,8 +415,19 @@ def test_placement_naming_this_process_is_removed(store: SQLStore, echo: EchoSer
     assert store.get_placement(CLUSTER) is None
 
 
+def test_loopback_peer_address_of_another_host_is_not_dialled(store: SQLStore, echo: EchoServer,
+                                                               holder: tuple[PeerListener, StandInAgents]) -> None:
+    """Instances on several machines left at the default 127.0.0.1: a clear 503, not a local process."""
+    listener, agents = holder
+    store.put_placement(CLUSTER, Holder("other-machine/42", listener.advertised, listener.fingerprint))
+    router, _here = router_for(store, echo)
+    with pytest.raises(AgentUnavailable, match="peer_address is not set"):
+        router.dial(CLUSTER, "10.0.0.1", 6443, 5)
+    assert agents.opened == []
+
+
 def test_holder_without_a_peer_listener_is_agent_unavailable(store: SQLStore, echo: EchoServer) -> None:
-    store.put_placement(CLUSTER, Holder("nolistener/1"))
+    store.put_placement(CLUSTER, Holder("gw-host/112"))
     router, _here = router_for(store, echo)
     with pytest.raises(AgentUnavailable, match="no peer listener"):
         router.dial(CLUSTER, "10.0.0.1", 6443, 5)
