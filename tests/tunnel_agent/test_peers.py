@@ -181,6 +181,27 @@ def test_each_worker_takes_its_own_port_of_a_range() -> None:
         second.close()
 
 
+@pytest.mark.parametrize(("value", "expected"), [
+    pytest.param(None, "127.0.0.1", id="default"),
+    pytest.param("", "127.0.0.1", id="empty-default-value"),
+    pytest.param("off", None, id="off"),
+    pytest.param("10.0.0.5:7400-7415", "10.0.0.5:7400-7415", id="range"),
+])
+def test_peer_address_option(tmp_path: Path, value: str | None, expected: str | None) -> None:
+    from bcs_middleware.gateway import config_from_options
+
+    options = {"data_dir": str(tmp_path)} | ({"peer_address": value} if value is not None else {})
+    assert config_from_options("app:main", options).peer_address == expected
+
+
+def test_gateway_with_a_bad_peer_address_fails_at_build(tmp_path: Path) -> None:
+    from bcs_middleware.gateway import build_gateway, config_from_options
+
+    with pytest.raises(ConfigError, match="peer_address"):
+        build_gateway(config_from_options("app:main", {"data_dir": str(tmp_path), "peer_address": "[::]"}),
+                      background=False)
+
+
 # -- the link ------------------------------------------------------------------------------------
 
 
