@@ -33,9 +33,17 @@ Security:
   closed without an answer. The listener serves this one request; it speaks no HTTP and
   reaches nothing of the gateway's API.
 * Bounded: the handshake (TLS, greeting, request) must complete within
-  ``handshake_timeout``; the request line is at most 1 KiB; at most ``max_connections``
-  connections at once (more are closed at once); a pipe ends after ``idle_timeout``
-  without a byte and after ``max_duration``; TCP keepalive notices a vanished machine.
+  ``handshake_timeout``; the request line is at most 1 KiB; at most ``max_handshakes``
+  unauthenticated and ``max_connections`` connections in all at once (more are closed at
+  once); a pipe ends after ``idle_timeout`` without a byte and after ``max_duration``; TCP
+  keepalive notices a vanished machine.
+* The link stays TLS after the handshake although what it carries is TLS to the apiserver
+  already: in the clear, whoever is on the path between two gateway hosts could take over an
+  authenticated connection and hold a raw pipe to the cluster's apiserver from outside the
+  cluster's network. Dropping to TCP after authentication would spare the requester's pump
+  (``bench/peer_link_bench.py`` and a plain relay, loopback: a small exchange through the
+  pipe costs ~90 µs more than direct, a relay ~0; bulk 180–290 MiB/s against ~530) — not
+  worth that.
 
 The requester's side of a pipe is handed to the transport as a real connected socket, one
 end of a :func:`socket.socketpair` that a pump (a thread; a greenlet under gevent) splices
