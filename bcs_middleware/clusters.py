@@ -51,6 +51,10 @@ class CachedDirectory:
     def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
         return self._cache.get(cluster_id, self._load)
 
+    def forget(self, cluster_id: str) -> None:
+        """Load ``cluster_id`` afresh on its next lookup (this process just changed its credentials)."""
+        self._cache.forget(cluster_id)
+
     def _load(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
         cluster = self.inner.find_cluster(cluster_id)
         return cluster, self.inner.get_credentials(cluster_id) if cluster is not None else None

@@ -457,7 +457,7 @@ def build_gateway(
         raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
     # Outside user-token auth (and the audit of user requests): the agent authenticates
     # with its register token; its credential report is audited in the store.
-    edge: Any = AgentTunnelMiddleware(authed, store=store, agents=agents)
+    edge: Any = AgentTunnelMiddleware(authed, store=store, agents=agents, directory=directory)
     return RequestContextMiddleware(edge, access_log=config.access_log)
 
 

@@ -188,6 +188,11 @@ class LoadingCache(Generic[K, V]):
         with self._lock:
             self._table.clear()
 
+    def forget(self, key: K) -> None:
+        """Drop ``key``'s answer: the next ``get`` loads it again."""
+        with self._lock:
+            self._table.pop(key)
+
     def __len__(self) -> int:
         return len(self._table)
 

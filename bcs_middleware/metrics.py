@@ -18,7 +18,7 @@ from .batching import BatchQueue
 
 REQUESTS = Counter(
     "bcs_api_request_count",
-    "Requests handled, by route kind (rest, tunnel, mesos, other), cluster (empty when none "
+    "Requests handled, by route kind (rest, tunnel, mesos, agent, other), cluster (empty when none "
     "was routed to), method (other for an unknown one) and code.",
     ["kind", "cluster", "method", "code"],
 )

@@ -33,6 +33,7 @@ from .. import converters as conv
 from .. import environ as env
 from ..logsetup import LineWriterHandler
 from ..metrics import BATCH
+from ..tunnel.endpoint import CONNECT_PATH
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
@@ -129,7 +130,7 @@ def route_kind(path: str) -> str:
     if path.startswith(("/rest/", "/clusters/")):
         return "rest"
     if path.startswith(("/bcsapi/", "/mesosdriver/")):
-        return "mesos"
+        return "agent" if path == CONNECT_PATH else "mesos"
     return "other"
 
 

@@ -62,6 +62,7 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 
+from ..clusters import CachedDirectory
 from ..errors import BadRequest, BCSError, NotImplementedByServer, Unauthorized
 from ..store import SQLStore
 from ..upgrade_request import upgrade_protocol
@@ -100,15 +101,19 @@ class AgentTunnelMiddleware:
     :param app: the rest of the gateway.
     :param store: where register tokens are checked and credentials stored.
     :param agents: this process's connected agents.
+    :param directory: this process's cluster cache, told when credentials change here
+        (so the tunnel is used at once rather than after the cache's ttl).
     :param session_options: keyword arguments for each
         :class:`~bcs_middleware.tunnel.session.Session` (window, ping interval ...).
     """
 
     def __init__(self, app: Any, *, store: SQLStore, agents: LocalAgents,
+                 directory: CachedDirectory | None = None,
                  session_options: dict[str, Any] | None = None) -> None:
         self.app = app
         self.store = store
         self.agents = agents
+        self.directory = directory
         self.session_options = dict(session_options or {})
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -159,6 +164,8 @@ class AgentTunnelMiddleware:
             {"old_server_addresses": list(previous) if previous is not None else None,
              "server_addresses": [address], "via_tunnel": True},
         )
+        if self.directory is not None:
+            self.directory.forget(cluster_id)
         head = request_head(environ)
         start_response("101 Switching Protocols", [])
         return _AgentConnection(self, client, head, cluster_id, token)

@@ -153,14 +153,15 @@ def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(
         deadline = time.monotonic() + 10
         while watch.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert watch.proc.poll() is not None, "the watch over the dead agent is still open"
     assert gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["tunnel_connected"] is False
 
     again = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
     try:
         again.wait_connected()
-        result = kubectl("get", "pods", "-o", "name", kubeconfig=kubeconfig)
+        result = kubectl("get", "configmaps", "-o", "name", kubeconfig=kubeconfig)
         assert result.returncode == 0, result.stderr
-        assert "pod/p" in result.stdout
+        assert "configmap/before-kill" in result.stdout
         _, body = gateway.call("GET", "/metrics", token="")
         assert f'bcs_agent_tunnel_reconnects_total{{cluster="{CLUSTER}"}}' in body.decode()
     finally:

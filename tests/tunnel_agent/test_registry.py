@@ -87,6 +87,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            sock.close()
 
 
 def _upstream(apiserver: FakeAPIServer, tunnel: str | None) -> Upstream:
@@ -102,16 +103,20 @@ def test_upstream_for_sets_the_tunnel_from_the_credentials(apiserver: FakeAPISer
 def test_a_tunnelled_upstream_is_dialled_through_the_tunnel_and_verified(apiserver: FakeAPIServer) -> None:
     dialer = DirectDialer()
     transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=dialer)
-    resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)
-    assert resp.status == 200, resp.read()
-    resp.read()
-    resp.release_conn()
-    assert dialer.dials == [("c1", "127.0.0.1", apiserver.port)]
-    # The same address directly: refused by the policy, and never given the tunnel's connection.
-    with pytest.raises(Exception) as refused:
-        transport.send(_upstream(apiserver, None), "GET", [], None, None)
-    assert getattr(refused.value, "status", None) == 502
-    assert len(dialer.dials) == 1
+    try:
+        resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")],
+                              None, None)
+        assert resp.status == 200, resp.read()
+        resp.read()
+        resp.release_conn()
+        assert dialer.dials == [("c1", "127.0.0.1", apiserver.port)]
+        # The same address directly: refused by the policy, and never given the tunnel's connection.
+        with pytest.raises(Exception) as refused:
+            transport.send(_upstream(apiserver, None), "GET", [], None, None)
+        assert getattr(refused.value, "status", None) == 502
+        assert len(dialer.dials) == 1
+    finally:
+        transport.close()
 
 
 def test_tls_through_the_tunnel_still_verifies_the_reported_ca(apiserver: FakeAPIServer) -> None:
@@ -138,6 +143,7 @@ def test_without_a_dialer_or_an_agent_the_answer_is_503_naming_the_reason(apiser
     resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)
     assert resp.status == 200
     resp.close()
+    transport.close()
     assert agents.connected_since("c1") is not None
 
     agents.detach("c1", session, "the agent disconnected")
