@@ -42,7 +42,7 @@ Security:
   authenticated connection and hold a raw pipe to the cluster's apiserver from outside the
   cluster's network. Dropping to TCP after authentication would spare the requester's pump
   (``bench/peer_link_bench.py`` and a plain relay, loopback: a small exchange through the
-  pipe costs ~90 µs more than direct, a relay ~0; bulk 180–290 MiB/s against ~530) — not
+  pipe costs ~90 µs more than direct, a relay ~0; bulk 180-290 MiB/s against ~530) — not
   worth that.
 
 The requester's side of a pipe is handed to the transport as a real connected socket, one
