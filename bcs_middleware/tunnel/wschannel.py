@@ -19,9 +19,12 @@ writer thread per channel from a queue, so
   holds less than ``high_water`` bytes, so a fast producer is held at the speed
   of the connection and the queue stays bounded.
 
-Only the standard library's ``socket`` and ``threading`` are used (gevent patches
-both), so the channel works the same under threads and under gevent; no loop
-polls.
+An SSL object must not be used by two threads at once (OpenSSL's rule; breaking
+it loses bytes under load), so the socket is non-blocking and every TLS call is
+made under one lock, while the waiting for readiness happens outside it. Only the
+standard library's ``socket``, ``selectors`` and ``threading`` are used (gevent
+patches them), so the channel works the same under threads and under gevent; no
+loop polls.
 
 Bounds: a received message larger than ``max_message`` closes the channel (1009);
 a text message closes it (1003: remotedialer speaks binary only); a peer silent
@@ -32,7 +35,9 @@ taken as gone. The handshake answer is read up to 64 KiB within ``timeout``.
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -99,10 +104,18 @@ class WebSocketChannel:
                  high_water: int = HIGH_WATER) -> None:
         self._sock = sock
         self._ws = ws
+        self._io_lock = threading.Lock()  # one TLS call at a time
+        self._idle_timeout: float | None = None
+        self._reading = False
+        self._writer_done = False
+        self._released = False
+        self._read_selector = selectors.DefaultSelector()
+        sock.settimeout(0.0)
         self.max_message = max_message
         self.high_water = high_water
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[bytes] = deque()
+        self._urgent: deque[bytes] = deque()  # control frames that overtake queued data, in their own order
         self._queued = 0
         self._closing = False  # no more messages may be queued
         self._ended = False  # the socket is shut: nothing more goes either way
@@ -203,8 +216,11 @@ class WebSocketChannel:
     # -- receiving -------------------------------------------------------------------------
 
     def set_idle_timeout(self, seconds: float | None) -> None:
-        """Take the peer as gone after ``seconds`` without a byte from it (the peer's pings count)."""
-        self._sock.settimeout(seconds)
+        """Take the peer as gone after ``seconds`` without a byte from it (the peer's pings count).
+
+        Writes that make no progress for as long fail the same way.
+        """
+        self._idle_timeout = seconds
 
     def receive(self) -> bytes | None:
         """The next binary message; ``None`` once the channel has ended (then see :attr:`close_reason`).
@@ -212,34 +228,89 @@ class WebSocketChannel:
         Only one reader may call this at a time.
         """
         message = bytearray()
-        while True:
-            with self._cond:
-                outcome = self._next_event(message)
-            if outcome is _ENDED:
-                return None
-            if isinstance(outcome, bytes):
-                return outcome
-            if self._ended:
-                return None
-            try:
-                data = self._sock.recv(RECV_SIZE)
-            except TimeoutError:
-                self._end("the peer sent nothing within the idle timeout")
-                return None
-            except OSError as exc:
-                self._end(f"connection lost: {type(exc).__name__}")
-                return None
-            if not data:
-                self._end("the peer closed the connection")
-                return None
-            self.last_received = time.monotonic()
-            self.bytes_received += len(data)
-            with self._cond:
-                try:
-                    self._feed(data)
-                except LocalProtocolError:
-                    self._end("data after the closing handshake")
+        with self._cond:
+            self._reading = True
+        try:
+            while True:
+                with self._cond:
+                    outcome = self._next_event(message)
+                if outcome is _ENDED:
                     return None
+                if isinstance(outcome, bytes):
+                    return outcome
+                if self._ended:
+                    return None
+                try:
+                    data = self._recv()
+                except TimeoutError:
+                    self._end("the peer sent nothing within the idle timeout")
+                    return None
+                except OSError as exc:
+                    self._end(f"connection lost: {type(exc).__name__}")
+                    return None
+                if not data:
+                    self._end("the peer closed the connection")
+                    return None
+                self.last_received = time.monotonic()
+                self.bytes_received += len(data)
+                with self._cond:
+                    try:
+                        self._feed(data)
+                    except LocalProtocolError:
+                        self._end("data after the closing handshake")
+                        return None
+        finally:
+            with self._cond:
+                self._reading = False
+            self._release()
+
+    def _recv(self) -> bytes:
+        while True:
+            with self._io_lock:
+                if self._ended:
+                    return b""
+                try:
+                    return self._sock.recv(RECV_SIZE)
+                except ssl.SSLWantWriteError:
+                    wait_for = selectors.EVENT_WRITE
+                except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+                    wait_for = selectors.EVENT_READ
+            self._wait(self._read_selector, wait_for)
+
+    def _sendall(self, data: bytes, selector: selectors.BaseSelector) -> None:
+        view = memoryview(data)
+        stalls = 0
+        while view:
+            wait_for = selectors.EVENT_WRITE
+            with self._io_lock:
+                if self._ended:
+                    raise ConnectionAbortedError("the channel ended")
+                try:
+                    sent = self._sock.send(view)
+                except ssl.SSLWantReadError:
+                    sent, wait_for = 0, selectors.EVENT_READ
+                except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+                    sent = 0
+            if sent:
+                view = view[sent:]
+                stalls = 0
+                continue
+            # gevent's non-blocking SSL send answers 0 without saying which way TLS wants to go:
+            # wait for writability, and back off should that not be what it waits for.
+            stalls += 1
+            if stalls > 3:
+                time.sleep(0.005)
+            self._wait(selector, wait_for)
+
+    def _wait(self, selector: selectors.BaseSelector, events: int) -> None:
+        """Wait (outside the TLS lock) until the socket is ready for ``events``; TimeoutError after the idle timeout."""
+        key = selector.get_map().get(self._sock.fileno())
+        if key is None:
+            selector.register(self._sock, events)
+        elif key.events != events:
+            selector.modify(self._sock, events)
+        if not selector.select(self._idle_timeout):
+            raise TimeoutError
 
     def _feed(self, data: bytes) -> None:
         self._ws.receive_data(data)
@@ -256,7 +327,8 @@ class WebSocketChannel:
                 if event.message_finished:
                     return bytes(message)
             elif isinstance(event, Ping):
-                self._enqueue_locked(self._ws.send(event.response()))
+                if self._ws.state is ConnectionState.OPEN:
+                    self._enqueue_locked(self._ws.send(event.response()), urgent=True)
             elif isinstance(event, Pong):
                 pass  # last_received is already fresh
             elif isinstance(event, TextMessage):
@@ -275,18 +347,20 @@ class WebSocketChannel:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def send(self, data: bytes, *, wait: bool = True) -> None:
+    def send(self, data: bytes, *, wait: bool = True, urgent: bool = False) -> None:
         """Queue one binary message.
 
         With ``wait`` (the default) return once the queue is below ``high_water``
         bytes; ``wait=False`` never blocks (for small control messages from a
-        reader). Raises :class:`ChannelClosed` once the channel is closing.
+        reader). ``urgent`` messages overtake the queued ones (but not each other):
+        flow-control messages must not wait behind the data they are about.
+        Raises :class:`ChannelClosed` once the channel is closing.
         """
         with self._cond:
             if self._closing or self._ended:
                 raise ChannelClosed(self.close_reason or "the channel is closed")
-            self._enqueue_locked(self._ws.send(BytesMessage(data=data)))
-            if not wait:
+            self._enqueue_locked(self._ws.send(BytesMessage(data=data)), urgent=urgent)
+            if not wait or urgent:
                 return
             while self._queued > self.high_water and not self._ended:
                 self._cond.wait()
@@ -298,7 +372,7 @@ class WebSocketChannel:
         with self._cond:
             if self._closing or self._ended or self._ws.state is not ConnectionState.OPEN:
                 return
-            self._enqueue_locked(self._ws.send(Ping()))
+            self._enqueue_locked(self._ws.send(Ping()), urgent=True)
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the closing handshake, flush what is queued (at most a few seconds) and end.
@@ -327,39 +401,58 @@ class WebSocketChannel:
         self._close_deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
         self._cond.notify_all()
 
-    def _enqueue_locked(self, frame: bytes) -> None:
+    def _enqueue_locked(self, frame: bytes, *, urgent: bool = False) -> None:
         if frame and not self._ended:
-            self._queue.append(frame)
+            (self._urgent if urgent else self._queue).append(frame)
             self._queued += len(frame)
             self._cond.notify_all()
 
     def _write_loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closing and not self._ended:
-                    self._cond.wait()
-                if self._ended:
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(self._sock, selectors.EVENT_WRITE)
+            while True:
+                with self._cond:
+                    while not self._queue and not self._urgent and not self._closing and not self._ended:
+                        self._cond.wait()
+                    if self._ended:
+                        return
+                    if not self._queue and not self._urgent:  # closing and flushed
+                        break
+                    chunks: list[bytes] = []
+                    size = 0
+                    while self._urgent:
+                        chunk = self._urgent.popleft()
+                        chunks.append(chunk)
+                        size += len(chunk)
+                    while self._queue and size < RECV_SIZE * 4:
+                        chunk = self._queue.popleft()
+                        chunks.append(chunk)
+                        size += len(chunk)
+                try:
+                    self._sendall(b"".join(chunks), selector)
+                except TimeoutError:
+                    self._end("the peer took nothing within the idle timeout")
                     return
-                if not self._queue:  # closing and flushed
-                    break
-                chunks: list[bytes] = []
-                size = 0
-                while self._queue and size < RECV_SIZE * 4:
-                    chunk = self._queue.popleft()
-                    chunks.append(chunk)
-                    size += len(chunk)
-            try:
-                self._sock.sendall(b"".join(chunks))
-            except OSError as exc:
-                self._end(f"connection lost while sending: {type(exc).__name__}")
-                return
+                except OSError as exc:
+                    self._end(f"connection lost while sending: {type(exc).__name__}")
+                    return
+                except Exception:
+                    log.exception("the WebSocket writer failed")
+                    self._end("internal error while sending")
+                    return
+                with self._cond:
+                    self._queued -= size
+                    self.bytes_sent += size
+                    self._cond.notify_all()
+                    if self._closing and time.monotonic() > self._close_deadline and (self._queue or self._urgent):
+                        break
+            self._end(self.close_reason or "closed")
+        finally:
+            selector.close()
             with self._cond:
-                self._queued -= size
-                self.bytes_sent += size
-                self._cond.notify_all()
-                if self._closing and time.monotonic() > self._close_deadline and self._queue:
-                    break
-        self._end(self.close_reason or "closed")
+                self._writer_done = True
+            self._release()
 
     def _end(self, reason: str) -> None:
         with self._cond:
@@ -370,12 +463,24 @@ class WebSocketChannel:
             if not self.close_reason:
                 self.close_reason = reason
             self._queue.clear()
+            self._urgent.clear()
             self._queued = 0
             self._cond.notify_all()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already gone
+        with self._io_lock:
+            try:
+                # Wakes a reader or writer waiting on the socket; the descriptor is closed by _release
+                # once neither uses it (closing it under a waiter could hand its number to another socket).
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already gone
+        self._release()
+
+    def _release(self) -> None:
+        with self._cond:
+            if not self._ended or self._reading or not self._writer_done or self._released:
+                return
+            self._released = True
+        self._read_selector.close()
         try:
             self._sock.close()
         except OSError:

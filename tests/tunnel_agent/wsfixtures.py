@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import socket
 import ssl
 import threading
@@ -119,3 +120,108 @@ def channel_pair(tls: TLS, *, max_message: int | None = None) -> Iterator[tuple[
         accepted[0].close()
     finally:
         server.close()
+
+
+class TargetServer:
+    """A TCP server on 127.0.0.1 standing in for the apiserver behind an agent.
+
+    ``mode``: ``echo`` (sends back what it receives), ``source`` (sends ``size`` bytes of
+    a fixed pattern, then closes), ``sink`` (counts what it receives until end of file).
+    """
+
+    def __init__(self, mode: str = "echo", size: int = 0) -> None:
+        self.mode = mode
+        self.size = size
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=2048)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.received = 0
+        self.connections = 0
+        self.ended = 0  # connections whose client closed
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                self._sockets.append(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            if self.mode == "source":
+                for chunk in pattern_chunks(self.size):
+                    sock.sendall(chunk)
+                sock.shutdown(socket.SHUT_WR)
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                with self._lock:
+                    self.received += len(data)
+                if self.mode == "echo":
+                    sock.sendall(data)
+        except OSError:
+            pass
+        with self._lock:
+            self.ended += 1
+        sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+
+_UNIT = b"".join(i.to_bytes(4, "big") for i in range(16384))  # 64 KiB, each 4-byte word distinct
+
+
+def pattern_chunks(size: int) -> Iterator[bytes]:
+    """``size`` bytes in 64 KiB chunks, each numbered: a lost, repeated or reordered chunk shows."""
+    for index, offset in enumerate(range(0, size, len(_UNIT))):
+        yield (index.to_bytes(4, "big") + _UNIT[4:])[: size - offset]
+
+
+def pattern(size: int) -> bytes:
+    return b"".join(pattern_chunks(size))
+
+
+def pattern_digest(size: int) -> bytes:
+    digest = hashlib.sha256()
+    for chunk in pattern_chunks(size):
+        digest.update(chunk)
+    return digest.digest()
+
+
+def dial_any(proto: str, address: str, timeout: float) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(min(65536, size - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")

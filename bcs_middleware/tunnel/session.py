@@ -1,0 +1,524 @@
+"""Many virtual TCP streams over one WebSocket channel: remotedialer's session, on both ends.
+
+The **gateway** end calls :meth:`Session.open`, which sends a Connect and returns
+one end of a ``socket.socketpair()``; the session carries the bytes of the other
+end as one virtual stream, so whatever runs above (TLS to the apiserver, the
+connection pool, ``select``, gevent) sees an ordinary connected socket. The
+**agent** end is given a ``dial`` callable: on a Connect it dials (or refuses)
+and pipes the dialed socket the same way.
+
+Threads. Whatever the number of streams, a session runs
+
+* a **reader** (the caller of :meth:`Session.serve`): decodes each message and
+  hands its bytes to the stream's buffer; it never writes to a socket nor waits
+  for the channel;
+* a **pump**: one selector loop over every stream's local socket — reads what the
+  local side sends and forwards it as Data, writes what the peer sent, and pings;
+* the channel's writer (see :mod:`.wschannel`); and on the agent, one short-lived
+  thread per dial in progress (at most :data:`MAX_CONCURRENT_DIALS` at a time).
+
+Flow control is remotedialer's Pause/Resume, per stream. When a stream's buffer
+of bytes from the peer (not yet taken by the local side) exceeds ``window``, the
+session sends Pause for it, and Resume once the local side has taken it down to a
+quarter of the window; a Pause from the peer stops reading that stream's local
+socket until Resume, which holds the local writer through its own socket buffer.
+A slow consumer so holds only its own stream; the reader keeps reading for the
+others. A peer that ignores Pause (bk-bcs's fork of remotedialer predates it)
+is cut off per stream: past ``window + overflow`` buffered bytes the stream is
+reset with an Error, so memory per stream stays bounded.
+
+End of a stream, as remotedialer: an Error message ends it in both directions
+(``EOF`` is the clean end); the bytes received before it are still delivered to
+the local side, then its socket is closed (the reader sees end of file). The local
+side closing (end of file) or failing sends ``Error(EOF)`` or the error's name.
+There is no half-close: remotedialer peers close both directions on Error.
+
+When the channel ends (the peer closed it, went silent for ``dead_after`` seconds,
+or :meth:`Session.close`), every stream's local socket is shut at once, so a
+caller blocked on one gets end of file immediately.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from .frames import (
+    Message,
+    MessageType,
+    TunnelProtocolError,
+    UnknownMessageType,
+    decode,
+    decode_connection_ids,
+    encode,
+)
+from .wschannel import ChannelClosed, WebSocketChannel
+
+log = logging.getLogger("bcs_middleware.tunnel.session")
+
+#: Bytes read from a local socket per Data message (Go's ``io.Copy`` buffer size).
+CHUNK = 32 * 1024
+#: Bytes past the window a stream may buffer before it is reset (the peer ignored Pause).
+OVERFLOW = 8 * 1024 * 1024
+MAX_STREAMS = 10_000
+MAX_CONCURRENT_DIALS = 64
+#: Dial timeout on the agent when the Connect's deadline is absent or absurd (Go's default).
+DEFAULT_DIAL_TIMEOUT = 15.0
+MAX_DIAL_TIMEOUT = 60.0
+#: A SyncConnections message does not close streams younger than this (their Connect may be in flight).
+SYNC_GRACE_SECONDS = 30.0
+
+Dial = Callable[[str, str, float], socket.socket]
+
+
+class TunnelClosed(ConnectionError):
+    """The session cannot carry a new stream (it ended: the agent is gone); the message is safe to log."""
+
+
+class TooManyStreams(TunnelClosed):
+    """The session carries :data:`MAX_STREAMS` streams already."""
+
+
+class _Stream:
+    __slots__ = ("conn_id", "done", "error", "mask", "opened", "out", "peer_paused", "sent_pause", "sock")
+
+    def __init__(self, conn_id: int, sock: socket.socket | None) -> None:
+        self.conn_id = conn_id
+        self.sock = sock  # None while the agent dials
+        self.out = bytearray()  # from the peer, not yet written to sock
+        self.peer_paused = False  # the peer sent Pause: do not read sock
+        self.sent_pause = False  # we sent Pause and owe a Resume
+        self.done = False  # the peer ended the stream: deliver out, then close
+        self.error = ""
+        self.mask = 0  # selector events registered for sock
+        self.opened = time.monotonic()
+
+
+class Session:
+    """One remotedialer session over ``channel`` (see the module docstring).
+
+    :param channel: the open WebSocket channel; the session owns it from now on.
+    :param dial: the agent's dialer, ``(proto, address, timeout) -> connected socket``;
+        it raises (any ``Exception``; its text goes back to the gateway) to refuse.
+        ``None`` on the gateway, which refuses every Connect.
+    :param window: bytes buffered per stream before the session sends Pause.
+    :param ping_interval: seconds between WebSocket pings.
+    :param dead_after: seconds without a byte from the peer after which it is gone.
+    :param name: for log lines (e.g. the cluster id); never a secret.
+
+    Read by metrics: :attr:`closed`, :attr:`streams`, :attr:`bytes_in` (stream bytes
+    received from the peer), :attr:`bytes_out` (stream bytes sent to it).
+    """
+
+    def __init__(self, channel: WebSocketChannel, *, dial: Dial | None = None, window: int = 256 * 1024,
+                 ping_interval: float = 30.0, dead_after: float = 90.0, name: str = "",
+                 overflow: int = OVERFLOW, max_streams: int = MAX_STREAMS) -> None:
+        if window < CHUNK:
+            raise ValueError(f"window must be at least {CHUNK} bytes")
+        self.channel = channel
+        self.name = name
+        self.window = window
+        self.resume_at = window // 4
+        self.overflow = overflow
+        self.max_streams = max_streams
+        self.ping_interval = ping_interval
+        self.dead_after = dead_after
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.close_reason = ""
+        self._dial = dial
+        self._dial_slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIALS)
+        self._lock = threading.Lock()
+        self._streams: dict[int, _Stream] = {}
+        self._dirty: set[_Stream] = set()
+        self._closing = False
+        self._ids = itertools.count(1)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._woken = False
+        self._pump_done = threading.Event()
+        channel.set_idle_timeout(dead_after)
+        self._pump_thread = threading.Thread(target=self._pump, name=f"bcs-tunnel-pump-{name}", daemon=True)
+        self._pump_thread.start()
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    def open(self, proto: str, address: str, timeout: float) -> socket.socket:
+        """A connected socket whose bytes travel to ``proto/address`` as seen from the agent.
+
+        Returns at once (like remotedialer, the peer's dial result is not awaited): a
+        refused or failed dial reaches the caller as end of file on the socket.
+        Raises :class:`TunnelClosed` when the session has ended.
+        """
+        local, caller = socket.socketpair()
+        local.setblocking(False)
+        stream = _Stream(next(self._ids), local)
+        with self._lock:
+            if self._closing:
+                local.close()
+                caller.close()
+                raise TunnelClosed(self.close_reason or "the tunnel is closed")
+            if len(self._streams) >= self.max_streams:
+                local.close()
+                caller.close()
+                raise TooManyStreams(f"the tunnel carries {self.max_streams} streams already")
+            self._streams[stream.conn_id] = stream
+        try:
+            self._send(Message.connect(stream.conn_id, proto, address, timeout))
+        except TunnelClosed:
+            with self._lock:
+                self._streams.pop(stream.conn_id, None)
+            local.close()
+            caller.close()
+            raise
+        self._mark(stream)
+        return caller
+
+    def serve(self) -> None:
+        """Read the channel until it ends, then end every stream. Blocks; call it once."""
+        reason = "the peer closed the tunnel"
+        try:
+            while True:
+                frame = self.channel.receive()
+                if frame is None:
+                    reason = self.channel.close_reason or reason
+                    break
+                try:
+                    message = decode(frame)
+                except UnknownMessageType:
+                    continue  # remotedialer ignores the types it does not know
+                except TunnelProtocolError as exc:
+                    reason = f"protocol error: {exc}"
+                    log.warning("tunnel %s: %s; closing it", self.name, reason)
+                    break
+                self._dispatch(message)
+        finally:
+            self.close(reason)
+            self._pump_done.wait(5.0)
+
+    def close(self, reason: str = "") -> None:
+        """End the session: every stream's local socket is shut at once, then the channel closes."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self.close_reason = reason or "closed"
+            streams = list(self._streams.values())
+        for stream in streams:
+            _shut(stream.sock)
+        self.channel.close(1000, reason[:100])
+        self._wake()
+
+    # -- the reader ------------------------------------------------------------------------
+
+    def _dispatch(self, message: Message) -> None:
+        mtype = message.type
+        if mtype is MessageType.DATA:
+            self._on_data(message)
+        elif mtype is MessageType.CONNECT:
+            self._on_connect(message)
+        elif mtype is MessageType.ERROR:
+            self._end_stream(message.conn_id, message.error_text)
+        elif mtype in (MessageType.PAUSE, MessageType.RESUME):
+            with self._lock:
+                stream = self._streams.get(message.conn_id)
+                if stream is None:
+                    return
+                stream.peer_paused = mtype is MessageType.PAUSE
+            self._mark(stream)
+        elif mtype is MessageType.SYNC_CONNECTIONS:
+            self._on_sync(message.payload)
+        # AddClient/RemoveClient are about peering between remotedialer servers: not ours.
+
+    def _on_data(self, message: Message) -> None:
+        overflowed = False
+        with self._lock:
+            stream = self._streams.get(message.conn_id)
+            if stream is not None and not stream.done:
+                stream.out += message.payload
+                self.bytes_in += len(message.payload)
+                buffered = len(stream.out)
+                if buffered > self.window + self.overflow:
+                    overflowed = True
+                    stream.out.clear()
+                elif buffered > self.window and not stream.sent_pause:
+                    # Decided and queued under the lock, so a Resume from the pump cannot overtake it.
+                    stream.sent_pause = True
+                    self._send(Message.pause(stream.conn_id), quiet=True, urgent=True)
+        if stream is None:
+            # As remotedialer: tell the peer, which then ends its side.
+            self._send(Message.error(message.conn_id, f"connection not found {message.conn_id}"), quiet=True)
+            return
+        if overflowed:
+            log.warning("tunnel %s: stream %d buffered more than %d bytes past its window (the peer ignores "
+                        "Pause); resetting the stream", self.name, stream.conn_id, self.overflow)
+            self._send(Message.error(stream.conn_id, "buffer overflow"), quiet=True)
+            self._end_stream(stream.conn_id, "buffer overflow")
+            return
+        if not stream.done:
+            self._mark(stream)
+
+    def _on_connect(self, message: Message) -> None:
+        conn_id = message.conn_id
+        if self._dial is None:
+            self._send(Message.error(conn_id, "connect not allowed"), quiet=True)
+            return
+        proto, address = message.target
+        stream = _Stream(conn_id, None)
+        with self._lock:
+            if conn_id in self._streams:
+                log.warning("tunnel %s: a second Connect for stream %d ignored", self.name, conn_id)
+                return
+            refuse = len(self._streams) >= self.max_streams
+            if not refuse:
+                self._streams[conn_id] = stream
+        if refuse:
+            self._send(Message.error(conn_id, "too many connections"), quiet=True)
+            return
+        deadline = message.deadline / 1000.0
+        timeout = deadline if 0 < deadline <= MAX_DIAL_TIMEOUT else DEFAULT_DIAL_TIMEOUT
+        threading.Thread(target=self._dial_stream, args=(stream, proto, address, timeout),
+                         name=f"bcs-tunnel-dial-{conn_id}", daemon=True).start()
+
+    def _dial_stream(self, stream: _Stream, proto: str, address: str, timeout: float) -> None:
+        assert self._dial is not None
+        with self._dial_slots:
+            try:
+                sock = self._dial(proto, address, timeout)
+            except Exception as exc:  # the dialer's refusal or failure, whatever its type, goes to the peer
+                text = str(exc) or type(exc).__name__
+                log.info("tunnel %s: stream %d to %s/%s refused or failed: %s", self.name, stream.conn_id,
+                         proto, address, text)
+                with self._lock:
+                    self._streams.pop(stream.conn_id, None)
+                self._send(Message.error(stream.conn_id, text), quiet=True)
+                return
+        sock.setblocking(False)
+        with self._lock:
+            if self._closing or stream.done or self._streams.get(stream.conn_id) is not stream:
+                keep = False
+            else:
+                keep = True
+                stream.sock = sock
+        if not keep:
+            with self._lock:
+                if self._streams.get(stream.conn_id) is stream:
+                    del self._streams[stream.conn_id]
+            sock.close()
+            return
+        self._mark(stream)
+
+    def _end_stream(self, conn_id: int, error: str) -> None:
+        """The peer ended ``conn_id``: deliver what is buffered, then close (in the pump)."""
+        with self._lock:
+            stream = self._streams.get(conn_id)
+            if stream is None:
+                return
+            stream.done = True
+            stream.error = error
+        self._mark(stream)
+
+    def _on_sync(self, payload: bytes) -> None:
+        live = set(decode_connection_ids(payload))
+        cutoff = time.monotonic() - SYNC_GRACE_SECONDS
+        with self._lock:
+            stale = [s.conn_id for s in self._streams.values() if s.conn_id not in live and s.opened < cutoff]
+        for conn_id in stale:
+            self._end_stream(conn_id, "sync from peer")
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _send(self, message: Message, *, quiet: bool = False, urgent: bool = False, wait: bool = False) -> None:
+        """Queue ``message``; raises :class:`TunnelClosed` unless ``quiet`` (then a closed channel is ignored)."""
+        try:
+            self.channel.send(encode(message), wait=wait, urgent=urgent)
+        except ChannelClosed as exc:
+            if not quiet:
+                raise TunnelClosed(self.close_reason or str(exc)) from None
+
+    # -- the pump --------------------------------------------------------------------------
+
+    def _mark(self, stream: _Stream) -> None:
+        with self._lock:
+            self._dirty.add(stream)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._woken:
+            return
+        self._woken = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # the pump is gone, or already has a wake-up byte pending
+
+    def _pump(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        next_ping = time.monotonic() + self.ping_interval
+        try:
+            while not self._closing:
+                ready = selector.select(max(0.0, next_ping - time.monotonic()))
+                if self._closing:
+                    break
+                for key, events in ready:
+                    stream = key.data
+                    if stream is None:
+                        self._drain_wake()
+                        continue
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(stream)
+                    if events & selectors.EVENT_READ and not self._closing:
+                        self._forward(stream)
+                    self._settle(selector, stream)
+                with self._lock:
+                    dirty, self._dirty = self._dirty, set()
+                for stream in dirty:
+                    if self._closing:
+                        break
+                    self._flush(stream)
+                    self._settle(selector, stream)
+                if time.monotonic() >= next_ping:
+                    self.channel.ping()
+                    next_ping = time.monotonic() + self.ping_interval
+        except Exception:
+            log.exception("tunnel %s: the pump failed; closing the tunnel", self.name)
+            self.close("internal error")
+        finally:
+            selector.close()
+            with self._lock:
+                streams = list(self._streams.values())
+                self._streams.clear()
+                self._dirty.clear()
+            for stream in streams:
+                _close(stream.sock)
+            self._wake_r.close()
+            self._wake_w.close()
+            self._pump_done.set()
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        # Only now: a wake-up after this point sends a new byte, and the dirty set is read after it.
+        self._woken = False
+
+    def _flush(self, stream: _Stream) -> None:
+        """Write what the peer sent into the local socket, as much as it takes now."""
+        with self._lock:
+            if stream.sock is None or not stream.out:
+                return
+            try:
+                sent = stream.sock.send(stream.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                gone: OSError | None = exc
+            else:
+                gone = None
+                del stream.out[:sent]
+                if stream.sent_pause and len(stream.out) <= self.resume_at and not stream.done:
+                    stream.sent_pause = False
+                    self._send(Message.resume(stream.conn_id), quiet=True, urgent=True)
+        if gone is not None:
+            self._local_failed(stream, gone)
+
+    def _forward(self, stream: _Stream) -> None:
+        """Read what the local side sent and send it to the peer (waits while the channel is full)."""
+        sock = stream.sock
+        if sock is None or stream.done:
+            return
+        try:
+            data = sock.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._local_failed(stream, exc)
+            return
+        if not data:
+            self._finish(stream, "EOF")
+            return
+        try:
+            self.channel.send(encode(Message.data(stream.conn_id, data)))
+        except ChannelClosed:
+            return
+        self.bytes_out += len(data)
+
+    def _local_failed(self, stream: _Stream, exc: OSError) -> None:
+        if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ESHUTDOWN):
+            self._finish(stream, "EOF")
+        else:
+            self._finish(stream, type(exc).__name__)
+
+    def _finish(self, stream: _Stream, error: str) -> None:
+        """The local side ended the stream: tell the peer (unless it ended it) and drop it."""
+        with self._lock:
+            told = stream.done
+            stream.done = True
+            stream.out.clear()
+        if not told:
+            self._send(Message.error(stream.conn_id, error), quiet=True)
+        self._mark(stream)
+
+    def _settle(self, selector: selectors.BaseSelector, stream: _Stream) -> None:
+        """Register what the stream waits for now, or drop it once it is over."""
+        with self._lock:
+            sock = stream.sock
+            finished = stream.done and not stream.out
+            if finished and self._streams.get(stream.conn_id) is stream:
+                del self._streams[stream.conn_id]
+            mask = 0
+            if not finished and sock is not None:
+                if stream.out:
+                    mask |= selectors.EVENT_WRITE
+                if not stream.peer_paused and not stream.done:
+                    mask |= selectors.EVENT_READ
+        if sock is None:
+            return
+        if mask != stream.mask:
+            if stream.mask and mask:
+                selector.modify(sock, mask, stream)
+            elif mask:
+                selector.register(sock, mask, stream)
+            else:
+                selector.unregister(sock)
+            stream.mask = mask
+        if finished:
+            stream.sock = None
+            _close(sock)
+
+
+def _shut(sock: socket.socket | None) -> None:
+    """End of file for whoever holds the other end, without freeing the descriptor under the pump."""
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected any more
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    try:
+        sock.close()
+    except OSError:
+        pass
