@@ -90,3 +90,108 @@ class RawPeer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class InProcessAgent:
+    """An agent in this process: the real tunnel session over the real WebSocket channel.
+
+    For the served peer tests while a real ``kube-agent --tunnel`` is not at hand: it opens
+    the gateway's tunnel endpoint with the Go agent's headers and dials only ``apiserver``.
+    """
+
+    def __init__(self, gateway_port: int, ca_file: str, cluster_id: str, register_token: str, *,
+                 apiserver: tuple[str, int], apiserver_url: str, ca_pem: str, sa_token: str) -> None:
+        import base64
+        import threading
+
+        from bcs_middleware.tunnel.session import Session
+        from bcs_middleware.tunnel.wschannel import WebSocketChannel
+
+        params = base64.b64encode(json.dumps({
+            "address": apiserver_url, "userToken": sa_token,
+            "caCert": base64.b64encode(ca_pem.encode()).decode()}).encode()).decode()
+        headers = [("BCS-API-Tunnel-Module", "kubeagent"), ("BCS-API-Tunnel-ClusterId", cluster_id),
+                   ("BCS-API-Tunnel-Token", register_token), ("BCS-API-Tunnel-Params", params)]
+        raw = socket.create_connection(("127.0.0.1", gateway_port), timeout=10)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = ssl.create_default_context(cafile=ca_file).wrap_socket(raw, server_hostname="localhost")
+        channel = WebSocketChannel.connect(sock, host=f"localhost:{gateway_port}",
+                                           path="/bcsapi/v1/websocket/connect", headers=headers, timeout=10)
+
+        def dial(proto: str, address: str, timeout: float) -> socket.socket:
+            sock = socket.create_connection(apiserver, timeout=timeout)  # its own apiserver, whatever is named
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+
+        self.session = Session(channel, dial=dial, name="agent")
+        self._thread = threading.Thread(target=self.session.serve, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.session.close("test over")
+        self._thread.join(10)
+
+
+class QuickAPIServer:
+    """A TLS HTTP/1.1 server answering every request at once with one small JSON (one write, no Nagle).
+
+    For timing the paths to an apiserver without the server's own latency in the figures.
+    """
+
+    BODY = b'{"kind":"Status","apiVersion":"v1","status":"Success"}'
+
+    def __init__(self, tmp: str) -> None:
+        import os
+        import threading
+
+        from bcs_middleware.tls import generate_ca, issue_server_cert
+
+        ca = generate_ca("quick-apiserver-ca")
+        leaf = issue_server_cert(ca, ["127.0.0.1", "localhost"])
+        cert, key = os.path.join(tmp, "quick.crt"), os.path.join(tmp, "quick.key")
+        with open(cert, "wb") as fh:
+            fh.write(leaf.cert_pem)
+        with open(key, "wb") as fh:
+            fh.write(leaf.key_pem)
+        self.ca_pem = ca.cert_pem.decode()
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(self.BODY)).encode() + b"\r\n\r\n" + self.BODY)
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(60)
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                pending = b""
+                while True:
+                    piece = tls.recv(65536)
+                    if not piece:
+                        return
+                    pending += piece
+                    while b"\r\n\r\n" in pending:  # bodiless requests (GET)
+                        _, _, pending = pending.partition(b"\r\n\r\n")
+                        tls.sendall(answer)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
