@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import ssl
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -579,5 +581,26 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
                 status, body = gw.call("GET", f"/tunnels/clusters/{cluster}/version")
                 assert status == 200, body
             assert "forwarded to its holder" in gw.server.output()
+            # The worker holding the agent is killed: it clears nothing, its placement names a
+            # listener that is gone. Every request is a prompt 503, never a hang.
+            store = open_store(data_dir=gw.data)
+            try:
+                record = store.get_placement(cluster)
+            finally:
+                store.dispose()
+            assert record is not None
+            os.kill(int(record.holder_id.rpartition("/")[2]), signal.SIGKILL)
+            answered = resets = 0
+            while answered < 12:
+                started = time.monotonic()
+                try:
+                    status, body = gw.call("GET", f"/tunnels/clusters/{cluster}/version")
+                except urllib.error.URLError:  # queued in the killed worker's own socket
+                    resets += 1
+                    assert resets < 10
+                    continue
+                assert status == 503, body
+                assert time.monotonic() - started < 1.5
+                answered += 1
         finally:
             agent.stop()
