@@ -29,13 +29,16 @@ from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClien
 from bcs_middleware.tunnel.router import AgentRouter
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway
-from tests.support.kube import kubectl
+from tests.support.kube import kubectl, kubectl_watch
 from tests.support.peer_link import InProcessAgent, QuickAPIServer, StandInAgents
 from tests.support.servers import TrapListener, free_port
+from tests.tunnel.test_upgrade import Handlers
 
 from .conftest import SA_TOKEN, create_cluster
 
 CLUSTER = "BCS-K8S-PEER1"
+POD = {"metadata": {"name": "p", "namespace": "default"},
+       "spec": {"containers": [{"name": "app", "image": "busybox"}]}}
 APISERVER = "10.0.0.1:6443"
 
 
@@ -539,6 +542,22 @@ def test_request_to_the_instance_without_the_agent_works(
         assert result.returncode == 0, result.stderr
         assert "namespace/default" in result.stdout
         assert "forwarded to its holder" in two.server.output()
+        # A watch and an exec (websocket upgrade) through the other instance too.
+        with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
+            time.sleep(0.5)
+            apiserver.create("configmaps", {"metadata": {"name": "seen-through-peer", "namespace": "default"}},
+                             "default")
+            watch.wait_for("configmap/seen-through-peer", timeout=15)
+        apiserver.create("pods", POD, "default")
+        handlers = Handlers(apiserver)
+        handlers.mode = "echo"
+        apiserver.on_upgrade(handlers)
+        try:
+            result = kubectl("exec", "p", "-c", "app", "--", "echo", "via", "the", "peer", kubeconfig=kubeconfig)
+        finally:
+            apiserver.on_upgrade(None)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "echo via the peer\n"
         # The hop's cost: a few hundred requests each way (a figure for the report, not an assert),
         # to an apiserver that answers at once (the fake's own latency would drown the figure).
         quick = QuickAPIServer(str(tmp_path_factory.mktemp("quick")))
