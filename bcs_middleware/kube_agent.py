@@ -16,6 +16,12 @@ one); ``--insecure-skip-verify`` turns that off and says so at every report.
 
 On failure it logs the gateway's ``code_name`` and message and retries with
 exponential backoff (capped at the period). It never logs a token.
+
+With ``--tunnel`` it reports nothing by HTTP: it holds a WebSocket tunnel to the
+gateway instead (see :mod:`bcs_middleware.tunnel.agent`), for clusters the gateway
+cannot reach. The apiserver it serves through the tunnel is the ``kubernetes``
+service in a cluster, the kubeconfig's server outside; ``--periodsync`` is then how
+often it checks whether its CA or token changed (and reconnects to report them).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import base64
 import logging
 import os
 import random
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,6 +41,10 @@ from typing import Any
 
 import requests
 import yaml
+
+from .tunnel.agent import TunnelAgent
+from .tunnel.agent import client_context as tunnel_client_context
+from .tunnel.handshake import TunnelParams
 
 log = logging.getLogger("bcs_middleware.kube_agent")
 
@@ -251,6 +262,44 @@ class Reporter:
         log.info("reported %d apiserver address(es) for the cluster", len(access.addresses))
 
 
+def gather_tunnel(args: argparse.Namespace) -> TunnelParams:
+    """What a tunnelling agent reports: the apiserver it dials (the ``kubernetes`` service in a
+    cluster, the kubeconfig's server outside), its CA and the service-account token."""
+    if args.kubeconfig:
+        server, ca_pem, token = discover_from_kubeconfig(Path(args.kubeconfig), service_account=args.service_account)
+    else:
+        server, ca_pem, token = discover_in_cluster()
+    return TunnelParams(address=server, user_token=token, ca_pem=ca_pem)
+
+
+def run_tunnel(args: argparse.Namespace, register_token: str, server_cert: str | None,
+               client_cert: tuple[str, str] | None) -> int:
+    if args.once:
+        log.error("--once does not apply to --tunnel (the tunnel is held open)")
+        return 2
+    if args.external_proxy_addresses:
+        log.warning("--external-proxy-addresses is ignored with --tunnel: the gateway reaches the apiserver "
+                    "through this agent")
+    if not args.bke_address.startswith("https://"):
+        log.error("--tunnel needs an https:// --bke-address")
+        return 2
+    if args.insecure_skip_verify:
+        log.warning("--insecure-skip-verify: the gateway's certificate is NOT verified")
+    agent = TunnelAgent(
+        gateway_url=args.bke_address, cluster_id=args.cluster_id, register_token=register_token,
+        gather=lambda: gather_tunnel(args),
+        context=tunnel_client_context(server_cert=server_cert, insecure=args.insecure_skip_verify,
+                                      client_cert=client_cert),
+        refresh=float(args.periodsync),
+    )
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    try:
+        agent.run()
+    except KeyboardInterrupt:
+        agent.stop()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     register_token = os.environ.get("REGISTER_TOKEN", "").strip()
@@ -264,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
     server_cert = os.environ.get("SERVER_CERT")
     if not server_cert and not args.insecure_skip_verify:
         log.info("env SERVER_CERT not set: verifying the gateway against the system trust store")
+    if args.tunnel:
+        return run_tunnel(args, register_token, server_cert, client_cert)
     reporter = Reporter(args.bke_address, args.cluster_id, register_token, server_cert=server_cert,
                         insecure=args.insecure_skip_verify, client_cert=client_cert)
     failures = 0
@@ -307,6 +358,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                              "gateway maps its subject to this cluster: serve --client-cert-map)")
     parser.add_argument("--client-key", metavar="FILE", help="the key of --client-cert (default: in the same file)")
     parser.add_argument("--once", action="store_true", help="report once and exit (0 on success, 1 on failure)")
+    parser.add_argument("--tunnel", action="store_true",
+                        help="hold a WebSocket tunnel to the gateway (/bcsapi/v1/websocket/connect) instead of "
+                             "reporting addresses: for clusters the gateway cannot reach; the gateway then reaches "
+                             "this cluster's apiserver, and only it, through the agent")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,247 @@
+"""The agent end of a tunnel: ``bcs-middleware kube-agent --tunnel``.
+
+The agent opens HTTPS to the gateway and upgrades it to a WebSocket at
+``/bcsapi/v1/websocket/connect`` with the ``BCS-API-Tunnel-*`` headers of the Go
+``bcs-kube-agent`` (see :mod:`.handshake`): its register token, its cluster id,
+and its apiserver's address, CA and service-account token. Over that WebSocket the
+gateway sends remotedialer Connects (see :mod:`.session`); the agent dials and
+pipes the bytes, so the gateway talks TLS to the apiserver end to end.
+
+Security. The agent dials **only its own apiserver**: the address it reported
+(in a cluster the ``kubernetes`` service, ``KUBERNETES_SERVICE_HOST:PORT``;
+outside, the kubeconfig's server). A Connect naming anything else — another
+address, another port, a ``unix`` socket — is answered with an Error and never
+dialed, unlike the Go agent, which dials any TCP address the server names. The
+gateway's certificate is verified (``SERVER_CERT`` or the system trust store)
+unless ``--insecure-skip-verify``; no token is ever logged.
+
+Liveness. The agent pings every ``ping_interval`` seconds and takes the gateway
+as gone after ``dead_after`` seconds of silence; it reconnects with exponential
+backoff (``backoff_base`` doubling up to ``backoff_max``, each delay drawn in
+its upper half at random so that many agents do not reconnect in step), and
+starts over from ``backoff_base`` after a connection that lasted. Every
+``refresh`` seconds it gathers its cluster access again and reconnects if it
+changed (a rotated token or CA reaches the gateway that way).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .handshake import (
+    CONNECT_PATH,
+    HEADER_CLUSTER,
+    HEADER_MODULE,
+    HEADER_PARAMS,
+    HEADER_TOKEN,
+    MODULE_KUBE_AGENT,
+    TunnelParams,
+    dial_address,
+    host_port,
+)
+from .session import Session
+from .wschannel import ChannelError, HandshakeRejected, WebSocketChannel
+
+log = logging.getLogger("bcs_middleware.tunnel.agent")
+
+CONNECT_TIMEOUT = 10.0
+#: The longest an apiserver dial may take, whatever the gateway's Connect asks.
+DIAL_TIMEOUT = 15.0
+#: A connection that lasted this long resets the backoff.
+STABLE_AFTER = 30.0
+
+
+class ConnectNotAllowed(PermissionError):
+    """The gateway named an address that is not this cluster's apiserver."""
+
+
+@dataclass(frozen=True)
+class GatewayTarget:
+    """Where the tunnel goes: the gateway's base URL (``https://host[:port][/prefix]``)."""
+
+    host: str
+    port: int
+    path: str
+
+    @classmethod
+    def from_url(cls, url: str) -> GatewayTarget:
+        parts = urlsplit(url)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ValueError("the gateway address must be https://host[:port]")
+        return cls(parts.hostname, parts.port or 443, parts.path.rstrip("/") + CONNECT_PATH)
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == 443 else f"{host}:{self.port}"
+
+
+def apiserver_dialer(params: TunnelParams) -> Callable[[str, str, float], socket.socket]:
+    """A session ``dial`` that reaches ``params.address`` and nothing else."""
+    allowed = dial_address(params.address)
+    host, port = host_port(params.address)
+
+    def dial(proto: str, address: str, timeout: float) -> socket.socket:
+        if proto != "tcp" or address.lower() != allowed:
+            raise ConnectNotAllowed("connect not allowed: this agent reaches only its own cluster's apiserver")
+        return socket.create_connection((host, port), timeout=min(timeout, DIAL_TIMEOUT))
+
+    return dial
+
+
+class TunnelAgent:
+    """Keeps one tunnel to the gateway up (see the module docstring).
+
+    :param gateway_url: ``https://`` base URL of the gateway.
+    :param cluster_id: the cluster this agent serves.
+    :param register_token: the cluster's register token ("" with a client certificate).
+    :param gather: returns the current :class:`TunnelParams` (raises to retry later).
+    :param context: TLS client context verifying the gateway.
+    """
+
+    def __init__(self, *, gateway_url: str, cluster_id: str, register_token: str,
+                 gather: Callable[[], TunnelParams], context: ssl.SSLContext,
+                 connect_timeout: float = CONNECT_TIMEOUT, ping_interval: float = 10.0, dead_after: float = 45.0,
+                 backoff_base: float = 1.0, backoff_max: float = 60.0, refresh: float = 300.0,
+                 module: str = MODULE_KUBE_AGENT) -> None:
+        self.target = GatewayTarget.from_url(gateway_url)
+        self.cluster_id = cluster_id
+        self.register_token = register_token
+        self.gather = gather
+        self.context = context
+        self.connect_timeout = connect_timeout
+        self.ping_interval = ping_interval
+        self.dead_after = dead_after
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.refresh = refresh
+        self.module = module
+        self.connections = 0  # tunnels opened so far
+        self.session: Session | None = None
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+        session = self.session
+        if session is not None:
+            session.close("agent stopping")
+
+    def run(self) -> None:
+        """Connect, serve, reconnect with backoff — until :meth:`stop`."""
+        failures = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                params = self.gather()
+            except Exception as exc:  # the gatherer's own error type; it retries like a failed connect
+                failures += 1
+                log.error("cannot gather the cluster access: %s", exc)
+                self._stop.wait(self.backoff(failures))
+                continue
+            try:
+                session = self.connect(params)
+            except (ChannelError, OSError, ValueError) as exc:
+                failures += 1
+                self._log_failure(exc)
+            else:
+                self.connections += 1
+                log.info("tunnel to %s:%d open for cluster %s", self.target.host, self.target.port, self.cluster_id)
+                reason = self._serve(session, params)
+                log.warning("tunnel closed: %s", reason)
+                failures = 0 if time.monotonic() - started > STABLE_AFTER else failures + 1
+                if reason == "cluster access changed":
+                    failures = 0
+                    continue
+            if self._stop.is_set():
+                break
+            delay = self.backoff(failures)
+            log.info("reconnecting in %.1fs", delay)
+            self._stop.wait(delay)
+
+    def backoff(self, failures: int) -> float:
+        """Exponential, capped, with jitter in the upper half: ``failures`` = consecutive failures so far."""
+        if failures <= 0:
+            return 0.0
+        ceiling = min(self.backoff_max, self.backoff_base * 2.0 ** min(failures - 1, 30))
+        return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
+
+    def connect(self, params: TunnelParams) -> Session:
+        """Open the WebSocket and return the (not yet served) session; raises on failure."""
+        raw = socket.create_connection((self.target.host, self.target.port), timeout=self.connect_timeout)
+        sock: socket.socket = raw
+        try:
+            sock = self.context.wrap_socket(raw, server_hostname=self.target.host)
+            headers = [(HEADER_MODULE, self.module), (HEADER_CLUSTER, self.cluster_id),
+                       (HEADER_PARAMS, params.encode())]
+            if self.register_token:
+                headers.insert(1, (HEADER_TOKEN, self.register_token))
+            channel = WebSocketChannel.connect(sock, host=self.target.host_header, path=self.target.path,
+                                               headers=headers, timeout=self.connect_timeout)
+        except BaseException:
+            sock.close()
+            raise
+        session = Session(channel, dial=apiserver_dialer(params), ping_interval=self.ping_interval,
+                          dead_after=self.dead_after, name=self.cluster_id)
+        self.session = session
+        return session
+
+    def _serve(self, session: Session, params: TunnelParams) -> str:
+        serving = threading.Thread(target=session.serve, name="bcs-tunnel-agent-reader", daemon=True)
+        serving.start()
+        while serving.is_alive() and not self._stop.is_set():
+            serving.join(self.refresh)
+            if not serving.is_alive() or self._stop.is_set():
+                break
+            try:
+                current = self.gather()
+            except Exception as exc:  # the gatherer's own error type: keep the tunnel, try again later
+                log.warning("cannot gather the cluster access again (keeping the tunnel): %s", exc)
+                continue
+            if current != params:
+                session.close("cluster access changed")
+                serving.join(10)
+                return "cluster access changed"
+        if self._stop.is_set():
+            session.close("agent stopping")
+        serving.join(10)
+        return session.close_reason or "closed"
+
+    def _log_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, HandshakeRejected):
+            detail = exc.body[:300].decode("utf-8", "replace").strip()
+            log.error("the gateway refused the tunnel (HTTP %d)%s", exc.status, f": {detail}" if detail else "")
+        elif isinstance(exc, ssl.SSLCertVerificationError):
+            log.error("the gateway's certificate did not verify (SERVER_CERT): %s", exc.verify_message)
+        elif isinstance(exc, ssl.SSLError):
+            log.error("TLS with the gateway failed: %s", exc.reason or type(exc).__name__)
+        elif isinstance(exc, OSError | ChannelError):
+            log.error("cannot reach the gateway at %s:%d: %s", self.target.host, self.target.port,
+                      exc if isinstance(exc, ChannelError) else type(exc).__name__)
+        else:
+            log.error("cannot open the tunnel: %s", exc)
+
+
+def client_context(*, server_cert: str | None, insecure: bool,
+                   client_cert: tuple[str, str] | None = None) -> ssl.SSLContext:
+    """TLS to the gateway: verified against ``server_cert`` (PEM text or a path), else the system store."""
+    if insecure:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif server_cert:
+        pem = server_cert if "BEGIN CERTIFICATE" in server_cert else Path(server_cert).read_text()
+        context = ssl.create_default_context(cadata=pem)
+    else:
+        context = ssl.create_default_context()
+    if client_cert is not None:
+        context.load_cert_chain(*client_cert)
+    return context

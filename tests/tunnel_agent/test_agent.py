@@ -1,0 +1,339 @@
+"""The agent side of the tunnel: what it sends, what it dials, how it stays connected.
+
+A small stand-in gateway (a TLS WebSocket endpoint running the gateway's end of the
+session) replaces the real endpoint; the apiserver behind the agent is the fake
+apiserver over TLS. ``test_the_cli_agent_*`` start the real ``bcs-middleware
+kube-agent --tunnel`` process.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import signal
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bcs_middleware.tunnel.agent import TunnelAgent
+from bcs_middleware.tunnel.handshake import CONNECT_PATH, TunnelParams, dial_address
+from bcs_middleware.tunnel.session import Session
+from bcs_middleware.tunnel.wschannel import WebSocketChannel
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import CLI
+from tests.support.kube import write_kubeconfig
+
+from .wsfixtures import TLS, TargetServer, WSServer
+
+REGISTER_TOKEN = "register-" + "r" * 40
+SA_TOKEN = "sa-token-" + "s" * 40
+
+
+def _headers(head: bytes) -> dict[str, str]:
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines if line)}
+
+
+class StandInGateway:
+    """Accepts agent tunnels with the right register token; answers 401 otherwise (as bcs-api did)."""
+
+    def __init__(self, tls: TLS, *, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.sessions: list[Session] = []
+        self.attempts: list[float] = []
+        self.arrived = threading.Condition()
+        self.server = WSServer(tls, self._handle)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.server.port}"
+
+    def _handle(self, sock: ssl.SSLSocket, head: bytes, leftover: bytes) -> None:
+        self.attempts.append(time.monotonic())
+        headers = _headers(head)
+        if self.refuse or headers.get("bcs-api-tunnel-token") != REGISTER_TOKEN:
+            body = b"failed authentication"
+            sock.sendall(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.close()
+            return
+        session = Session(WebSocketChannel.accept(sock, head, leftover=leftover), name="stand-in")
+        with self.arrived:
+            self.sessions.append(session)
+            self.arrived.notify_all()
+        session.serve()
+
+    def wait_session(self, count: int = 1, timeout: float = 10) -> Session:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.sessions) >= count and not self.sessions[-1].closed,
+                                         timeout), f"no tunnel #{count} within {timeout}s"
+            return self.sessions[count - 1]
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close("stand-in gateway stopping")
+        self.server.close()
+
+
+@pytest.fixture(scope="module")
+def tls() -> TLS:
+    return TLS()
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer(token=SA_TOKEN) as server:
+        yield server
+
+
+@pytest.fixture
+def gateway(tls: TLS) -> Iterator[StandInGateway]:
+    gw = StandInGateway(tls)
+    yield gw
+    gw.close()
+
+
+def params_for(api: FakeAPIServer) -> TunnelParams:
+    return TunnelParams(address=api.url, user_token=SA_TOKEN, ca_pem=api.ca_pem)
+
+
+@contextlib.contextmanager
+def running_agent(gateway_url: str, context: ssl.SSLContext, gather, **options) -> Iterator[TunnelAgent]:  # type: ignore[no-untyped-def]
+    agent = TunnelAgent(gateway_url=gateway_url, cluster_id="BCS-K8S-40001", register_token=REGISTER_TOKEN,
+                        gather=gather, context=context, **options)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def get_through(session: Session, params: TunnelParams, path: str = "/version") -> tuple[int, bytes]:
+    """What the gateway does: TLS to the apiserver through the tunnel, with the reported CA and token."""
+    raw = session.open("tcp", dial_address(params.address), 5)
+    raw.settimeout(10)
+    context = ssl.create_default_context(cadata=params.ca_pem)
+    with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: kubernetes\r\nAuthorization: Bearer {params.user_token}\r\n"
+                     f"Connection: close\r\n\r\n".encode())
+        data = bytearray()
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_agent_opens_the_tunnel_with_the_bk_bcs_headers(tls: TLS, api: FakeAPIServer,
+                                                            gateway: StandInGateway) -> None:
+    with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)):
+        gateway.wait_session()
+    head = gateway.server.heads[0]
+    assert head.startswith(f"GET {CONNECT_PATH} HTTP/1.1\r\n".encode())
+    headers = _headers(head)
+    assert headers["host"] == f"127.0.0.1:{gateway.server.port}"
+    assert headers["upgrade"].lower() == "websocket"
+    assert headers["bcs-api-tunnel-module"] == "kube-agent"
+    assert headers["bcs-api-tunnel-token"] == REGISTER_TOKEN
+    assert headers["bcs-api-tunnel-clusterid"] == "BCS-K8S-40001"
+    # base64 (standard alphabet, padded) of a JSON object with exactly the Go agent's keys
+    params = json.loads(base64.b64decode(headers["bcs-api-tunnel-params"], validate=True))
+    assert set(params) == {"address", "userToken", "caCert"}
+    assert params["address"] == api.url
+    assert params["userToken"] == SA_TOKEN
+    assert base64.b64decode(params["caCert"], validate=True).decode() == api.ca_pem
+    assert TunnelParams.decode(headers["bcs-api-tunnel-params"]) == params_for(api)
+
+
+def test_the_gateway_reaches_the_agents_apiserver_through_the_tunnel(tls: TLS, api: FakeAPIServer,
+                                                                     gateway: StandInGateway) -> None:
+    with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)):
+        session = gateway.wait_session()
+        status, body = get_through(session, params_for(api))
+        assert status == 200
+        assert json.loads(body)["major"] == "1"
+        assert api.requests.last("/version") is not None
+
+
+def test_the_agent_dials_only_its_own_apiserver(tls: TLS, api: FakeAPIServer, gateway: StandInGateway,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    foreign = TargetServer("echo")  # on the same host as the apiserver, another port
+    caplog.set_level(logging.INFO)
+    try:
+        with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)):
+            session = gateway.wait_session()
+            for proto, address in [("tcp", foreign.address), ("tcp", "10.0.0.1:6443"),
+                                   ("tcp", f"localhost:{api.port}"), ("tcp", f"127.0.0.1:{api.port + 1}"),
+                                   ("unix", "/var/run/docker.sock"), ("udp", f"127.0.0.1:{api.port}")]:
+                with session.open(proto, address, 5) as sock:
+                    sock.settimeout(5)
+                    sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    assert sock.recv(100) == b"", address
+            # the tunnel still serves the apiserver itself
+            assert get_through(session, params_for(api))[0] == 200
+    finally:
+        foreign.close()
+    assert foreign.connections == 0
+    assert "connect not allowed" in caplog.text
+    assert SA_TOKEN not in caplog.text and REGISTER_TOKEN not in caplog.text
+
+
+def test_the_gateway_certificate_is_verified(api: FakeAPIServer, gateway: StandInGateway,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    other_ca = TLS()  # the agent trusts another CA than the one that signed the gateway's certificate
+    caplog.set_level(logging.INFO)
+    with running_agent(gateway.url, other_ca.client_context(), lambda: params_for(api),
+                       backoff_base=0.1, backoff_max=0.2) as agent:
+        time.sleep(1.0)
+        assert agent.connections == 0
+    assert gateway.sessions == [] and gateway.server.heads == []
+    assert "did not verify" in caplog.text
+
+
+def test_the_agent_reconnects_after_the_gateway_drops_it(tls: TLS, api: FakeAPIServer,
+                                                         gateway: StandInGateway) -> None:
+    with running_agent(gateway.url, tls.client_context(), lambda: params_for(api),
+                       backoff_base=0.2, backoff_max=1.0) as agent:
+        first = gateway.wait_session(1)
+        first.close("gateway restarting")
+        second = gateway.wait_session(2, timeout=10)
+        deadline = time.monotonic() + 5
+        while agent.connections < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert agent.connections == 2
+        assert get_through(second, params_for(api))[0] == 200
+
+
+def test_a_refused_tunnel_is_retried_with_growing_backoff(tls: TLS, api: FakeAPIServer,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    refusing = StandInGateway(tls, refuse=True)
+    caplog.set_level(logging.INFO)
+    try:
+        with running_agent(refusing.url, tls.client_context(), lambda: params_for(api),
+                           backoff_base=0.1, backoff_max=0.8):
+            deadline = time.monotonic() + 10
+            while len(refusing.attempts) < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        refusing.close()
+    gaps = [b - a for a, b in zip(refusing.attempts, refusing.attempts[1:], strict=False)]
+    assert len(gaps) >= 4
+    # 0.05-0.1, 0.1-0.2, 0.2-0.4, 0.4-0.8 s (jitter in the upper half), plus a little overhead
+    for gap, floor in zip(gaps, [0.05, 0.1, 0.2, 0.4], strict=False):
+        assert gap >= floor * 0.9, gaps
+    assert max(gaps) < 0.8 + 0.5
+    assert "refused the tunnel (HTTP 401): failed authentication" in caplog.text
+    assert REGISTER_TOKEN not in caplog.text and SA_TOKEN not in caplog.text
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
+    agent = TunnelAgent(gateway_url="https://gw.example", cluster_id="c", register_token="t",
+                        gather=lambda: TunnelParams("https://a:1", "t", "pem"),
+                        context=ssl.create_default_context(), backoff_base=1.0, backoff_max=60.0)
+    assert agent.backoff(0) == 0.0
+    for failures, ceiling in [(1, 1), (2, 2), (3, 4), (6, 32), (7, 60), (100, 60)]:
+        delays = [agent.backoff(failures) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(set(delays)) > 100  # jittered, not in step
+
+
+def test_a_changed_token_is_reported_by_reconnecting(tls: TLS, api: FakeAPIServer,
+                                                     gateway: StandInGateway) -> None:
+    current = [params_for(api)]
+    with running_agent(gateway.url, tls.client_context(), lambda: current[0], refresh=0.2):
+        gateway.wait_session(1)
+        current[0] = TunnelParams(api.url, "rotated-token", api.ca_pem)
+        gateway.wait_session(2, timeout=10)
+    params = json.loads(base64.b64decode(_headers(gateway.server.heads[1])["bcs-api-tunnel-params"]))
+    assert params["userToken"] == "rotated-token"
+
+
+@contextlib.contextmanager
+def cli_agent(tmp_path: Path, gateway_url: str, kubeconfig: Path, server_cert: str) -> Iterator[subprocess.Popen[str]]:
+    env = dict(os.environ, REGISTER_TOKEN=REGISTER_TOKEN, SERVER_CERT=server_cert)
+    log_file = (tmp_path / "agent.log").open("w")
+    process = subprocess.Popen(
+        [CLI, "kube-agent", "--tunnel", "--bke-address", gateway_url, "--cluster-id", "BCS-K8S-40001",
+         "--kubeconfig", str(kubeconfig)],
+        env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        log_file.close()
+
+
+def test_the_cli_agent_serves_its_apiserver_and_refuses_the_rest(tmp_path: Path, tls: TLS, api: FakeAPIServer,
+                                                                 gateway: StandInGateway) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=api.url, token=SA_TOKEN, ca_pem=api.ca_pem)
+    foreign = TargetServer("echo")
+    try:
+        with cli_agent(tmp_path, gateway.url, kubeconfig, tls.ca_pem) as process:
+            session = gateway.wait_session(timeout=20)
+            assert get_through(session, params_for(api))[0] == 200
+            with session.open("tcp", foreign.address, 5) as sock:
+                sock.settimeout(5)
+                assert sock.recv(10) == b""
+            # SIGTERM closes the tunnel cleanly: the gateway's end sees it at once
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(10) == 0
+            deadline = time.monotonic() + 5
+            while not session.closed and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert session.closed
+    finally:
+        foreign.close()
+    assert foreign.connections == 0
+    log_text = (tmp_path / "agent.log").read_text()
+    assert "tunnel to 127.0.0.1" in log_text
+    assert REGISTER_TOKEN not in log_text and SA_TOKEN not in log_text
+
+
+def test_the_cli_agent_refuses_an_unverified_gateway(tmp_path: Path, api: FakeAPIServer,
+                                                     gateway: StandInGateway) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=api.url, token=SA_TOKEN, ca_pem=api.ca_pem)
+    with cli_agent(tmp_path, gateway.url, kubeconfig, TLS().ca_pem) as process:
+        time.sleep(1.5)
+        assert process.poll() is None  # it keeps trying, with backoff
+    assert gateway.server.heads == []  # the register token never left the agent
+    assert "did not verify" in (tmp_path / "agent.log").read_text()
+
+
+def test_the_cli_agent_needs_https(tmp_path: Path, api: FakeAPIServer) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=api.url, token=SA_TOKEN, ca_pem=api.ca_pem)
+    result = subprocess.run(
+        [CLI, "kube-agent", "--tunnel", "--insecure-skip-verify", "--bke-address", "http://127.0.0.1:1",
+         "--cluster-id", "c", "--kubeconfig", str(kubeconfig)],
+        env=dict(os.environ, REGISTER_TOKEN=REGISTER_TOKEN), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "https://" in result.stderr
+
+
+
+
+def test_the_example_manifests_tunnel_line_is_a_valid_agent_option() -> None:
+    import argparse
+
+    import yaml
+
+    from bcs_middleware import kube_agent
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "kube-agent.yaml").read_text()
+    assert "# - --tunnel\n" in text
+    documents = list(yaml.safe_load_all(text.replace("# - --tunnel\n", "- --tunnel\n")))
+    container = documents[-1]["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    kube_agent.configure_parser(parser)
+    args = parser.parse_args(container["args"])
+    assert args.tunnel and args.bke_address.startswith("https://")
