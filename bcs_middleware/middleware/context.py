@@ -33,7 +33,7 @@ from .. import converters as conv
 from .. import environ as env
 from ..logsetup import LineWriterHandler
 from ..metrics import BATCH
-from ..tunnel.endpoint import CONNECT_PATH
+from ..tunnel.handshake import CONNECT_PATH
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")

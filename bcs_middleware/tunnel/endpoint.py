@@ -7,13 +7,13 @@ with ``bcs-common/common/websocketDialer``), spoken as its kube-agent speaks it
 ========================  =========================================================
 header                    value
 ========================  =========================================================
-``BCS-API-Tunnel-Module``    ``kubeagent`` (the Go agent) or ``kube-agent``
+``BCS-API-Tunnel-Module``    ``kube-agent`` or ``kubeagent`` (the Go agents)
 ``BCS-API-Tunnel-ClusterId`` the cluster id
 ``BCS-API-Tunnel-Token``     the cluster's register token
 ``BCS-API-Tunnel-Params``    standard base64 of JSON ``{"address", "userToken", "caCert"}``:
                           the apiserver URL as the agent reaches it (``https://``), the
-                          service-account token, and the apiserver's CA — base64 of the
-                          PEM as the Go agent sends it, or the PEM itself
+                          service-account token, and base64 of the apiserver's CA PEM
+                          (the shape is :mod:`.handshake`'s)
 ========================  =========================================================
 
 then remotedialer framing over binary messages (:mod:`bcs_middleware.tunnel.session`).
@@ -51,9 +51,6 @@ input, ``401`` for authentication; the source wrote the error text as the body).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 import socket
 from collections.abc import Iterable, Iterator
@@ -67,22 +64,27 @@ from ..errors import BadRequest, BCSError, NotImplementedByServer, Unauthorized
 from ..store import SQLStore
 from ..upgrade_request import upgrade_protocol
 from ..upstream.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut_client
+from .handshake import (
+    CONNECT_PATH,
+    HEADER_CLUSTER,
+    HEADER_MODULE,
+    HEADER_PARAMS,
+    HEADER_TOKEN,
+    MODULE_KUBE_AGENT,
+    MODULE_KUBE_AGENT_V2,
+    TunnelParams,
+    TunnelParamsError,
+)
 from .registry import LocalAgents
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
 
-CONNECT_PATH = "/bcsapi/v1/websocket/connect"
-MODULE_HEADER = "BCS-API-Tunnel-Module"
-CLUSTER_HEADER = "BCS-API-Tunnel-ClusterId"
-TOKEN_HEADER = "BCS-API-Tunnel-Token"
-PARAMS_HEADER = "BCS-API-Tunnel-Params"
-#: ``kubeagent`` is what bcs-kube-agent sends; ``kube-agent`` is accepted as well.
-KUBE_AGENT_MODULES = frozenset({"kubeagent", "kube-agent"})
+#: ``kube-agent`` is what bcs-kube-agent sent to bcs-api, ``kubeagent`` what later ones send.
+KUBE_AGENT_MODULES = frozenset({MODULE_KUBE_AGENT, MODULE_KUBE_AGENT_V2})
 
 _MAX_CLUSTER_ID = 128
 _MAX_TOKEN = 512
-_MAX_PARAMS = 64 * 1024
 _MAX_ADDRESS = 2048
 _MAX_USER_TOKEN = 16 * 1024
 _MAX_CA = 32 * 1024
@@ -130,19 +132,19 @@ class AgentTunnelMiddleware:
     def _connect(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "GET":
             raise BadRequest("the tunnel is opened with GET and a WebSocket upgrade", code_name="BAD_TUNNEL_REQUEST")
-        module = _header(environ, MODULE_HEADER)
-        cluster_id = _header(environ, CLUSTER_HEADER)
-        token = _header(environ, TOKEN_HEADER)
+        module = _header(environ, HEADER_MODULE)
+        cluster_id = _header(environ, HEADER_CLUSTER)
+        token = _header(environ, HEADER_TOKEN)
         if not module:
-            raise BadRequest(f"{MODULE_HEADER} is required", code_name="BAD_TUNNEL_REQUEST")
+            raise BadRequest(f"{HEADER_MODULE} is required", code_name="BAD_TUNNEL_REQUEST")
         if module not in KUBE_AGENT_MODULES:
-            raise BadRequest(f"{MODULE_HEADER}: only kube-agents open tunnels here", code_name="BAD_TUNNEL_REQUEST")
+            raise BadRequest(f"{HEADER_MODULE}: only kube-agents open tunnels here", code_name="BAD_TUNNEL_REQUEST")
         if not cluster_id or len(cluster_id) > _MAX_CLUSTER_ID or not cluster_id.isprintable():
-            raise BadRequest(f"{CLUSTER_HEADER} is required (at most {_MAX_CLUSTER_ID} characters)",
+            raise BadRequest(f"{HEADER_CLUSTER} is required (at most {_MAX_CLUSTER_ID} characters)",
                              code_name="BAD_TUNNEL_REQUEST")
         if not token or len(token) > _MAX_TOKEN:
             raise Unauthorized("failed authentication: a register token is required")
-        address, user_token, ca_pem = parse_params(_header(environ, PARAMS_HEADER))
+        params = parse_params(_header(environ, HEADER_PARAMS))
         # The current register token of this very cluster, compared in constant time.
         if self.store.check_register_token(cluster_id, token) is not True:
             raise Unauthorized("failed authentication")
@@ -157,12 +159,13 @@ class AgentTunnelMiddleware:
         if client is None:
             raise NotImplementedByServer("agent tunnels need the gateway to run under gunicorn over HTTP/1.1")
         previous, _record = self.store.report_credentials(
-            cluster_id, server_addresses=[address], cacert_pem=ca_pem, user_token=user_token, via_tunnel=True)
+            cluster_id, server_addresses=[params.address], cacert_pem=params.ca_pem, user_token=params.user_token,
+            via_tunnel=True)
         # Addresses only: the CA and the service-account token never enter the audit trail.
         self.store.record_audit(
             f"cluster-agent:{cluster_id}", "credentials.put", f"cluster:{cluster_id}",
             {"old_server_addresses": list(previous) if previous is not None else None,
-             "server_addresses": [address], "via_tunnel": True},
+             "server_addresses": [params.address], "via_tunnel": True},
         )
         if self.directory is not None:
             self.directory.forget(cluster_id)
@@ -228,55 +231,40 @@ class _AgentConnection:
             shut_client(client)
 
 
-def parse_params(value: str) -> tuple[str, str, str]:
-    """``BCS-API-Tunnel-Params`` → (address, user token, CA PEM); ``400`` naming what is wrong."""
+def parse_params(value: str) -> TunnelParams:
+    """``BCS-API-Tunnel-Params`` (:mod:`.handshake` reads the wire format), bounded further:
+    an ``https://host[:port]`` address without user information, query or fragment, a
+    printable service-account token, a CA that parses as PEM certificates. ``400`` naming
+    what is wrong, never quoting it."""
     if not value:
         raise _bad_params("is required")
-    if len(value) > _MAX_PARAMS:
-        raise _bad_params(f"is longer than {_MAX_PARAMS} bytes")
     try:
-        params = json.loads(base64.b64decode(value, validate=True))
-    except (binascii.Error, ValueError, RecursionError):
-        raise _bad_params("must be base64 of a JSON object") from None
-    if not isinstance(params, dict):
-        raise _bad_params("must be base64 of a JSON object")
-    address, user_token, ca = params.get("address"), params.get("userToken"), params.get("caCert")
-    if not isinstance(address, str) or not address or len(address) > _MAX_ADDRESS:
-        raise _bad_params("address: an https:// URL is required")
+        params = TunnelParams.decode(value)
+    except TunnelParamsError as exc:
+        text = str(exc)
+        raise _bad_params(text.removeprefix(HEADER_PARAMS).lstrip(": ") or "is malformed") from None
+    except RecursionError:  # JSON nested deeper than the parser goes
+        raise _bad_params("is not base64 of a JSON object") from None
+    address, user_token, ca_pem = params.address, params.user_token, params.ca_pem
     parts = urlsplit(address)
-    try:
-        parts.port  # noqa: B018 - raises on a malformed port
-    except ValueError:
-        raise _bad_params("address: the port is invalid") from None
-    if (parts.scheme != "https" or not parts.hostname or parts.username or parts.password
-            or parts.query or parts.fragment or "@" in parts.netloc):
+    if (len(address) > _MAX_ADDRESS or parts.username or parts.password or parts.query or parts.fragment
+            or "@" in parts.netloc):
         raise _bad_params("address: must be an https://host[:port] URL")
-    if not isinstance(user_token, str) or not user_token or len(user_token) > _MAX_USER_TOKEN \
-            or not user_token.isprintable() or " " in user_token:
-        raise _bad_params("userToken: the service-account token is required")
-    if not isinstance(ca, str) or not ca or len(ca) > _MAX_CA:
-        raise _bad_params("caCert: the apiserver's CA is required")
-    return address.rstrip("/"), user_token, _ca_pem(ca)
-
-
-def _ca_pem(value: str) -> str:
-    text = value
-    if "-----BEGIN" not in value:
-        try:
-            text = base64.b64decode(value, validate=True).decode("ascii")
-        except (binascii.Error, ValueError):
-            raise _bad_params("caCert: must be a PEM certificate, or base64 of one") from None
+    if len(user_token) > _MAX_USER_TOKEN or not user_token.isprintable() or " " in user_token:
+        raise _bad_params("userToken: must be a service-account token")
+    if len(ca_pem) > _MAX_CA:
+        raise _bad_params(f"caCert: longer than {_MAX_CA} bytes")
     try:
-        certs = x509.load_pem_x509_certificates(text.encode())
+        certs = x509.load_pem_x509_certificates(ca_pem.encode())
     except ValueError:
         certs = []
     if not certs:
-        raise _bad_params("caCert: must be a PEM certificate, or base64 of one")
-    return text
+        raise _bad_params("caCert: must be base64 of a PEM certificate")
+    return TunnelParams(address.rstrip("/"), user_token, ca_pem)
 
 
 def _bad_params(what: str) -> BadRequest:
-    return BadRequest(f"{PARAMS_HEADER} {what}", code_name="BAD_TUNNEL_PARAMS")
+    return BadRequest(f"{HEADER_PARAMS} {what}", code_name="BAD_TUNNEL_PARAMS")
 
 
 def request_head(environ: dict[str, Any]) -> bytes:

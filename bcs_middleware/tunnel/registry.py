@@ -8,9 +8,12 @@ cluster id, and records in the store that it holds it (``agent_placements``), so
 other workers and instances can find it (the peers helper's router).
 
 * **One agent per cluster, the newest wins.** A second connection for the same
-  cluster replaces the first, which is closed: an agent whose network broke
+  cluster takes every new stream from the first: an agent whose network broke
   reconnects long before the gateway could notice its old connection is dead, and
-  both connections authenticated with the same current register token.
+  both connections authenticated with the same current register token. The older
+  connection is closed as soon as it carries no stream (at once when idle), so an
+  ``exec`` session open over it during an agent's rolling update is not cut. Two
+  agents kept running for one cluster therefore take turns; run one.
 * **The register token is re-checked** every ``check_every`` seconds for every
   held agent: a rotated or revoked token (or a deleted cluster) drops the tunnel
   within that time, wherever the revocation was made. The same pass is the
@@ -49,6 +52,8 @@ DEFAULT_CHECK_EVERY = 2.0
 #: A placement whose heartbeat is older than this belongs to a process that died
 #: without clearing it: nobody holds that agent.
 PLACEMENT_STALE_AFTER = 15.0
+_REPLACED = "replaced by a newer connection of the cluster's kube-agent"
+_REVOKED = "the cluster's register token was rotated or revoked"
 # Why recently departed agents left, kept a while so a 503 can say "gone" rather than "never here".
 _GONE_KEPT = 600.0
 
@@ -56,10 +61,17 @@ _GONE_KEPT = 600.0
 class AgentSession(Protocol):
     """What the registry needs of a tunnel session (:class:`bcs_middleware.tunnel.session.Session`)."""
 
-    closed: bool
-    streams: int
-    bytes_in: int
-    bytes_out: int
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def streams(self) -> int: ...
+
+    @property
+    def bytes_in(self) -> int: ...
+
+    @property
+    def bytes_out(self) -> int: ...
 
     def open(self, proto: str, address: str, timeout: float) -> socket.socket: ...
 
@@ -104,6 +116,8 @@ class LocalAgents:
         self.check_every = check_every
         self._lock = threading.Lock()
         self._agents: dict[str, _Attached] = {}
+        # Replaced connections still carrying streams, closed once they carry none.
+        self._draining: list[tuple[str, _Attached]] = []
         self._gone: LRUCache[str, str] = LRUCache(max_entries=4096, ttl=_GONE_KEPT)
         self._keeper: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -121,7 +135,11 @@ class LocalAgents:
             self._agents[cluster_id] = attached
             was_gone = self._gone.pop(cluster_id) is not None
         if old is not None:
-            self._retire(cluster_id, old, "replaced by a newer connection of the cluster's kube-agent")
+            if old.session.streams and not old.session.closed:
+                with self._lock:
+                    self._draining.append((cluster_id, old))
+            else:
+                self._retire(cluster_id, old, _REPLACED)
         if old is not None or was_gone:
             metrics.AGENT_RECONNECTS.labels(attached.label).inc()
         metrics.AGENTS_CONNECTED.inc()
@@ -136,9 +154,17 @@ class LocalAgents:
         with self._lock:
             attached = self._agents.get(cluster_id)
             if attached is None or attached.session is not session:
-                return
-            del self._agents[cluster_id]
-            self._gone.put(cluster_id, reason)
+                drained = [entry for entry in self._draining if entry[1].session is session]
+                for entry in drained:
+                    self._draining.remove(entry)
+            else:
+                drained = []
+                del self._agents[cluster_id]
+                self._gone.put(cluster_id, reason)
+        if attached is None or attached.session is not session:
+            for _cluster, old in drained:
+                self._retire(cluster_id, old, reason)
+            return
         self._retire(cluster_id, attached, reason)
         if self.placements is not None:
             try:
@@ -150,7 +176,8 @@ class LocalAgents:
     def _retire(self, cluster_id: str, attached: _Attached, reason: str) -> None:
         metrics.AGENTS_CONNECTED.dec()
         self._report(attached)
-        metrics.AGENT_STREAMS.labels(attached.label).set(0)
+        if cluster_id not in self._agents:  # else the newer connection's count stands
+            metrics.AGENT_STREAMS.labels(attached.label).set(0)
         if not attached.session.closed:
             attached.session.close(reason)
 
@@ -222,18 +249,22 @@ class LocalAgents:
         """One pass: drop agents no longer authorized, heartbeat, refresh metrics."""
         with self._lock:
             held = list(self._agents.items())
+            draining = list(self._draining)
+        for cluster_id, old in draining:
+            authorized = old.still_authorized is None or _asked(old.still_authorized, cluster_id)
+            if old.session.closed or not old.session.streams or not authorized:
+                with self._lock:
+                    if (cluster_id, old) in self._draining:
+                        self._draining.remove((cluster_id, old))
+                    else:
+                        continue
+                self._retire(cluster_id, old, _REPLACED if authorized else _REVOKED)
         for cluster_id, attached in held:
             if attached.session.closed:
                 self.detach(cluster_id, attached.session, "the agent connection closed")
                 continue
-            verdict = True
-            if attached.still_authorized is not None:
-                try:
-                    verdict = attached.still_authorized()
-                except Exception:  # the store is unreachable: keep the agent, say why in the log
-                    log.warning("could not re-check the register token of cluster %s", cluster_id)
-            if not verdict:
-                self.detach(cluster_id, attached.session, "the cluster's register token was rotated or revoked")
+            if attached.still_authorized is not None and not _asked(attached.still_authorized, cluster_id):
+                self.detach(cluster_id, attached.session, _REVOKED)
                 continue
             self._report(attached)
         if held and self.placements is not None:
@@ -258,6 +289,19 @@ class LocalAgents:
         self._stopped.set()
         for cluster_id in self.clusters():
             self.drop(cluster_id, reason)
+        with self._lock:
+            draining, self._draining = self._draining, []
+        for cluster_id, old in draining:
+            self._retire(cluster_id, old, reason)
+
+
+def _asked(still_authorized: Callable[[], bool], cluster_id: str) -> bool:
+    """The re-check's answer; an unreachable store keeps the agent (and says so in the log)."""
+    try:
+        return bool(still_authorized())
+    except Exception:
+        log.warning("could not re-check the register token of cluster %s", cluster_id)
+        return True
 
 
 class LocalOnlyDialer:

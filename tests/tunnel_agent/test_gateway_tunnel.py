@@ -122,11 +122,22 @@ def test_python_client_lists_and_watches(agent: Agent, apiserver: FakeAPIServer,
 
 
 def test_metrics_count_the_agent(gateway: Gateway, agent: Agent) -> None:
-    status, body = gateway.call("GET", "/metrics", token="")
-    text = body.decode()
-    assert status == 200
+    assert gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0] == 200
+    deadline = time.monotonic() + 10
+    while True:  # bytes and streams are refreshed every couple of seconds
+        status, body = gateway.call("GET", "/metrics", token="")
+        text = body.decode()
+        assert status == 200
+        if f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="in"}}' in text \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert "bcs_agent_tunnels_connected 1.0" in text
     assert f'bcs_agent_tunnel_connections_total{{cluster="{CLUSTER}"}}' in text
+    assert f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="in"}}' in text
+    assert f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="out"}}' in text
+    assert f'bcs_agent_tunnel_streams{{cluster="{CLUSTER}"}}' in text
+    assert 'bcs_api_request_count_total{cluster="",code="101",kind="agent",method="GET"}' in text
 
 
 def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(

@@ -168,6 +168,22 @@ def test_a_newer_agent_replaces_the_older_one() -> None:
     assert placements.placed == {}
 
 
+def test_a_replaced_agent_carrying_streams_is_closed_once_they_end() -> None:
+    """An exec session open over the old connection during the agent's rolling update is not cut."""
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
+    first, second = FakeSession(("127.0.0.1", 1)), FakeSession(("127.0.0.1", 1))
+    first.streams = 1
+    agents.attach("c1", first)
+    agents.attach("c1", second)
+    assert not first.closed and agents.session("c1") is second
+    agents.check()
+    assert not first.closed
+    first.streams = 0
+    agents.check()
+    assert first.closed and "replaced" in first.close_reason
+    assert not second.closed
+
+
 def test_an_agent_no_longer_authorized_is_dropped_by_the_check() -> None:
     agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
     allowed = {"ok": True}
