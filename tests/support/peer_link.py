@@ -92,46 +92,6 @@ class RawPeer:
         self.sock.close()
 
 
-class InProcessAgent:
-    """An agent in this process: the real tunnel session over the real WebSocket channel.
-
-    For the served peer tests while a real ``kube-agent --tunnel`` is not at hand: it opens
-    the gateway's tunnel endpoint with the Go agent's headers and dials only ``apiserver``.
-    """
-
-    def __init__(self, gateway_port: int, ca_file: str, cluster_id: str, register_token: str, *,
-                 apiserver: tuple[str, int], apiserver_url: str, ca_pem: str, sa_token: str) -> None:
-        import base64
-        import threading
-
-        from bcs_middleware.tunnel.session import Session
-        from bcs_middleware.tunnel.wschannel import WebSocketChannel
-
-        params = base64.b64encode(json.dumps({
-            "address": apiserver_url, "userToken": sa_token,
-            "caCert": base64.b64encode(ca_pem.encode()).decode()}).encode()).decode()
-        headers = [("BCS-API-Tunnel-Module", "kubeagent"), ("BCS-API-Tunnel-ClusterId", cluster_id),
-                   ("BCS-API-Tunnel-Token", register_token), ("BCS-API-Tunnel-Params", params)]
-        raw = socket.create_connection(("127.0.0.1", gateway_port), timeout=10)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = ssl.create_default_context(cafile=ca_file).wrap_socket(raw, server_hostname="localhost")
-        channel = WebSocketChannel.connect(sock, host=f"localhost:{gateway_port}",
-                                           path="/bcsapi/v1/websocket/connect", headers=headers, timeout=10)
-
-        def dial(proto: str, address: str, timeout: float) -> socket.socket:
-            sock = socket.create_connection(apiserver, timeout=timeout)  # its own apiserver, whatever is named
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-
-        self.session = Session(channel, dial=dial, name="agent")
-        self._thread = threading.Thread(target=self.session.serve, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.session.close("test over")
-        self._thread.join(10)
-
-
 class QuickAPIServer:
     """A TLS HTTP/1.1 server answering every request at once with one small JSON (one write, no Nagle).
 

@@ -30,11 +30,11 @@ from bcs_middleware.tunnel.router import AgentRouter
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway
 from tests.support.kube import kubectl, kubectl_watch
-from tests.support.peer_link import InProcessAgent, QuickAPIServer, StandInAgents
+from tests.support.peer_link import QuickAPIServer, StandInAgents
 from tests.support.servers import TrapListener, free_port
 from tests.tunnel.test_upgrade import Handlers
 
-from .conftest import SA_TOKEN, create_cluster
+from .conftest import Agent, create_cluster
 
 CLUSTER = "BCS-K8S-PEER1"
 POD = {"metadata": {"name": "p", "namespace": "default"},
@@ -511,19 +511,16 @@ def two_instances(postgres_server, tmp_path_factory: pytest.TempPathFactory,  # 
             store.dispose()
 
 
-def _connect_agent(gw: Gateway, apiserver: FakeAPIServer | QuickAPIServer, cluster_id: str) -> InProcessAgent:
-    token = create_cluster(gw, cluster_id)
-    agent = InProcessAgent(gw.server.port, gw.ca_file, cluster_id, token, apiserver=("127.0.0.1", apiserver.port),
-                           apiserver_url=apiserver.url, ca_pem=apiserver.ca_pem, sa_token=SA_TOKEN)
-    deadline = time.monotonic() + 20
-    status, body = 0, b""
-    while time.monotonic() < deadline:
-        status, body = gw.call("GET", f"/tunnels/clusters/{cluster_id}/version")
-        if status == 200:
-            return agent
-        time.sleep(0.1)
-    agent.stop()
-    raise AssertionError(f"the agent did not connect: {status} {body[:300]!r}")
+def _connect_agent(gw: Gateway, apiserver: FakeAPIServer | QuickAPIServer, cluster_id: str,
+                   workdir: Path) -> Agent:
+    """A real ``kube-agent --tunnel`` for a new cluster, connected to ``gw``."""
+    agent = Agent(gw, apiserver, cluster_id, create_cluster(gw, cluster_id), workdir).start()  # type: ignore[arg-type]
+    try:
+        agent.wait_connected()
+    except BaseException:
+        agent.stop()
+        raise
+    return agent
 
 
 def test_request_to_the_instance_without_the_agent_works(
@@ -531,7 +528,7 @@ def test_request_to_the_instance_without_the_agent_works(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     one, two, store = two_instances
     cluster = "BCS-K8S-TWOINST"
-    agent = _connect_agent(one, apiserver, cluster)
+    agent = _connect_agent(one, apiserver, cluster, tmp_path_factory.mktemp("agent"))
     try:
         _wait_agent_placed(store, cluster)
         # kubectl against the instance the agent is NOT connected to.
@@ -561,7 +558,7 @@ def test_request_to_the_instance_without_the_agent_works(
         # The hop's cost: a few hundred requests each way (a figure for the report, not an assert),
         # to an apiserver that answers at once (the fake's own latency would drown the figure).
         quick = QuickAPIServer(str(tmp_path_factory.mktemp("quick")))
-        quick_agent = _connect_agent(one, quick, "BCS-K8S-QUICK")
+        quick_agent = _connect_agent(one, quick, "BCS-K8S-QUICK", tmp_path_factory.mktemp("quick-agent"))
         try:
             _wait_agent_placed(store, "BCS-K8S-QUICK")
             quick_path = "/tunnels/clusters/BCS-K8S-QUICK/version"
@@ -593,7 +590,7 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
     cluster = "BCS-K8S-TWOWORK"
     args = ["--upstream-deny", "127.0.0.0/8", "--log-level", "debug"]
     with served_gateway(tmp_path_factory.mktemp("workers"), args=args, workers=2) as gw:
-        agent = _connect_agent(gw, apiserver, cluster)
+        agent = _connect_agent(gw, apiserver, cluster, tmp_path_factory.mktemp("agent2"))
         try:
             # Fresh connections land in either worker (SO_REUSEPORT): every one is answered.
             for _ in range(24):
@@ -601,7 +598,8 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
                 assert status == 200, body
             assert "forwarded to its holder" in gw.server.output()
             # The worker holding the agent is killed: it clears nothing, its placement names a
-            # listener that is gone. Every request is a prompt 503, never a hang.
+            # listener that is gone. Until the agent has reconnected (to a live worker) every
+            # request is a prompt 503, never a hang; then they all work again.
             store = open_store(data_dir=gw.data)
             try:
                 record = store.get_placement(cluster)
@@ -609,8 +607,10 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
                 store.dispose()
             assert record is not None
             os.kill(int(record.holder_id.rpartition("/")[2]), signal.SIGKILL)
-            answered = resets = 0
-            while answered < 12:
+            statuses: list[int] = []
+            resets = 0
+            deadline = time.monotonic() + 30
+            while 200 not in statuses[-3:] and time.monotonic() < deadline:
                 started = time.monotonic()
                 try:
                     status, body = gw.call("GET", f"/tunnels/clusters/{cluster}/version")
@@ -618,8 +618,13 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
                     resets += 1
                     assert resets < 10
                     continue
-                assert status == 503, body
+                assert status in (200, 503), body
                 assert time.monotonic() - started < 1.5
-                answered += 1
+                statuses.append(status)
+                time.sleep(0.05)
+            assert statuses[-1] == 200, statuses
+            for _ in range(12):
+                status, body = gw.call("GET", f"/tunnels/clusters/{cluster}/version")
+                assert status == 200, body
         finally:
             agent.stop()
