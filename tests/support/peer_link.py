@@ -14,6 +14,7 @@ import socket
 import ssl
 
 from bcs_middleware.store import Holder
+from bcs_middleware.tls import cert_fingerprint
 from bcs_middleware.tunnel.peers import GREETING, request_mac
 
 
@@ -47,9 +48,7 @@ class RawPeer:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         self.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=timeout))
-        self.fingerprint = ""
-        from bcs_middleware.tls import cert_fingerprint
-
+        #: what an attacker learns from the handshake alone
         self.fingerprint = cert_fingerprint(self.sock.getpeercert(binary_form=True) or b"")
         self.challenge = b""
 
