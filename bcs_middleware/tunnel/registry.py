@@ -12,8 +12,9 @@ other workers and instances can find it (the peers helper's router).
   reconnects long before the gateway could notice its old connection is dead, and
   both connections authenticated with the same current register token. The older
   connection is closed as soon as it carries no stream (at once when idle), so an
-  ``exec`` session open over it during an agent's rolling update is not cut. Two
-  agents kept running for one cluster therefore take turns; run one.
+  ``exec`` session open over it during an agent's rolling update is not cut; if
+  the newer one leaves first, the older one, still open, serves again. Two agents
+  kept running for one cluster therefore take turns; run one.
 * **The register token is re-checked** every ``check_every`` seconds for every
   held agent: a rotated or revoked token (or a deleted cluster) drops the tunnel
   within that time, wherever the revocation was made. The same pass is the
@@ -151,6 +152,7 @@ class LocalAgents:
 
     def detach(self, cluster_id: str, session: AgentSession, reason: str = "disconnected") -> None:
         """Forget ``session`` if it is still ``cluster_id``'s agent here (a newer one stays)."""
+        successor: tuple[str, _Attached] | None = None
         with self._lock:
             attached = self._agents.get(cluster_id)
             if attached is None or attached.session is not session:
@@ -160,12 +162,24 @@ class LocalAgents:
             else:
                 drained = []
                 del self._agents[cluster_id]
-                self._gone.put(cluster_id, reason)
+                # An older connection still open (replaced, not yet drained) serves again.
+                successor = next((entry for entry in reversed(self._draining)
+                                  if entry[0] == cluster_id and not entry[1].session.closed), None)
+                if successor is not None:
+                    self._draining.remove(successor)
+                    self._agents[cluster_id] = successor[1]
+                else:
+                    self._gone.put(cluster_id, reason)
         if attached is None or attached.session is not session:
             for _cluster, old in drained:
                 self._retire(cluster_id, old, reason)
             return
         self._retire(cluster_id, attached, reason)
+        if successor is not None:
+            log.info("kube-agent of cluster %s left (%s); its older connection serves again", cluster_id, reason)
+            if self.placements is not None:
+                self.placements.put_placement(cluster_id, self.holder)
+            return
         if self.placements is not None:
             try:
                 self.placements.clear_placement(cluster_id, self.holder.id)

@@ -40,6 +40,7 @@ caller blocked on one gets end of file immediately.
 
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import logging
@@ -136,6 +137,9 @@ class Session:
         self._dial_slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIALS)
         self._lock = threading.Lock()
         self._streams: dict[int, _Stream] = {}
+        # Streams that ended lately: the peer's Data still in flight for them is dropped quietly
+        # rather than answered one Error per message.
+        self._ended_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._dirty: set[_Stream] = set()
         self._closing = False
         self._ids = itertools.count(1)
@@ -261,6 +265,10 @@ class Session:
                     stream.sent_pause = True
                     self._send(Message.pause(stream.conn_id), quiet=True, urgent=True)
         if stream is None:
+            with self._lock:
+                recently_ended = message.conn_id in self._ended_ids
+            if recently_ended:
+                return
             # As remotedialer: tell the peer, which then ends its side.
             self._send(Message.error(message.conn_id, f"connection not found {message.conn_id}"), quiet=True)
             return
@@ -305,7 +313,7 @@ class Session:
                 log.info("tunnel %s: stream %d to %s/%s refused or failed: %s", self.name, stream.conn_id,
                          proto, address, text)
                 with self._lock:
-                    self._streams.pop(stream.conn_id, None)
+                    self._forget_locked(stream)
                 self._send(Message.error(stream.conn_id, text), quiet=True)
                 return
         sock.setblocking(False)
@@ -477,13 +485,20 @@ class Session:
             self._send(Message.error(stream.conn_id, error), quiet=True)
         self._mark(stream)
 
+    def _forget_locked(self, stream: _Stream) -> None:
+        if self._streams.get(stream.conn_id) is stream:
+            del self._streams[stream.conn_id]
+            self._ended_ids[stream.conn_id] = None
+            if len(self._ended_ids) > 1024:
+                self._ended_ids.popitem(last=False)
+
     def _settle(self, selector: selectors.BaseSelector, stream: _Stream) -> None:
         """Register what the stream waits for now, or drop it once it is over."""
         with self._lock:
             sock = stream.sock
             finished = stream.done and not stream.out
-            if finished and self._streams.get(stream.conn_id) is stream:
-                del self._streams[stream.conn_id]
+            if finished:
+                self._forget_locked(stream)
             mask = 0
             if not finished and sock is not None:
                 if stream.out:
@@ -502,7 +517,20 @@ class Session:
             stream.mask = mask
         if finished:
             stream.sock = None
-            _close(sock)
+            _finish_socket(sock)
+
+
+def _finish_socket(sock: socket.socket) -> None:
+    """End of file for the local side, then close; unread bytes are dropped first, as closing a
+    socket pair over them would turn the end of file into a reset."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        for _ in range(64):
+            if not sock.recv(65536):
+                break
+    except OSError:
+        pass  # nothing more to read, or the other side is gone
+    _close(sock)
 
 
 def _shut(sock: socket.socket | None) -> None:

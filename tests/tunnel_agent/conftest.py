@@ -1,7 +1,7 @@
 """A gateway that cannot reach the fake apiserver, and a real ``kube-agent --tunnel`` that can.
 
 The fake apiserver listens on 127.0.0.1; the gateway runs with ``--upstream-deny
-127.0.0.0/8``, so the direct path is refused by its address policy and the only way
+127.0.0.1/32``, so the direct path is refused by its address policy and the only way
 to the apiserver is the agent's tunnel. The cluster and its register token are made
 through the REST API the way an operator makes them; the agent is the real command
 (``bcs-middleware kube-agent --tunnel``) in its own process.
@@ -31,8 +31,9 @@ __all__ = ["ADMIN", "CLUSTER", "SA_TOKEN", "Agent", "Gateway", "handshake", "tun
 #: The cluster behind "NAT": registered, but only reachable through its agent.
 CLUSTER = "BCS-K8S-NAT01"
 CONNECT = "/bcsapi/v1/websocket/connect"
-#: The gateway's address policy refuses every loopback address: the direct path to the fake is closed.
-DENY_LOOPBACK = ["--upstream-deny", "127.0.0.0/8"]
+#: The gateway's address policy refuses the fake's address: the direct path to it is closed (other
+#: loopback addresses, 127.0.0.2 for a webhook, stay allowed).
+DENY_LOOPBACK = ["--upstream-deny", "127.0.0.1/32"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,8 @@ def apiserver() -> Iterator[FakeAPIServer]:
 # agent held by another worker or instance is the peer forwarding's job, tested there).
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK, workers=1) as gw:
+    data = tmp_path_factory.mktemp("gateway")
+    with served_gateway(data, args=[*DENY_LOOPBACK, "--audit-log", str(data / "audit.jsonl")], workers=1) as gw:
         yield gw
     assert SA_TOKEN not in gw.server.output()
 

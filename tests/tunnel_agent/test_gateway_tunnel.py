@@ -8,13 +8,16 @@ Python client as the clients.
 
 from __future__ import annotations
 
+import base64
 import json
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.kube import kubectl, kubectl_watch
@@ -81,6 +84,75 @@ def test_kubectl_get_apply_delete(gateway: Gateway, agent: Agent, apiserver: Fak
     assert kubectl("get", "configmap", "behind-nat", kubeconfig=kubeconfig).returncode != 0
 
 
+def test_requests_through_the_agent_are_audited_as_direct_ones(gateway: Gateway, agent: Agent, alice: str) -> None:
+    audit_id = "through-the-agent-0001"
+    status, _ = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/configmaps",
+                             token=alice, headers={"X-Request-Id": audit_id})
+    assert status == 200
+    path = gateway.data / "audit.jsonl"
+    deadline = time.monotonic() + 10
+    found: list[dict] = []
+    while len(found) < 2 and time.monotonic() < deadline:
+        lines = (path.read_text() if path.exists() else "").split("\n")[:-1]
+        found = [e for e in (json.loads(line) for line in lines if audit_id in line) if e["auditID"] == audit_id]
+        time.sleep(0.1)
+    complete = next(e for e in found if e["stage"] == "ResponseComplete")
+    assert complete["verb"] == "list" and complete["responseStatus"]["code"] == 200
+    assert complete["user"]["username"] == "alice-nat"
+    assert complete["impersonatedUser"]["username"] == "alice-nat"
+    assert complete["annotations"]["bcs-middleware/cluster"] == CLUSTER
+
+
+def test_gateway_side_admission_applies_through_the_agent(
+    gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path, tmp_path: Path,
+) -> None:
+    """A Kubernetes webhook on the gateway admits what kubectl applies to the cluster behind NAT."""
+    import sidecar_injector
+    from webhook_kit import https_server
+
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.2").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "hook.pem"))
+    server = https_server(sidecar_injector.app, str(tmp_path / "hook.pem"), str(tmp_path / "hook.pem"),
+                          host="127.0.0.2", port=0)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    configs = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
+    hook = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "sidecar"},
+        "webhooks": [{
+            "name": "sidecar.example.com",
+            "clientConfig": {"url": f"https://127.0.0.2:{server.server_port}/",
+                             "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode()},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
+        }],
+    }
+    status, body = gateway.call("POST", configs, body=hook)
+    assert status == 201, body
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "Pod",
+                                    "metadata": {"name": "injected", "namespace": "default"},
+                                    "spec": {"containers": [{"name": "app", "image": "nginx:1.25"}]}}))
+    try:
+        time.sleep(2.5)  # definitions reach the worker within the admission refresh bound (2 s)
+        deadline = time.monotonic() + 10
+        while True:
+            result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
+            try:
+                pod = apiserver.store.get("pods", "default", "injected")
+            except Exception:
+                pod = None
+            if pod is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert pod is not None, result.stderr
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["app", "sidecar"], result.stderr
+    finally:
+        gateway.call("DELETE", f"{configs}/MutatingWebhookConfiguration/sidecar")
+        server.shutdown()
+        server.server_close()
+
+
 def test_kubectl_watch_receives_events(agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path) -> None:
     with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
         time.sleep(0.5)
@@ -138,6 +210,27 @@ def test_metrics_count_the_agent(gateway: Gateway, agent: Agent) -> None:
     assert f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="out"}}' in text
     assert f'bcs_agent_tunnel_streams{{cluster="{CLUSTER}"}}' in text
     assert 'bcs_api_request_count_total{cluster="",code="101",kind="agent",method="GET"}' in text
+
+
+def test_a_second_agent_for_the_cluster_takes_over_without_failing_requests(
+    gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, tmp_path: Path,
+) -> None:
+    """The newest connection wins; the older one is closed once idle (README: run one replica)."""
+    second = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
+    try:
+        before = gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"]
+        deadline = time.monotonic() + 20
+        while gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"] == before:
+            assert time.monotonic() < deadline, second.output()
+            time.sleep(0.1)
+        statuses = []
+        for _ in range(30):
+            statuses.append(gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0])
+            time.sleep(0.1)
+        assert set(statuses) == {200}, statuses
+    finally:
+        second.stop()
+    agent.wait_connected()
 
 
 def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(

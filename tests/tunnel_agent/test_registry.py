@@ -184,6 +184,18 @@ def test_a_replaced_agent_carrying_streams_is_closed_once_they_end() -> None:
     assert not second.closed
 
 
+def test_when_the_newer_agent_leaves_the_older_open_one_serves_again() -> None:
+    placements = RecordingPlacements()
+    agents = LocalAgents(holder=Holder("test/1"), placements=placements, check_every=3600)
+    first, second = FakeSession(("127.0.0.1", 1)), FakeSession(("127.0.0.1", 1))
+    first.streams = 1  # pooled keep-alive connections, say
+    agents.attach("c1", first)
+    agents.attach("c1", second)
+    agents.detach("c1", second, "the agent disconnected")
+    assert agents.session("c1") is first and not first.closed
+    assert placements.placed == {"c1": "test/1"}
+
+
 def test_an_agent_no_longer_authorized_is_dropped_by_the_check() -> None:
     agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
     allowed = {"ok": True}

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -297,6 +299,7 @@ def test_a_peer_that_ignores_pause_gets_the_stream_reset_not_the_memory(tls: TLS
         gw = Session(server, name="gw", window=window, overflow=512 * 1024)
         serving = threading.Thread(target=gw.serve, daemon=True)
         serving.start()
+        raw.set_idle_timeout(10)
         flooded = gw.open("tcp", "10.0.0.1:6443", 5)  # nobody reads it
         connect = decode(raw.receive() or b"")
         assert connect.type is MessageType.CONNECT
@@ -331,6 +334,7 @@ def test_a_peer_that_ignores_pause_gets_the_stream_reset_not_the_memory(tls: TLS
 
 def test_malformed_frames_end_the_session_without_a_crash(tls: TLS, echo: TargetServer) -> None:
     with channel_pair(tls) as (raw, server):
+        raw.set_idle_timeout(10)
         gw = Session(server, name="gw")
         serving = threading.Thread(target=gw.serve, daemon=True)
         serving.start()
@@ -354,10 +358,21 @@ def test_the_suite_passes_under_gevent() -> None:
     here = Path(__file__).resolve().parent
     code = ("from gevent import monkey; monkey.patch_all()\n"
             "import sys, pytest\n"
-            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-x', *sys.argv[1:]]))\n")
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-x', '-o', 'faulthandler_timeout=120',"
+            " *sys.argv[1:]]))\n")
     env = dict(os.environ, BCS_TEST_TUNNEL_GEVENT="1")
     modules = [str(here / name) for name in GEVENT_MODULES if (here / name).exists()]
-    result = subprocess.run([sys.executable, "-c", code, *modules], cwd=here.parents[1], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert " passed" in result.stdout
+    with tempfile.TemporaryFile("w+") as output:
+        # Its own process group, so that a hang cannot outlive the bound (nor keep a pipe open).
+        process = subprocess.Popen([sys.executable, "-c", code, *modules], cwd=here.parents[1], env=env,
+                                   stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            returncode = process.wait(300)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+            returncode = -1
+        output.seek(0)
+        text = output.read()
+    assert returncode == 0, text[-6000:]
+    assert " passed" in text

@@ -42,6 +42,7 @@ def test_client_sends_the_extra_headers_and_path(tls: TLS) -> None:
         channel = WebSocketChannel.connect(
             tls_connect(tls, server.port), host=f"127.0.0.1:{server.port}", path=PATH,
             headers=[("BCS-API-Tunnel-Module", "kube-agent"), ("BCS-API-Tunnel-ClusterId", "BCS-K8S-1")], timeout=5)
+        channel.set_idle_timeout(10)
         assert channel.receive() is None
     finally:
         server.close()
@@ -165,6 +166,7 @@ def test_messages_in_the_same_read_as_the_handshake_answer_are_kept(tls: TLS) ->
     try:
         channel = WebSocketChannel.connect(tls_connect(tls, server.port), host="127.0.0.1", path=PATH, headers=[],
                                            timeout=5)
+        channel.set_idle_timeout(10)
         assert channel.receive() == b"early"
         channel.close()
     finally:

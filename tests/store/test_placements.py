@@ -1,0 +1,51 @@
+"""Agent placements and tunnel-reported credentials in the store, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.fernet import Fernet
+
+from bcs_middleware.store import Holder, SecretBox, SQLStore
+from bcs_middleware.store.migrate import upgrade
+
+
+@pytest.fixture
+def stores(database_url: str):  # type: ignore[no-untyped-def]
+    box = SecretBox([Fernet.generate_key()])
+    first, second = SQLStore(database_url, secrets=box), SQLStore(database_url, secrets=box)
+    upgrade(first)
+    first.create_cluster("c1", project_id="p", cluster_type="k8s")
+    yield first, second
+    first.dispose()
+    second.dispose()
+
+
+def test_credentials_remember_that_they_came_through_a_tunnel(stores) -> None:  # type: ignore[no-untyped-def]
+    one, two = stores
+    one.report_credentials("c1", server_addresses=["https://10.0.0.1:443"], cacert_pem="ca", user_token="t",
+                           via_tunnel=True)
+    assert two.get_credentials("c1").via_tunnel is True
+    # A direct report afterwards (the same register token) points the gateway back at the address itself.
+    one.report_credentials("c1", server_addresses=["https://10.0.0.1:443"], cacert_pem="ca", user_token="t")
+    assert two.get_credentials("c1").via_tunnel is False
+
+
+def test_the_newest_holder_wins_and_only_the_holder_clears(stores) -> None:  # type: ignore[no-untyped-def]
+    one, two = stores
+    one.put_placement("c1", Holder("gw-a/1"))
+    placed = two.put_placement("c1", Holder("gw-b/2", "10.0.0.2:7100", "ab" * 32))
+    assert not one.clear_placement("c1", "gw-a/1")  # the older holder's detach leaves the newer one
+    found = one.get_placement("c1")
+    assert found is not None and found.holder_id == "gw-b/2" and found.peer_address == "10.0.0.2:7100"
+    assert found.connected_at == placed.connected_at
+    assert two.touch_placements("gw-b/2") == 1
+    assert one.get_placement("c1").seen_at >= found.seen_at  # type: ignore[union-attr]
+    assert two.clear_placement("c1", "gw-b/2")
+    assert one.get_placement("c1") is None
+
+
+def test_deleting_the_cluster_removes_its_placement(stores) -> None:  # type: ignore[no-untyped-def]
+    one, two = stores
+    one.put_placement("c1", Holder("gw-a/1"))
+    two.delete_cluster("c1")
+    assert one.get_placement("c1") is None
