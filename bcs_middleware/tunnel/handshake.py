@@ -91,15 +91,26 @@ class TunnelParams:
 
 
 def host_port(url: str) -> tuple[str, int]:
-    """``(host, port)`` of an ``https://`` apiserver URL (IPv6 without brackets, host lower-cased)."""
+    """``(host, port)`` of an ``https://`` apiserver URL (IPv6 without brackets, host lower-cased).
+
+    The Go agent formats ``https://%s:%s`` with ``KUBERNETES_SERVICE_HOST``, which leaves an
+    IPv6 address unbracketed (``https://fd00::1:443``): that form is read too.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.netloc or "@" in parts.netloc:
+        raise TunnelParamsError("the apiserver address must be https://host[:port]")
+    netloc = parts.netloc
+    if netloc.count(":") > 1 and not netloc.startswith("["):
+        host, _, port_text = netloc.rpartition(":")
+        netloc = f"[{host}]:{port_text}"
     try:
-        parts = urlsplit(url)
-        port = parts.port or 443
+        bracketed = urlsplit(f"https://{netloc}")
+        port = bracketed.port or 443
     except ValueError:
         raise TunnelParamsError("the apiserver address is not a URL with a valid port") from None
-    if parts.scheme != "https" or not parts.hostname:
+    if not bracketed.hostname:
         raise TunnelParamsError("the apiserver address must be https://host[:port]")
-    return parts.hostname.lower(), port
+    return bracketed.hostname.lower(), port
 
 
 def dial_address(url: str) -> str:

@@ -337,3 +337,41 @@ def test_the_example_manifests_tunnel_line_is_a_valid_agent_option() -> None:
     kube_agent.configure_parser(parser)
     args = parser.parse_args(container["args"])
     assert args.tunnel and args.bke_address.startswith("https://")
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    pytest.param("https://10.96.0.1:443", "10.96.0.1:443", id="ipv4"),
+    pytest.param("https://Kubernetes.Default.svc", "kubernetes.default.svc:443", id="name-default-port"),
+    pytest.param("https://[fd00::1]:6443", "[fd00::1]:6443", id="ipv6"),
+    pytest.param("https://fd00::1:6443", "[fd00::1]:6443", id="ipv6-unbracketed-as-the-go-agent-writes-it"),
+])
+def test_the_dial_address_of_a_reported_apiserver(url: str, expected: str) -> None:
+    assert dial_address(url) == expected
+
+
+def _params_header(body: object) -> str:
+    return base64.b64encode(json.dumps(body).encode()).decode()
+
+
+PEM_B64 = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+
+
+@pytest.mark.parametrize("header", [
+    pytest.param("not base64!", id="not-base64"),
+    pytest.param(base64.b64encode(b"not json").decode(), id="not-json"),
+    pytest.param(_params_header(["address"]), id="not-an-object"),
+    pytest.param(_params_header({"address": "https://a:1", "userToken": "t"}), id="no-ca"),
+    pytest.param(_params_header({"address": "https://a:1", "userToken": "", "caCert": PEM_B64}), id="empty-token"),
+    pytest.param(_params_header({"address": "http://a:1", "userToken": "t", "caCert": PEM_B64}), id="not-https"),
+    pytest.param(_params_header({"address": "https://a:x", "userToken": "t", "caCert": PEM_B64}), id="bad-port"),
+    pytest.param(_params_header({"address": "https://a:1", "userToken": "t", "caCert": "%%%"}), id="ca-not-base64"),
+    pytest.param(_params_header({"address": "https://a:1", "userToken": "t",
+                                 "caCert": base64.b64encode(b"hello").decode()}), id="ca-not-pem"),
+    pytest.param("A" * 70000, id="too-long"),
+])
+def test_a_malformed_params_header_is_a_typed_error_that_never_quotes_it(header: str) -> None:
+    from bcs_middleware.tunnel.handshake import TunnelParamsError
+
+    with pytest.raises(TunnelParamsError) as info:
+        TunnelParams.decode(header)
+    assert header[:20] not in str(info.value) or len(header) < 8

@@ -126,7 +126,8 @@ class TargetServer:
     """A TCP server on 127.0.0.1 standing in for the apiserver behind an agent.
 
     ``mode``: ``echo`` (sends back what it receives), ``source`` (sends ``size`` bytes of
-    a fixed pattern, then closes), ``sink`` (counts what it receives until end of file).
+    a fixed pattern, then closes), ``sink`` (counts what it receives until end of file),
+    ``hold`` (reads nothing until :meth:`release`, then acts as ``sink``).
     """
 
     def __init__(self, mode: str = "echo", size: int = 0) -> None:
@@ -139,6 +140,7 @@ class TargetServer:
         self.ended = 0  # connections whose client closed
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self._released = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -159,6 +161,8 @@ class TargetServer:
                 for chunk in pattern_chunks(self.size):
                     sock.sendall(chunk)
                 sock.shutdown(socket.SHUT_WR)
+            if self.mode == "hold":
+                self._released.wait(60)
             while True:
                 data = sock.recv(65536)
                 if not data:
@@ -173,7 +177,11 @@ class TargetServer:
             self.ended += 1
         sock.close()
 
+    def release(self) -> None:
+        self._released.set()
+
     def close(self) -> None:
+        self._released.set()
         self.listener.close()
         with self._lock:
             for sock in self._sockets:
