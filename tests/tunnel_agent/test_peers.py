@@ -257,6 +257,34 @@ def test_closing_the_pipe_ends_the_holder_side(holder: tuple[PeerListener, Stand
     assert wait_until(lambda: echo.closed >= closed_before + 5)
 
 
+def test_agent_stream_ending_ends_the_requesters_socket() -> None:
+    """The agent (or its holder) going away ends the requester's stream at once: no hang, no leak."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept_one() -> None:
+        conn, _ = server.accept()
+        accepted.append(conn)
+
+    acceptor = threading.Thread(target=accept_one, daemon=True)
+    acceptor.start()
+    listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"))
+    listener.start(StandInAgents("gw-host/113", server.getsockname()[1], (CLUSTER,)))
+    try:
+        sock = PeerClient(KEYS[0]).open(listener.advertised or "", listener.fingerprint, CLUSTER, APISERVER, 5)
+        acceptor.join(5)
+        with sock:
+            sock.settimeout(5)
+            accepted[0].close()  # the apiserver side of the agent's stream ends
+            started = time.monotonic()
+            assert sock.recv(100) == b""
+            assert time.monotonic() - started < 1.0
+        assert wait_until(lambda: listener.active == 0)
+    finally:
+        listener.close()
+        server.close()
+
+
 def test_holder_without_the_cluster_says_not_here(holder: tuple[PeerListener, StandInAgents]) -> None:
     listener, agents = holder
     with pytest.raises(PeerError) as caught:
