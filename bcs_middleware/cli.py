@@ -181,6 +181,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config and (args.audit_log or args.audit_policy):
         print("error: with --config, set audit_log/audit_policy_file in the ini's [app:main]", file=sys.stderr)
         return 2
+    if args.config and args.peer_address:
+        print("error: with --config, set peer_address in the ini's [app:main]", file=sys.stderr)
+        return 2
     certfile = args.certfile or server.get("certfile")
     keyfile = args.keyfile or server.get("keyfile")
     ca_file = args.ca_file or server.get("ca_file")
@@ -400,6 +403,8 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["upstream_allow"] = " ".join(args.upstream_allow)
     if args.upstream_deny:
         options["upstream_deny"] = " ".join(args.upstream_deny)
+    if args.peer_address:
+        options["peer_address"] = args.peer_address
     config = config_from_options("serve", options)
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
@@ -553,6 +558,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream-deny", action="append", default=[], metavar="CIDR",
                        help="gateway: never connect to cluster apiservers in these networks, e.g. 127.0.0.0/8 "
                             "(repeatable, comma-separated; wins over --upstream-allow)")
+    serve.add_argument("--peer-address", metavar="HOST[:PORT|:LOW-HIGH]|off",
+                       help="where each worker listens for the other workers and instances that forward requests "
+                            "to the kube-agents it holds, and the address they are told (default 127.0.0.1: one "
+                            "instance; several instances: an address of this host they reach, and a port range "
+                            "for a firewall; off: an agent serves only the worker it connected to)")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
     serve.add_argument("--role", choices=("gateway", "driver"), default="gateway",

@@ -53,10 +53,11 @@ from .store import Holder, SQLStore, open_store
 from .store.crypto import token_digest
 from .tunnel.endpoint import AgentTunnelMiddleware
 from .tunnel.registry import LocalAgents, LocalOnlyDialer
+from .tunnel.router import peer_routing
 from .upstream.addresses import AddressPolicy
 from .upstream.cluster_api import TunnelClusterReader
 from .upstream.proxy import UpstreamProxy
-from .upstream.transport import PooledTransport, Transport
+from .upstream.transport import PooledTransport, Transport, TunnelDialer
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,10 @@ class GatewayConfig:
     # Upstream address policy (upstream/addresses.py): CIDRs on top of the built-in refusals.
     upstream_allow: tuple[str, ...] = ()
     upstream_deny: tuple[str, ...] = ()
+    # Where this worker's peer listener binds and what it advertises: other workers and
+    # instances forward dials to the agents it holds (tunnel/peers.py). HOST, HOST:PORT or
+    # HOST:LOW-HIGH; None (ini "off"): an agent is used only by the worker it connected to.
+    peer_address: str | None = "127.0.0.1"
 
 
 def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -312,13 +317,16 @@ def build_gateway(
         # A worker leaving closes its agents' connections and clears their placements, so the
         # agents reconnect (to another worker) at once and nobody is sent to a dead holder.
         atexit.register(agents.close)
+    # Other workers and instances reach this worker's agents through its peer listener.
+    tunnels: TunnelDialer = LocalOnlyDialer(agents) if config.peer_address is None else peer_routing(
+        agents, store, store.secrets, peer_address=config.peer_address, background=background)
     if transport is None:
         transport = PooledTransport(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             stream_idle_timeout=config.stream_idle_timeout,
             address_policy=address_policy,
-            tunnels=LocalOnlyDialer(agents),
+            tunnels=tunnels,
         )
     if not config.upstream_verify:
         log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
@@ -499,12 +507,13 @@ _OPTIONS: dict[str, conv.Converter] = {
     "webhook_address_map": conv.mapping,
     "upstream_allow": conv.networks,
     "upstream_deny": conv.networks,
+    "peer_address": lambda value: None if value.strip().lower() in ("off", "none") else value.strip(),
 }
 
 
 def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:
     opts = conv.convert_options(section, local_conf, _OPTIONS)
-    for key in ("gateway_ca_file", "gateway_cert_file"):
+    for key in ("gateway_ca_file", "gateway_cert_file", "peer_address"):
         if opts.get(key) == "":
             del opts[key]  # an empty [DEFAULT] value an entry point did not fill in
     if not opts.get("database_url") and not opts.get("data_dir"):

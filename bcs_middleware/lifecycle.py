@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+# Work an application built in this worker asks to start once the worker serves.
+_AT_WORKER_START: list[Callable[[], None]] = []
+
+
+def at_worker_start(start: Callable[[], None]) -> None:
+    """Run ``start()`` in this gunicorn worker once it is initialised (:func:`post_worker_init`).
+
+    For listeners and threads an application needs while serving: they start after the
+    fork, after gevent patched the worker, and never in a process that only builds the
+    application (the ``serve`` master, tests).
+    """
+    _AT_WORKER_START.append(start)
+
 
 def post_worker_init(worker: Any) -> None:
-    """Note the worker's listening sockets; on SIGTERM, end open streams before the graceful stop.
+    """Note the worker's listening sockets, start what the application asked (:func:`at_worker_start`);
+    on SIGTERM, end open streams before the graceful stop.
 
     The listening sockets are the gateway's own addresses, which the upstream address
     policy refuses (:mod:`bcs_middleware.upstream.addresses`): a cluster reported at the
@@ -25,6 +40,8 @@ def post_worker_init(worker: Any) -> None:
     from .upstream.proxy import end_streams
 
     note_gunicorn_listeners(worker)
+    while _AT_WORKER_START:
+        _AT_WORKER_START.pop(0)()
 
     previous = signal.getsignal(signal.SIGTERM)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import ipaddress
 import logging
 import os
@@ -58,6 +59,7 @@ __all__ = [
     "KeyPair",
     "KeyType",
     "ServiceBundle",
+    "cert_fingerprint",
     "cert_hosts",
     "cert_not_after",
     "default_gateway_hosts",
@@ -67,6 +69,7 @@ __all__ = [
     "issue_client_cert",
     "issue_server_cert",
     "load_keypair",
+    "self_signed_server_cert",
     "service_hosts",
     "write_client_bundle",
     "write_gateway_bundle",
@@ -270,6 +273,27 @@ def generate_ca(
     builder = _builder(subject, subject, key, days, usage=_key_usage(signs_certs=True))
     cert = _sign(builder, key)
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def self_signed_server_cert(common_name: str, *, days: int = 397) -> KeyPair:
+    """A self-signed ECDSA server certificate, for a peer trusted by its fingerprint rather than a CA.
+
+    :func:`cert_fingerprint` of it is what the peer's callers pin.
+    """
+    key = _new_key("ecdsa", 3072)
+    subject = _name(common_name, ("bcs-middleware",))
+    builder = _builder(subject, subject, key, days, usage=_key_usage()).add_extension(
+        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+    )
+    cert = _sign(builder, key)
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def cert_fingerprint(cert: bytes) -> str:
+    """SHA-256 of a certificate's DER encoding (given as PEM or DER), lower-case hex."""
+    der = x509.load_pem_x509_certificate(cert).public_bytes(serialization.Encoding.DER) \
+        if cert.lstrip().startswith(b"-----") else cert
+    return hashlib.sha256(der).hexdigest()
 
 
 def _normalise_host(host: str) -> x509.GeneralName:

@@ -3,7 +3,13 @@
 Everything can be set from the environment (BCS_BIND, BCS_WORKERS, BCS_WORKER_CLASS,
 BCS_WORKER_CONNECTIONS, BCS_THREADS, BCS_KEEPALIVE, BCS_HEADER_TIMEOUT, BCS_BODY_IDLE_TIMEOUT,
 BCS_CERTFILE, BCS_KEYFILE, BCS_DATA_DIR, BCS_ZOOKEEPER, BCS_ADVERTISE_IP, BCS_FORWARDED_ALLOW_IPS,
-BCS_INSECURE_HTTP, BCS_TLS_HOSTS, BCS_CA_FILE).
+BCS_INSECURE_HTTP, BCS_TLS_HOSTS, BCS_CA_FILE, BCS_PEER_ADDRESS).
+
+Several workers and instances: a kube-agent's tunnel lands in one worker; each worker runs a peer
+listener (started by ``post_worker_init`` below) through which the other workers and instances
+reach the agents it holds. BCS_PEER_ADDRESS is the ini's ``peer_address``: the default 127.0.0.1
+serves one instance; with several instances, an address of this host the others reach (and a
+port range such as ``10.0.0.5:7400-7415`` to open in a firewall, one port per worker).
 
 As ``bcs-middleware serve`` does, it uses one data directory (BCS_DATA_DIR, default ./bcs-data;
 handed to the ini as its ``data_dir``), generates the bootstrap admin's token there
@@ -80,6 +86,8 @@ forwarded_allow_ips = os.environ.get("BCS_FORWARDED_ALLOW_IPS", "")
 _data_dir = prepare_data_dir(os.environ.get("BCS_DATA_DIR", DEFAULT_DATA_DIR))
 # The ini's data_dir is this one (a --paste-global on the command line replaces this list).
 raw_paste_global_conf = [f"data_dir={_data_dir}"]
+if os.environ.get("BCS_PEER_ADDRESS"):
+    raw_paste_global_conf += [f"peer_address={os.environ['BCS_PEER_ADDRESS']}"]
 announce_admin_token(_data_dir, *admin_token_source(_data_dir))
 
 certfile = os.environ.get("BCS_CERTFILE") or None
@@ -155,7 +163,8 @@ def post_fork(server, worker):  # type: ignore[no-untyped-def]
 
 
 def post_worker_init(worker):  # type: ignore[no-untyped-def]
-    # Notes the worker's listening sockets (the upstream address policy refuses them), and
+    # Notes the worker's listening sockets (the upstream address policy refuses them), starts the
+    # worker's peer listener (other workers and instances reach the kube-agents it holds), and
     # SIGTERM ends open watch/log streams cleanly instead of cutting them at graceful_timeout.
     from bcs_middleware.lifecycle import post_worker_init as bcs_post_worker_init
 

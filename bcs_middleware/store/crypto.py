@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import ConfigError
 
@@ -60,6 +63,20 @@ class SecretBox:
                 "make one with: bcs-middleware keygen"
             ) from None
         self._fernet = MultiFernet(fernets)
+        self._material = tuple(base64.urlsafe_b64decode(k) for k in keys)
+
+    def derive(self, purpose: bytes) -> tuple[bytes, ...]:
+        """32-byte keys for another use than encryption at rest, one per configured key (first: current).
+
+        HKDF with ``purpose`` as its info: a key derived for one purpose reveals nothing of
+        the Fernet key or of a key derived for another (the peer link's MACs, for example).
+        """
+        if self._fernet is None:
+            raise ConfigError("no secret key is configured: set secret_key or env BCS_SECRET_KEY")
+        return tuple(
+            HKDF(algorithm=hashes.SHA256(), length=32, salt=b"bcs-middleware", info=purpose).derive(material)
+            for material in self._material
+        )
 
     def _box(self) -> MultiFernet:
         if self._fernet is None:

@@ -1,0 +1,156 @@
+"""Stand-ins and raw clients for the peer link (``bcs_middleware.tunnel.peers``).
+
+:class:`StandInAgents` is what the peer listener and the router use of ``LocalAgents``:
+its "agent streams" are TCP connections to a local server (an echo server, a fake
+apiserver), so the link can be driven without an agent. :class:`RawPeer` speaks the
+link's protocol by hand, to send what a real client never would.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import ssl
+
+from bcs_middleware.store import Holder
+from bcs_middleware.tls import cert_fingerprint
+from bcs_middleware.tunnel.peers import GREETING, request_mac
+
+
+class StandInAgents:
+    """Holds ``clusters``; a stream for one of them is a TCP connection to ``127.0.0.1:port``."""
+
+    def __init__(self, holder_id: str, port: int, clusters: tuple[str, ...] = (), *, fail: bool = False) -> None:
+        self.holder = Holder(holder_id)
+        self.port = port
+        self.clusters = set(clusters)
+        self.fail = fail
+        self.opened: list[tuple[str, str]] = []
+
+    def open_local(self, cluster_id: str, address: str, timeout: float) -> socket.socket | None:
+        if cluster_id not in self.clusters:
+            return None
+        if self.fail:
+            raise ConnectionResetError("the agent's session ended")
+        self.opened.append((cluster_id, address))
+        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+
+    def gone_reason(self, cluster_id: str) -> str | None:
+        return None
+
+
+class RawPeer:
+    """A hand-driven TLS connection to a peer listener (no certificate check: the attacker's view)."""
+
+    def __init__(self, port: int, *, timeout: float = 10.0) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        self.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=timeout))
+        #: what an attacker learns from the handshake alone
+        self.fingerprint = cert_fingerprint(self.sock.getpeercert(binary_form=True) or b"")
+        self.challenge = b""
+
+    def greeting(self) -> bytes:
+        data = b""
+        while len(data) < len(GREETING) + 32:
+            piece = self.sock.recv(len(GREETING) + 32 - len(data))
+            if not piece:
+                break
+            data += piece
+        self.challenge = data[len(GREETING):]
+        return data
+
+    def credential(self, key: bytes, cluster_id: str, address: str, *, fingerprint: str | None = None,
+                   challenge: bytes | None = None) -> bytes:
+        """A request line as a real client makes it (``fingerprint``/``challenge`` to forge)."""
+        nonce = secrets.token_bytes(32)
+        mac = request_mac(key, challenge=self.challenge if challenge is None else challenge, nonce=nonce,
+                          fingerprint=fingerprint or self.fingerprint, cluster_id=cluster_id, address=address)
+        return json.dumps({"cluster": cluster_id, "address": address, "nonce": nonce.hex(),
+                           "mac": mac.hex()}).encode() + b"\n"
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def rest(self, limit: int = 65536) -> bytes:
+        """Everything the listener says until it closes (bounded by the socket timeout)."""
+        data = b""
+        try:
+            while len(data) < limit:
+                piece = self.sock.recv(limit)
+                if not piece:
+                    break
+                data += piece
+        except (ssl.SSLError, ConnectionResetError):
+            pass
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class QuickAPIServer:
+    """A TLS HTTP/1.1 server answering every request at once with one small JSON (one write, no Nagle).
+
+    For timing the paths to an apiserver without the server's own latency in the figures.
+    """
+
+    BODY = b'{"kind":"Status","apiVersion":"v1","status":"Success"}'
+
+    def __init__(self, tmp: str) -> None:
+        import os
+        import threading
+
+        from bcs_middleware.tls import generate_ca, issue_server_cert
+
+        ca = generate_ca("quick-apiserver-ca")
+        leaf = issue_server_cert(ca, ["127.0.0.1", "localhost"])
+        cert, key = os.path.join(tmp, "quick.crt"), os.path.join(tmp, "quick.key")
+        with open(cert, "wb") as fh:
+            fh.write(leaf.cert_pem)
+        with open(key, "wb") as fh:
+            fh.write(leaf.key_pem)
+        self.ca_pem = ca.cert_pem.decode()
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(self.BODY)).encode() + b"\r\n\r\n" + self.BODY)
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(60)
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                pending = b""
+                while True:
+                    piece = tls.recv(65536)
+                    if not piece:
+                        return
+                    pending += piece
+                    while b"\r\n\r\n" in pending:  # bodiless requests (GET)
+                        _, _, pending = pending.partition(b"\r\n\r\n")
+                        tls.sendall(answer)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
