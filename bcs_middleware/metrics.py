@@ -103,6 +103,13 @@ AGENT_STREAMS = Gauge(
     ["cluster"],
     multiprocess_mode="livesum",
 )
+AGENT_DIALS = Counter(
+    "bcs_agent_tunnel_dials",
+    "Streams asked of kube-agent tunnels, by route (local: this process holds the agent; "
+    "forwarded: through the peer link to the process that does; none: nobody usable holds it) "
+    "and outcome (ok, unavailable).",
+    ["route", "outcome"],
+)
 AGENT_BYTES = Counter(
     "bcs_agent_tunnel_bytes",
     "Bytes carried over a cluster's kube-agent tunnel, by direction (in: from the agent).",

@@ -31,16 +31,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ..errors import AgentUnavailable
-from ..store import Holder, SecretBox
+from ..metrics import AGENT_DIALS
+from ..store import Holder, PlacementRecord, SecretBox
 from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener, split_host_port
-from .registry import LocalAgents, PlacementStore, unavailable
+from .registry import PLACEMENT_STALE_AFTER, LocalAgents, PlacementStore, unavailable
 
-__all__ = ["DEFAULT_EXPIRY", "AgentRouter", "peer_routing"]
+__all__ = ["AgentRouter", "peer_routing"]
 
 log = logging.getLogger(__name__)
-
-#: Seconds after its last heartbeat that a placement is taken for a dead holder's.
-DEFAULT_EXPIRY = 15.0
 
 _REASONS = {
     "unreachable": "the gateway process holding it does not answer",
@@ -60,7 +58,8 @@ class AgentRouter:
     """
 
     def __init__(self, agents: LocalAgents, placements: PlacementStore, peers: PeerClient, *,
-                 expiry: float = DEFAULT_EXPIRY, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 expiry: float = PLACEMENT_STALE_AFTER,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.agents = agents
         self.placements = placements
         self.peers = peers
@@ -71,7 +70,30 @@ class AgentRouter:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         sock = self.agents.open_local(cluster_id, address, timeout)
         if sock is not None:
+            AGENT_DIALS.labels("local", "ok").inc()
             return sock
+        try:
+            record, peer_address, fingerprint = self._holder(cluster_id)
+        except AgentUnavailable:
+            AGENT_DIALS.labels("none", "unavailable").inc()
+            raise
+        try:
+            sock = self.peers.open(peer_address, fingerprint, cluster_id, address, timeout)
+        except PeerError as exc:
+            AGENT_DIALS.labels("forwarded", "unavailable").inc()
+            log.warning("forwarding a dial for cluster %s to %s (%s) failed: %s", cluster_id, record.holder_id,
+                        peer_address, exc)
+            if exc.reason == "not_here":
+                self._forget(cluster_id, record.holder_id)
+            raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} cannot be used: "
+                                   f"{_REASONS.get(exc.reason, exc.reason)}") from None
+        AGENT_DIALS.labels("forwarded", "ok").inc()
+        log.debug("dial for cluster %s forwarded to its holder %s", cluster_id, record.holder_id)
+        return sock
+
+    def _holder(self, cluster_id: str) -> tuple[PlacementRecord, str, str]:
+        """The live placement of another process holding the cluster's agent, and its peer address
+        and certificate fingerprint."""
         try:
             record = self.placements.get_placement(cluster_id)
         except Exception:  # the store is down: the agent cannot be located
@@ -101,17 +123,7 @@ class AgentRouter:
                         record.holder_id, record.peer_address)
             raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} is connected to another gateway "
                                    "instance that cannot be reached from this one (peer_address is not set)")
-        try:
-            sock = self.peers.open(record.peer_address, record.peer_fingerprint, cluster_id, address, timeout)
-        except PeerError as exc:
-            log.warning("forwarding a dial for cluster %s to %s (%s) failed: %s", cluster_id, record.holder_id,
-                        record.peer_address, exc)
-            if exc.reason == "not_here":
-                self._forget(cluster_id, record.holder_id)
-            raise AgentUnavailable(f"the kube-agent of cluster {cluster_id} cannot be used: "
-                                   f"{_REASONS.get(exc.reason, exc.reason)}") from None
-        log.debug("dial for cluster %s forwarded to its holder %s", cluster_id, record.holder_id)
-        return sock
+        return record, record.peer_address, record.peer_fingerprint
 
     def _forget(self, cluster_id: str, holder_id: str) -> None:
         try:

@@ -82,6 +82,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The head and the body are separate writes: with Nagle on, the body waits for the
+    # client's delayed ACK of the head (~40 ms per keep-alive request).
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -395,16 +395,26 @@ def test_router_forwards_to_the_placements_holder(store: SQLStore, echo: EchoSer
     listener, agents = holder
     store.put_placement(CLUSTER, Holder(agents.holder.id, listener.advertised, listener.fingerprint))
     router, _here = router_for(store, echo)
+    before = _dials("forwarded", "ok")
     with router.dial(CLUSTER, "10.0.0.1", 6443, 5) as sock:
         assert roundtrip(sock, b"forwarded") == b"forwarded"
     assert agents.opened == [(CLUSTER, APISERVER)]
+    assert _dials("forwarded", "ok") == before + 1
+
+
+def _dials(route: str, outcome: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("bcs_agent_tunnel_dials_total", {"route": route, "outcome": outcome}) or 0.0
 
 
 def test_router_without_a_placement_is_agent_unavailable(store: SQLStore, echo: EchoServer) -> None:
     router, _here = router_for(store, echo)
+    before = _dials("none", "unavailable")
     with pytest.raises(AgentUnavailable) as caught:
         router.dial(CLUSTER, "10.0.0.1", 6443, 5)
     assert caught.value.status == 503 and CLUSTER in caught.value.message
+    assert _dials("none", "unavailable") == before + 1
 
 
 def test_stale_placement_is_ignored_and_removed(store: SQLStore, echo: EchoServer,
