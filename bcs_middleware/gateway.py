@@ -312,7 +312,7 @@ def build_gateway(
     apply_bootstrap(store, config.bootstrap_users)
     address_policy = AddressPolicy(allow=config.upstream_allow, deny=config.upstream_deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
-    agents = LocalAgents(holder=Holder(f"{socket.gethostname()}/{os.getpid()}"), placements=store)
+    agents = LocalAgents(holder=Holder(f"{socket.gethostname()}/{os.getpid()}"), placements=store, tokens=store)
     if background:
         # A worker leaving closes its agents' connections and clears their placements, so the
         # agents reconnect (to another worker) at once and nobody is sent to a dead holder.

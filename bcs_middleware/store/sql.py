@@ -59,6 +59,8 @@ def normalize_url(url: str) -> str:
 
 #: driver name → (module, the extra that installs it)
 _DRIVERS = {"postgresql+psycopg": ("psycopg", "postgresql"), "mysql+pymysql": ("pymysql", "mysql")}
+# Ids per IN (...) query: well below SQLite's and PostgreSQL's bind-parameter limits.
+_IN_BATCH = 500
 
 
 def _require_driver(url: str) -> None:
@@ -628,6 +630,19 @@ class SQLStore:
         if row is None:
             return None
         return digests_equal(row.token_hash, digest)
+
+    def register_token_digests(self, cluster_ids: list[str]) -> dict[str, str]:
+        """The current register-token digests of ``cluster_ids`` that have one (read in batches)."""
+        found: dict[str, str] = {}
+        with self.connection() as conn:
+            for start in range(0, len(cluster_ids), _IN_BATCH):
+                batch = cluster_ids[start:start + _IN_BATCH]
+                rows = conn.execute(
+                    select(m.register_tokens.c.cluster_id, m.register_tokens.c.token_hash)
+                    .where(m.register_tokens.c.cluster_id.in_(batch))
+                )
+                found.update((row.cluster_id, row.token_hash) for row in rows)
+        return found
 
     def put_credentials(
         self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str

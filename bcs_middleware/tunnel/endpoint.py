@@ -62,6 +62,7 @@ from cryptography import x509
 from ..clusters import CachedDirectory
 from ..errors import BadRequest, BCSError, NotImplementedByServer, Unauthorized
 from ..store import SQLStore
+from ..store.crypto import token_digest
 from ..upgrade_request import upgrade_protocol
 from ..upstream.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut_client
 from .handshake import (
@@ -185,10 +186,7 @@ class AgentTunnelMiddleware:
         channel = WebSocketChannel.accept(client, head)
         session = Session(channel, name=f"agent:{cluster_id}", **self.session_options)
 
-        def still_authorized() -> bool:
-            return self.store.check_register_token(cluster_id, token) is True
-
-        self.agents.attach(cluster_id, session, still_authorized=still_authorized)
+        self.agents.attach(cluster_id, session, token_digest=token_digest(token))
         reason = "the agent disconnected"
         try:
             session.serve()

@@ -17,8 +17,11 @@ other workers and instances can find it (the peers helper's router).
   kept running for one cluster therefore take turns; run one.
 * **The register token is re-checked** every ``check_every`` seconds for every
   held agent: a rotated or revoked token (or a deleted cluster) drops the tunnel
-  within that time, wherever the revocation was made. The same pass is the
-  holder's heartbeat in the store and refreshes the per-agent metrics.
+  within that time, wherever the revocation was made. Only the token's digest is
+  kept, and one query per pass reads the current digests of every held cluster (a
+  worker holding thousands of agents asks the store once, not once per agent). The
+  same pass is the holder's heartbeat in the store and refreshes the per-agent
+  metrics.
 * **An agent that is gone** fails new requests at once with
   :class:`~bcs_middleware.errors.AgentUnavailable` (503, the reason named);
   streams open over it end when the session ends.
@@ -33,7 +36,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -41,10 +43,12 @@ from typing import Protocol
 from .. import metrics
 from ..errors import AgentUnavailable
 from ..lru import LRUCache
+from ..store.crypto import digests_equal
 from ..store.records import Holder, PlacementRecord
 from ..upstream.transport import TunnelDialer
 
-__all__ = ["AgentSession", "Holder", "LocalAgents", "LocalOnlyDialer", "PlacementStore", "TunnelDialer"]
+__all__ = ["AgentSession", "Holder", "LocalAgents", "LocalOnlyDialer", "PlacementStore", "RegisterTokens",
+           "TunnelDialer"]
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +95,17 @@ class PlacementStore(Protocol):
     def touch_placements(self, holder_id: str) -> int: ...
 
 
+class RegisterTokens(Protocol):
+    """Where the clusters' current register tokens are (``SQLStore``)."""
+
+    def register_token_digests(self, cluster_ids: list[str]) -> dict[str, str]: ...
+
+
 @dataclass
 class _Attached:
     session: AgentSession
     since: datetime
-    still_authorized: Callable[[], bool] | None
+    token_digest: str | None
     label: str
     reported: tuple[int, int] = field(default=(0, 0))
 
@@ -106,14 +116,17 @@ class LocalAgents:
     :param holder: who this process is, as recorded in the placements.
     :param placements: where placements are recorded; ``None`` records nothing
         (a single process, tests).
+    :param tokens: where the current register tokens are read for the re-checks;
+        ``None`` re-checks nothing (tests).
     :param check_every: seconds between re-checks of every held agent's register
         token (and heartbeats).
     """
 
-    def __init__(self, *, holder: Holder, placements: PlacementStore | None,
+    def __init__(self, *, holder: Holder, placements: PlacementStore | None, tokens: RegisterTokens | None = None,
                  check_every: float = DEFAULT_CHECK_EVERY) -> None:
         self.holder = holder
         self.placements = placements
+        self.tokens = tokens
         self.check_every = check_every
         self._lock = threading.Lock()
         self._agents: dict[str, _Attached] = {}
@@ -123,14 +136,14 @@ class LocalAgents:
         self._keeper: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    def attach(self, cluster_id: str, session: AgentSession, *,
-               still_authorized: Callable[[], bool] | None = None) -> None:
+    def attach(self, cluster_id: str, session: AgentSession, *, token_digest: str | None = None) -> None:
         """Hold ``session`` as ``cluster_id``'s agent (replacing and closing any older one).
 
-        :param still_authorized: asked every ``check_every`` seconds; ``False`` drops
-            the agent (its register token was rotated or revoked).
+        :param token_digest: the digest of the register token the agent opened the tunnel
+            with; every ``check_every`` seconds it must still be the cluster's current one,
+            or the agent is dropped (its token was rotated or revoked).
         """
-        attached = _Attached(session, datetime.now(UTC), still_authorized, metrics.cluster_label(cluster_id))
+        attached = _Attached(session, datetime.now(UTC), token_digest, metrics.cluster_label(cluster_id))
         with self._lock:
             old = self._agents.get(cluster_id)
             self._agents[cluster_id] = attached
@@ -264,8 +277,9 @@ class LocalAgents:
         with self._lock:
             held = list(self._agents.items())
             draining = list(self._draining)
+        current = self._current_digests([cluster_id for cluster_id, _ in (*held, *draining)])
         for cluster_id, old in draining:
-            authorized = old.still_authorized is None or _asked(old.still_authorized, cluster_id)
+            authorized = _authorized(old, current, cluster_id)
             if old.session.closed or not old.session.streams or not authorized:
                 with self._lock:
                     if (cluster_id, old) in self._draining:
@@ -277,7 +291,7 @@ class LocalAgents:
             if attached.session.closed:
                 self.detach(cluster_id, attached.session, "the agent connection closed")
                 continue
-            if attached.still_authorized is not None and not _asked(attached.still_authorized, cluster_id):
+            if not _authorized(attached, current, cluster_id):
                 self.detach(cluster_id, attached.session, _REVOKED)
                 continue
             self._report(attached)
@@ -286,6 +300,17 @@ class LocalAgents:
                 self.placements.touch_placements(self.holder.id)
             except Exception:
                 log.warning("could not write the agent placements' heartbeat")
+
+    def _current_digests(self, cluster_ids: list[str]) -> dict[str, str] | None:
+        """The current register-token digests of ``cluster_ids`` (one read); ``None`` when the
+        store does not answer — the agents are then kept, and the log says so."""
+        if self.tokens is None or not cluster_ids:
+            return None
+        try:
+            return self.tokens.register_token_digests(sorted(set(cluster_ids)))
+        except Exception:
+            log.warning("could not re-check the register tokens of the connected kube-agents")
+            return None
 
     def _report(self, attached: _Attached) -> None:
         session = attached.session
@@ -309,13 +334,12 @@ class LocalAgents:
             self._retire(cluster_id, old, reason)
 
 
-def _asked(still_authorized: Callable[[], bool], cluster_id: str) -> bool:
-    """The re-check's answer; an unreachable store keeps the agent (and says so in the log)."""
-    try:
-        return bool(still_authorized())
-    except Exception:
-        log.warning("could not re-check the register token of cluster %s", cluster_id)
-        return True
+def _authorized(attached: _Attached, current: dict[str, str] | None, cluster_id: str) -> bool:
+    """Is the token ``attached`` opened its tunnel with still the cluster's register token?"""
+    if current is None or attached.token_digest is None:
+        return True  # nothing to check against (see _current_digests)
+    digest = current.get(cluster_id)
+    return digest is not None and digests_equal(digest, attached.token_digest)
 
 
 class LocalOnlyDialer:

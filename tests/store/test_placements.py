@@ -49,3 +49,18 @@ def test_deleting_the_cluster_removes_its_placement(stores) -> None:  # type: ig
     one.put_placement("c1", Holder("gw-a/1"))
     two.delete_cluster("c1")
     assert one.get_placement("c1") is None
+
+
+def test_register_token_digests_are_read_in_one_call_for_many_clusters(stores) -> None:  # type: ignore[no-untyped-def]
+    from bcs_middleware.store.crypto import token_digest
+    from bcs_middleware.store.sql import _IN_BATCH
+
+    one, two = stores
+    ids = [f"many-{i}" for i in range(_IN_BATCH + 3)]  # more than one IN batch
+    for cluster_id in ids:
+        one.create_cluster(cluster_id, project_id="p", cluster_type="k8s")
+    tokens = {cluster_id: one.create_register_token(cluster_id) for cluster_id in ids[::2]}
+    found = two.register_token_digests([*ids, "no-such-cluster"])
+    assert found == {cluster_id: token_digest(token) for cluster_id, token in tokens.items()}
+    one.revoke_register_token(ids[0])
+    assert ids[0] not in two.register_token_digests(ids[:1])

@@ -20,6 +20,7 @@ from bcs_middleware.clusters import upstream_for
 from bcs_middleware.environ import Upstream
 from bcs_middleware.errors import AgentUnavailable
 from bcs_middleware.store import CredentialRecord, Holder, PlacementRecord
+from bcs_middleware.store.crypto import token_digest
 from bcs_middleware.tunnel.registry import LocalAgents, LocalOnlyDialer
 from bcs_middleware.upstream.addresses import AddressPolicy
 from bcs_middleware.upstream.transport import PooledTransport
@@ -196,18 +197,59 @@ def test_when_the_newer_agent_leaves_the_older_open_one_serves_again() -> None:
     assert placements.placed == {"c1": "test/1"}
 
 
+class CountingTokens:
+    """Register tokens by cluster; counts the store reads."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self.tokens = tokens
+        self.reads = 0
+
+    def register_token_digests(self, cluster_ids: list[str]) -> dict[str, str]:
+        self.reads += 1
+        return {cid: token_digest(self.tokens[cid]) for cid in cluster_ids if cid in self.tokens}
+
+
 def test_an_agent_no_longer_authorized_is_dropped_by_the_check() -> None:
-    agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
-    allowed = {"ok": True}
+    tokens = CountingTokens({"c1": "first-token"})
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, tokens=tokens, check_every=3600)
     session = FakeSession(("127.0.0.1", 1))
-    agents.attach("c1", session, still_authorized=lambda: allowed["ok"])
+    agents.attach("c1", session, token_digest=token_digest("first-token"))
     agents.check()
     assert not session.closed
-    allowed["ok"] = False
+    tokens.tokens["c1"] = "rotated-token"
     agents.check()
     assert session.closed and "register token" in session.close_reason
     assert agents.session("c1") is None
     assert "register token" in (agents.gone_reason("c1") or "")
+
+
+def test_a_revoked_token_drops_the_agent_and_an_unreadable_store_keeps_it() -> None:
+    tokens = CountingTokens({"c1": "t1", "c2": "t2"})
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, tokens=tokens, check_every=3600)
+    first, second = FakeSession(("127.0.0.1", 1)), FakeSession(("127.0.0.1", 1))
+    agents.attach("c1", first, token_digest=token_digest("t1"))
+    agents.attach("c2", second, token_digest=token_digest("t2"))
+
+    def down(cluster_ids: list[str]) -> dict[str, str]:
+        raise OSError("the database does not answer")
+
+    tokens.register_token_digests = down  # type: ignore[method-assign]
+    agents.check()
+    assert not first.closed and not second.closed
+    del tokens.register_token_digests
+    del tokens.tokens["c2"]  # revoked
+    agents.check()
+    assert not first.closed and second.closed
+
+
+def test_one_store_read_per_pass_however_many_agents() -> None:
+    tokens = CountingTokens({f"c{i}": f"t{i}" for i in range(300)})
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, tokens=tokens, check_every=3600)
+    for i in range(300):
+        agents.attach(f"c{i}", FakeSession(("127.0.0.1", 1)), token_digest=token_digest(f"t{i}"))
+    agents.check()
+    assert tokens.reads == 1
+    assert all(not agents.session(f"c{i}").closed for i in range(300))  # type: ignore[union-attr]
 
 
 class RecordingPlacements:
