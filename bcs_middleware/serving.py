@@ -40,9 +40,12 @@ import gevent
 from gevent import Timeout
 from gevent.pool import Pool
 from gevent.server import StreamServer
+from gevent.ssl import SSLSocket
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
+
+from .upstream.pool import send_all
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
@@ -64,6 +67,24 @@ def _refusal(retry_after: int) -> bytes:
         "Connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body
+
+
+class _ClientTLSSocket(SSLSocket):
+    """A client's TLS connection whose ``sendall`` is :func:`~.upstream.pool.send_all`.
+
+    gunicorn writes every response head and body piece with ``sendall``; gevent's asks the
+    kernel for ``SO_SNDBUF`` each time (see ``send_all``). The context (``serve``'s
+    :class:`~bcs_middleware.tls.ServerContext` or gunicorn's) makes gevent's socket; the
+    handshake gives it this class (no state of its own, so the swap is safe).
+    """
+
+    __slots__ = ()
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if flags:
+            super().sendall(data, flags)
+        else:
+            send_all(self, data)
 
 
 class GatewayGeventWorker(GeventWorker):
@@ -171,6 +192,8 @@ class GatewayGeventWorker(GeventWorker):
     def _handshake(self, client: Any) -> Any:
         tls = self._tls_context().wrap_socket(client, server_side=True, do_handshake_on_connect=False,
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        if type(tls) is SSLSocket:
+            tls.__class__ = _ClientTLSSocket
         try:
             with Timeout(self.header_timeout):
                 tls.do_handshake()
