@@ -32,8 +32,6 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import gevent
@@ -105,8 +103,8 @@ class GatewayGeventWorker(GeventWorker):
         self._ssl_files: tuple[int, int] | None = None
         self._ssl_checked = 0.0
         self._refusal = _refusal(self.retry_after)
-        # Per connection (by greenlet): its socket, and whether its first request is yet to come.
-        self._conns: dict[int, list[Any]] = {}
+        # Per connection (by greenlet): the wait for its request heads.
+        self._conns: dict[int, _HeadWait] = {}
 
     def run(self) -> None:
         # GeventWorker.run, except that TLS is done in handle() under the head timeout
@@ -158,8 +156,12 @@ class GatewayGeventWorker(GeventWorker):
                 if client is None:
                     return
             client.settimeout(self.body_idle_timeout)
-            self._conns[me] = [client, True]
-            AsyncWorker.handle(self, listener, client, addr)
+            wait = self._conns[me] = _HeadWait(client, self.header_timeout, self.cfg.keepalive,
+                                               self.body_idle_timeout)
+            try:
+                AsyncWorker.handle(self, listener, client, addr)
+            finally:
+                wait.close()
         finally:
             self._conns.pop(me, None)
             self.active -= 1
@@ -205,11 +207,8 @@ class GatewayGeventWorker(GeventWorker):
     def timeout_ctx(self) -> Any:
         # AsyncWorker reads every request head under this: the first within the head
         # timeout (counted from the end of the handshake), later ones within keepalive.
-        conn = self._conns.get(id(gevent.getcurrent()))
-        if conn is None:
-            return Timeout(self.header_timeout, False)
-        first, conn[1] = conn[1], False
-        return _head_wait(conn[0], self.header_timeout if first else self.cfg.keepalive, self.body_idle_timeout)
+        wait = self._conns.get(id(gevent.getcurrent()))
+        return Timeout(self.header_timeout, False) if wait is None else wait
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         try:
@@ -240,19 +239,42 @@ class GatewayGeventWorker(GeventWorker):
             _close(client)
 
 
-@contextmanager
-def _head_wait(sock: Any, seconds: float, body_idle_timeout: float | None) -> Iterator[None]:
-    """Wait for a request head for ``seconds`` at most (then the connection is closed quietly).
+class _HeadWait:
+    """The wait for each request head on one connection (a context manager used once per head).
 
-    The socket's own timeout (the body idle timeout) is lifted meanwhile: it would fire first
-    when it is the shorter one, as an error instead of a quiet close.
+    The first head must arrive within ``first`` seconds (counted from the end of the TLS
+    handshake), later ones within ``later`` (keepalive); otherwise the connection is closed
+    quietly. The socket's own timeout (the body idle timeout) is lifted meanwhile: it would
+    fire first when it is the shorter one, as an error instead of a quiet close.
+
+    One object and two timers per connection, not a generator context manager and a new
+    timer per request: this runs for every request (bench/README.md).
     """
-    sock.settimeout(None)
-    try:
-        with Timeout(seconds, False):
-            yield
-    finally:
-        sock.settimeout(body_idle_timeout)
+
+    __slots__ = ("_idle", "_later", "_sock", "_timeout")
+
+    def __init__(self, sock: Any, first: float, later: float, idle: float | None) -> None:
+        self._sock = sock
+        self._idle = idle
+        self._later: float | None = later
+        self._timeout = Timeout(first, False)
+
+    def __enter__(self) -> None:
+        self._sock.settimeout(None)
+        self._timeout.start()
+
+    def __exit__(self, typ: Any, value: Any, tb: Any) -> bool:
+        timeout = self._timeout
+        timeout.cancel()
+        self._sock.settimeout(self._idle)
+        if self._later is not None:  # the first head is in: keepalive from now on
+            timeout.close()
+            self._timeout = Timeout(self._later, False)
+            self._later = None
+        return value is timeout  # our own timeout: swallowed, the connection ends quietly
+
+    def close(self) -> None:
+        self._timeout.close()
 
 
 def _close(sock: Any) -> None:
