@@ -45,7 +45,7 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
-from .upstream.pool import send_all
+from .sockets import send_all
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
@@ -70,7 +70,7 @@ def _refusal(retry_after: int) -> bytes:
 
 
 class _ClientTLSSocket(SSLSocket):
-    """A client's TLS connection whose ``sendall`` is :func:`~.upstream.pool.send_all`.
+    """A client's TLS connection whose ``sendall`` is :func:`~.sockets.send_all`.
 
     gunicorn writes every response head and body piece with ``sendall``; gevent's asks the
     kernel for ``SO_SNDBUF`` each time (see ``send_all``). The context (``serve``'s

@@ -22,6 +22,7 @@ import time
 from typing import NamedTuple
 
 from ..lru import LRUCache
+from ..sockets import send_all
 
 # Below glibc's mmap threshold (128 KiB): recv(n) allocates an n-byte buffer first, and a
 # 256 KiB one costs an mmap/munmap pair per call (bench/README.md). Bodies are relayed in
@@ -92,23 +93,6 @@ class Connection:
             self.sock.close()
         except OSError:
             pass
-
-
-def send_all(sock: socket.socket, data: bytes) -> None:
-    """``sock.sendall(data)``, through ``send()``; the socket's timeout bounds each wait.
-
-    Why not ``sendall``: gevent's asks the kernel for ``SO_SNDBUF`` (a syscall) and slices
-    a memoryview in Python on every call, about a tenth of the proxy's own cost per
-    request (bench/README.md); a TLS ``send()`` writes the whole of a request head or a
-    64 KiB piece at once, and a plain one nearly always does.
-    """
-    if not data:
-        return  # an empty TLS write is an error in some OpenSSL versions (gevent#719)
-    sent = sock.send(data)
-    if sent < len(data):
-        view = memoryview(data)[sent:]
-        while view:
-            view = view[sock.send(view):]
 
 
 def _close_all(_key: PoolKey, conns: list[Connection]) -> None:

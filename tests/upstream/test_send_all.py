@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bcs_middleware.upstream.pool import send_all
+from bcs_middleware.sockets import send_all
 
 
 def test_every_byte_arrives_when_sends_are_partial() -> None:
