@@ -28,21 +28,24 @@ options, or ``examples/gunicorn.conf.py``).
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import gevent
 from gevent import Timeout
 from gevent.pool import Pool
 from gevent.server import StreamServer
+from gevent.ssl import SSLSocket
+from gunicorn import util as gunicorn_util
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
+
+from .sockets import send_all
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
@@ -66,6 +69,24 @@ def _refusal(retry_after: int) -> bytes:
     return head.encode("latin-1") + body
 
 
+class _ClientTLSSocket(SSLSocket):
+    """A client's TLS connection whose ``sendall`` is :func:`~.sockets.send_all`.
+
+    gunicorn writes every response head and body piece with ``sendall``; gevent's asks the
+    kernel for ``SO_SNDBUF`` each time (see ``send_all``). The context (``serve``'s
+    :class:`~bcs_middleware.tls.ServerContext` or gunicorn's) makes gevent's socket; the
+    handshake gives it this class (no state of its own, so the swap is safe).
+    """
+
+    __slots__ = ()
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if flags:
+            super().sendall(data, flags)
+        else:
+            send_all(self, data)
+
+
 class GatewayGeventWorker(GeventWorker):
     """gunicorn's gevent worker with a head timeout, a body idle timeout and a hard connection limit."""
 
@@ -84,8 +105,15 @@ class GatewayGeventWorker(GeventWorker):
         self._ssl_files: tuple[int, int] | None = None
         self._ssl_checked = 0.0
         self._refusal = _refusal(self.retry_after)
-        # Per connection (by greenlet): its socket, and whether its first request is yet to come.
-        self._conns: dict[int, list[Any]] = {}
+        # Per connection (by greenlet): the wait for its request heads.
+        self._conns: dict[int, _HeadWait] = {}
+
+    def init_process(self) -> None:
+        # gunicorn formats the Date header of every response with email.utils.formatdate
+        # (a datetime, a timetuple and string formatting): a few per cent of a proxied
+        # request's CPU (bench/README.md). Same text, made once a second.
+        gunicorn_util.http_date = _http_date
+        super().init_process()
 
     def run(self) -> None:
         # GeventWorker.run, except that TLS is done in handle() under the head timeout
@@ -137,8 +165,12 @@ class GatewayGeventWorker(GeventWorker):
                 if client is None:
                     return
             client.settimeout(self.body_idle_timeout)
-            self._conns[me] = [client, True]
-            AsyncWorker.handle(self, listener, client, addr)
+            wait = self._conns[me] = _HeadWait(client, self.header_timeout, self.cfg.keepalive,
+                                               self.body_idle_timeout)
+            try:
+                AsyncWorker.handle(self, listener, client, addr)
+            finally:
+                wait.close()
         finally:
             self._conns.pop(me, None)
             self.active -= 1
@@ -171,6 +203,8 @@ class GatewayGeventWorker(GeventWorker):
     def _handshake(self, client: Any) -> Any:
         tls = self._tls_context().wrap_socket(client, server_side=True, do_handshake_on_connect=False,
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
+        if type(tls) is SSLSocket:
+            tls.__class__ = _ClientTLSSocket
         try:
             with Timeout(self.header_timeout):
                 tls.do_handshake()
@@ -182,11 +216,8 @@ class GatewayGeventWorker(GeventWorker):
     def timeout_ctx(self) -> Any:
         # AsyncWorker reads every request head under this: the first within the head
         # timeout (counted from the end of the handshake), later ones within keepalive.
-        conn = self._conns.get(id(gevent.getcurrent()))
-        if conn is None:
-            return Timeout(self.header_timeout, False)
-        first, conn[1] = conn[1], False
-        return _head_wait(conn[0], self.header_timeout if first else self.cfg.keepalive, self.body_idle_timeout)
+        wait = self._conns.get(id(gevent.getcurrent()))
+        return Timeout(self.header_timeout, False) if wait is None else wait
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         try:
@@ -217,19 +248,58 @@ class GatewayGeventWorker(GeventWorker):
             _close(client)
 
 
-@contextmanager
-def _head_wait(sock: Any, seconds: float, body_idle_timeout: float | None) -> Iterator[None]:
-    """Wait for a request head for ``seconds`` at most (then the connection is closed quietly).
+class _HeadWait:
+    """The wait for each request head on one connection (a context manager used once per head).
 
-    The socket's own timeout (the body idle timeout) is lifted meanwhile: it would fire first
-    when it is the shorter one, as an error instead of a quiet close.
+    The first head must arrive within ``first`` seconds (counted from the end of the TLS
+    handshake), later ones within ``later`` (keepalive); otherwise the connection is closed
+    quietly. The socket's own timeout (the body idle timeout) is lifted meanwhile: it would
+    fire first when it is the shorter one, as an error instead of a quiet close.
+
+    One object and two timers per connection, not a generator context manager and a new
+    timer per request: this runs for every request (bench/README.md).
     """
-    sock.settimeout(None)
-    try:
-        with Timeout(seconds, False):
-            yield
-    finally:
-        sock.settimeout(body_idle_timeout)
+
+    __slots__ = ("_idle", "_later", "_sock", "_timeout")
+
+    def __init__(self, sock: Any, first: float, later: float, idle: float | None) -> None:
+        self._sock = sock
+        self._idle = idle
+        self._later: float | None = later
+        self._timeout = Timeout(first, False)
+
+    def __enter__(self) -> None:
+        self._sock.settimeout(None)
+        self._timeout.start()
+
+    def __exit__(self, typ: Any, value: Any, tb: Any) -> bool:
+        timeout = self._timeout
+        timeout.cancel()
+        self._sock.settimeout(self._idle)
+        if self._later is not None:  # the first head is in: keepalive from now on
+            timeout.close()
+            self._timeout = Timeout(self._later, False)
+            self._later = None
+        return value is timeout  # our own timeout: swallowed, the connection ends quietly
+
+    def close(self) -> None:
+        self._timeout.close()
+
+
+# (second, its HTTP date): the Date header of this second's responses.
+_date: tuple[int, str] = (0, "")
+
+
+def _http_date(timestamp: float | None = None) -> str:
+    """``gunicorn.util.http_date``, remembered for the current second."""
+    global _date
+    if timestamp is not None:
+        return email.utils.formatdate(timestamp, localtime=False, usegmt=True)
+    now = int(time.time())
+    cached = _date
+    if cached[0] != now:
+        cached = _date = (now, email.utils.formatdate(now, localtime=False, usegmt=True))
+    return cached[1]
 
 
 def _close(sock: Any) -> None:

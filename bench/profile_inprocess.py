@@ -99,6 +99,9 @@ class _CannedSocket:
     def sendall(self, data: bytes) -> None:
         pass
 
+    def send(self, data: bytes) -> int:
+        return len(data)
+
     def recv(self, size: int) -> bytes:
         return self._answer  # smaller than any receive the transport makes
 
@@ -113,7 +116,7 @@ def canned_transport(answer: bytes) -> Any:
     from bcs_middleware.upstream.transport import PooledTransport
 
     class CannedTransport(PooledTransport):
-        def _connect(self, key: Any, label: str) -> Connection:
+        def _connect(self, key: Any, label: str, *_args: Any, **_kwargs: Any) -> Connection:
             return Connection(_CannedSocket(answer), key)  # type: ignore[arg-type]
 
     return CannedTransport()
@@ -213,7 +216,7 @@ def main() -> int:
     access.propagate = False
     access.setLevel(logging.INFO)
 
-    nginx = pb._start_nginx(tmp)
+    nginx = pb._start_nginx(tmp, pb.Pki.create(tmp), pb.free_port())  # its plain-HTTP listener is used
     try:
         data_dir = tmp / "gateway"
         store = open_store(data_dir=data_dir)

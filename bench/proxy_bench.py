@@ -246,7 +246,7 @@ http {{
     }}
 }}
 """)
-    return ServerProcess(["nginx", "-p", str(tmp), "-e", f"{tmp}/error.log", "-c", str(conf)],
+    return ServerProcess([*PEER_PREFIX, "nginx", "-p", str(tmp), "-e", f"{tmp}/error.log", "-c", str(conf)],
                          port=port)
 
 
@@ -295,7 +295,7 @@ http {{
     }}
 }}
 """)
-    return ServerProcess(["nginx", "-p", str(home), "-e", f"{home}/error.log", "-c", str(conf)],
+    return ServerProcess([*PEER_PREFIX, "nginx", "-p", str(home), "-e", f"{home}/error.log", "-c", str(conf)],
                          port=port, scheme="https")
 
 
@@ -448,7 +448,12 @@ def _serve_tls(ctx: Context, app: str, env: dict[str, str] | None = None) -> Ser
     if not app.endswith(".ini"):
         extra += ["--chdir", str(BENCH)]
     tls = {"certfile": str(ctx.pki.cert_file), "keyfile": str(ctx.pki.key_file)}
-    return gunicorn(app, extra=extra, env=env, **tls, **GUNICORN)  # type: ignore[arg-type]
+    settings = dict(GUNICORN)
+    if settings["worker_class"] == "gevent" and SERVE_WORKER:
+        # serve's own gevent worker (its head/idle timeouts, its writes and Date header), so
+        # that the ceiling and upstream_proxy differ from serve only by the application.
+        settings["worker_class"] = "bcs_middleware.serving.GatewayGeventWorker"
+    return gunicorn(app, extra=extra, env=env, **tls, **settings)  # type: ignore[arg-type]
 
 
 def start_tls_ceiling(ctx: Context) -> Running:
@@ -602,6 +607,15 @@ def _wrk_ms(text: str) -> float:
 
 # --pin: servers (every contender's processes) on CPU 0, the load generator on CPU 1.
 LOADER_CPUS: set[int] | None = None
+# --batch-peers: the load generator and the nginx processes under SCHED_BATCH (``chrt -b 0``).
+# On these two shared cores, every write the gateway makes wakes wrk or nginx, and the woken
+# process preempts the worker mid-request (about two involuntary context switches per proxied
+# request, bench/README.md); a batch process does not preempt on wake-up, as a client and an
+# apiserver on other machines never do. Every contender runs under the same rule.
+PEER_PREFIX: list[str] = []
+# The HTTPS gunicorns (ceiling, upstream_proxy) on serve's gevent worker class rather than
+# gunicorn's stock one (--stock-gevent turns it off).
+SERVE_WORKER = True
 
 
 def _loader_affinity() -> None:
@@ -610,7 +624,8 @@ def _loader_affinity() -> None:
 
 
 def load_wrk(url: str, headers: dict[str, str], duration: float, connections: int) -> Sample:
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "10s"]
+    argv = [*PEER_PREFIX, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
+            "--timeout", "10s"]
     for name, value in headers.items():
         argv += ["-H", f"{name}: {value}"]
     out = subprocess.run([*argv, url], capture_output=True, text=True, timeout=duration + 30,
@@ -839,10 +854,21 @@ def main() -> int:
     parser.add_argument("--shared-socket", action="store_true",
                         help="all gunicorn workers accept from one shared socket (gunicorn's default) "
                              "instead of --reuse-port: shows the accept imbalance")
+    parser.add_argument("--stock-gevent", action="store_true",
+                        help="the HTTPS ceiling and upstream_proxy on gunicorn's own gevent worker "
+                             "instead of serve's (bcs_middleware.serving.GatewayGeventWorker)")
+    parser.add_argument("--batch-peers", action="store_true",
+                        help="run wrk and every nginx under SCHED_BATCH: they no longer preempt the "
+                             "servers when a write wakes them (as peers on other machines)")
     parser.add_argument("--pin", action="store_true",
                         help="servers of every contender on CPU 0, the load generator on CPU 1: "
                              "steadier ratios on a 2-CPU machine")
     args = parser.parse_args()
+    if args.stock_gevent:
+        global SERVE_WORKER
+        SERVE_WORKER = False
+    if args.batch_peers:
+        PEER_PREFIX.extend(["chrt", "-b", "0"])
     if args.pin:
         global LOADER_CPUS
         LOADER_CPUS = {1}

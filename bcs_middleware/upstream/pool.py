@@ -22,6 +22,7 @@ import time
 from typing import NamedTuple
 
 from ..lru import LRUCache
+from ..sockets import send_all
 
 # Below glibc's mmap threshold (128 KiB): recv(n) allocates an n-byte buffer first, and a
 # 256 KiB one costs an mmap/munmap pair per call (bench/README.md). Bodies are relayed in
@@ -72,7 +73,7 @@ class Connection:
             self.sock.settimeout(seconds)
 
     def sendall(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        send_all(self.sock, data)
 
     def recv(self, limit: int = RECV) -> bytes:
         return self.sock.recv(limit)
