@@ -75,6 +75,24 @@ def _rss_kib(pid: int) -> int:
     return total
 
 
+def _cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """CPU time (user + system) of ``pid`` and, with ``children``, its child processes."""
+    pids = [pid]
+    if children:
+        try:
+            pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            pass
+    total = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _rest(base: str, method: str, path: str, body: dict, cafile: str) -> None:
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method=method,
                                  headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
@@ -168,6 +186,11 @@ async def _half_head(port: int, context: ssl.SSLContext, gate: asyncio.Semaphore
     return writer
 
 
+def _harness_cpu(api: WatchAPIServer) -> float:
+    own = os.times()
+    return own.user + own.system + (_cpu_seconds(api.pid, children=False) if api.pid else 0.0)
+
+
 async def _scenario(port: int, cafile: str, api: WatchAPIServer, server: ServerProcess, watches: int,
                     departed: int, slow: int) -> dict:
     context = ssl.create_default_context(cafile=cafile)
@@ -194,8 +217,15 @@ async def _scenario(port: int, cafile: str, api: WatchAPIServer, server: ServerP
     gets = asyncio.ensure_future(_get_latencies(port, context, 200, 4))
     await asyncio.sleep(0.5)
     loop = asyncio.get_running_loop()
+    # CPU spent while the event is delivered: the gateway's, and the harness's (this client and
+    # the fake apiserver) — on two cores the two share the same budget.
+    gateway_cpu, harness_cpu = _cpu_seconds(server.proc.pid), _harness_cpu(api)
     await loop.run_in_executor(None, api.broadcast)
     await asyncio.wait(waiting, timeout=10)
+    gateway_cpu, harness_cpu = _cpu_seconds(server.proc.pid) - gateway_cpu, _harness_cpu(api) - harness_cpu
+    delivered = sum(w.received is not None for w in streams)
+    result["broadcast_gateway_cpu_us_per_event"] = round(gateway_cpu / max(delivered, 1) * 1e6, 1)
+    result["broadcast_harness_cpu_us_per_event"] = round(harness_cpu / max(delivered, 1) * 1e6, 1)
     get_latencies = await gets
     sent = sent_at.get("sent", float("nan"))
     delays = [w.received - sent for w in streams if w.received is not None]

@@ -170,6 +170,11 @@ class WatchAPIServer:
         with urllib.request.urlopen(req, timeout=30, context=self._control) as resp:
             return json.loads(resp.read())
 
+    @property
+    def pid(self) -> int | None:
+        """The fake's process id (benchmarks read its CPU time)."""
+        return self._proc.pid if self._proc is not None else None
+
     def broadcast(self) -> int:
         """Send one event to every open watch; returns how many."""
         return int(self._call("POST", "/_broadcast")["sent_to"])
