@@ -220,8 +220,9 @@ class Session:
             self.close(reason)
             self._pump_done.wait(5.0)
 
-    def close(self, reason: str = "") -> None:
-        """End the session: every stream's local socket is shut at once, then the channel closes."""
+    def close(self, reason: str = "", *, code: int = 1000) -> None:
+        """End the session: every stream's local socket is shut at once, then the channel closes
+        with the WebSocket close ``code`` and ``reason``."""
         with self._lock:
             if self._closing:
                 return
@@ -230,7 +231,7 @@ class Session:
             streams = list(self._streams.values())
         for stream in streams:
             _shut(stream.sock)
-        self.channel.close(1000, reason[:100])
+        self.channel.close(code, reason[:100])
         self._wake()
 
     # -- the reader ------------------------------------------------------------------------
