@@ -216,6 +216,11 @@ class Session:
                     log.warning("tunnel %s: %s; closing it", self.name, reason)
                     break
                 self._dispatch(message)
+                # Let the others run: under gevent (the gateway's default worker) this loop would
+                # otherwise keep the hub while the peer's data keeps coming, and neither the Pause
+                # it just queued nor the pump delivering the data would go before the streams
+                # overflowed. With threads, a GIL release.
+                time.sleep(0)
         finally:
             self.close(reason)
             self._pump_done.wait(5.0)
