@@ -22,6 +22,14 @@ its upper half at random so that many agents do not reconnect in step), and
 starts over from ``backoff_base`` after a connection that lasted. Every
 ``refresh`` seconds it gathers its cluster access again and reconnects if it
 changed (a rotated token or CA reaches the gateway that way).
+
+Two agents for one cluster. The gateway keeps the newest connection of a cluster
+and closes the older one with the close code ``CLOSE_REPLACED``. An agent so
+replaced waits ``replaced_backoff`` seconds (drawn in the upper half) before it
+comes back, and says in a warning that another agent serves its cluster: two
+replicas would otherwise replace each other every second or two, each time
+draining the other's streams. They still take turns, once a minute or so; one
+replica is what to run.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .handshake import (
+    CLOSE_REPLACED,
     CONNECT_PATH,
     HEADER_CLUSTER,
     HEADER_MODULE,
@@ -58,6 +67,8 @@ CONNECT_TIMEOUT = 10.0
 DIAL_TIMEOUT = 15.0
 #: A connection that lasted this long resets the backoff.
 STABLE_AFTER = 30.0
+#: How long an agent whose connection another agent of its cluster replaced waits before coming back.
+REPLACED_BACKOFF = 60.0
 
 
 class ConnectNotAllowed(PermissionError):
@@ -106,13 +117,15 @@ class TunnelAgent:
     :param register_token: the cluster's register token ("" with a client certificate).
     :param gather: returns the current :class:`TunnelParams` (raises to retry later).
     :param context: TLS client context verifying the gateway.
+    :param replaced_backoff: seconds (drawn in the upper half) to wait after the gateway closed
+        the connection because another agent of the cluster connected since.
     """
 
     def __init__(self, *, gateway_url: str, cluster_id: str, register_token: str,
                  gather: Callable[[], TunnelParams], context: ssl.SSLContext,
                  connect_timeout: float = CONNECT_TIMEOUT, ping_interval: float = 10.0, dead_after: float = 45.0,
                  backoff_base: float = 1.0, backoff_max: float = 60.0, refresh: float = 300.0,
-                 module: str = MODULE_KUBE_AGENT) -> None:
+                 module: str = MODULE_KUBE_AGENT, replaced_backoff: float = REPLACED_BACKOFF) -> None:
         self.target = GatewayTarget.from_url(gateway_url)
         self.cluster_id = cluster_id
         self.register_token = register_token
@@ -125,6 +138,8 @@ class TunnelAgent:
         self.backoff_max = backoff_max
         self.refresh = refresh
         self.module = module
+        self.replaced_backoff = replaced_backoff
+        self.replaced = 0  # connections the gateway closed because another agent replaced them
         self.connections = 0  # tunnels opened so far
         self.session: Session | None = None
         self._stop = threading.Event()
@@ -156,6 +171,15 @@ class TunnelAgent:
                 self.connections += 1
                 log.info("tunnel to %s:%d open for cluster %s", self.target.host, self.target.port, self.cluster_id)
                 reason = self._serve(session, params)
+                if session.channel.peer_close_code == CLOSE_REPLACED and not self._stop.is_set():
+                    self.replaced += 1
+                    failures = 0
+                    delay = self.replaced_backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
+                    log.warning("another kube-agent of cluster %s connected to the gateway and replaced this one: "
+                                "two agents serve one cluster and take turns (run one replica); reconnecting in "
+                                "%.0fs", self.cluster_id, delay)
+                    self._stop.wait(delay)
+                    continue
                 log.warning("tunnel closed: %s", reason)
                 failures = 0 if time.monotonic() - started > STABLE_AFTER else failures + 1
                 if reason == "cluster access changed":

@@ -38,6 +38,10 @@ MODULE_KUBE_AGENT = "kube-agent"
 MODULE_KUBE_AGENT_V2 = "kubeagent"
 #: A Params header longer than this is refused before decoding (a CA bundle and a token fit easily).
 MAX_PARAMS = 64 * 1024
+#: The WebSocket close code (private range) with which the gateway ends an agent connection that a
+#: newer connection of the same cluster replaced: the agent learns that another agent serves its
+#: cluster, rather than that its connection failed.
+CLOSE_REPLACED = 4001
 
 
 class TunnelParamsError(ValueError):

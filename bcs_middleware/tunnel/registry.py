@@ -46,6 +46,7 @@ from ..lru import LRUCache
 from ..store.crypto import digests_equal
 from ..store.records import Holder, PlacementRecord
 from ..upstream.transport import TunnelDialer
+from .handshake import CLOSE_REPLACED
 
 __all__ = ["AgentSession", "Holder", "LocalAgents", "LocalOnlyDialer", "PlacementStore", "RegisterTokens",
            "TunnelDialer"]
@@ -80,7 +81,7 @@ class AgentSession(Protocol):
 
     def open(self, proto: str, address: str, timeout: float) -> socket.socket: ...
 
-    def close(self, reason: str = "") -> None: ...
+    def close(self, reason: str = "", *, code: int = 1000) -> None: ...
 
 
 class PlacementStore(Protocol):
@@ -206,7 +207,9 @@ class LocalAgents:
         if cluster_id not in self._agents:  # else the newer connection's count stands
             metrics.AGENT_STREAMS.labels(attached.label).set(0)
         if not attached.session.closed:
-            attached.session.close(reason)
+            # The replaced agent is told so (a close code of its own): it then waits long before
+            # coming back, instead of replacing its successor in turn at once.
+            attached.session.close(reason, code=CLOSE_REPLACED if reason == _REPLACED else 1000)
 
     def session(self, cluster_id: str) -> AgentSession | None:
         """The live session held for ``cluster_id`` (a closed one is forgotten)."""

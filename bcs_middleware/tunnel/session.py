@@ -216,12 +216,18 @@ class Session:
                     log.warning("tunnel %s: %s; closing it", self.name, reason)
                     break
                 self._dispatch(message)
+                # Let the others run: under gevent (the gateway's default worker) this loop would
+                # otherwise keep the hub while the peer's data keeps coming, and neither the Pause
+                # it just queued nor the pump delivering the data would go before the streams
+                # overflowed. With threads, a GIL release.
+                time.sleep(0)
         finally:
             self.close(reason)
             self._pump_done.wait(5.0)
 
-    def close(self, reason: str = "") -> None:
-        """End the session: every stream's local socket is shut at once, then the channel closes."""
+    def close(self, reason: str = "", *, code: int = 1000) -> None:
+        """End the session: every stream's local socket is shut at once, then the channel closes
+        with the WebSocket close ``code`` and ``reason``."""
         with self._lock:
             if self._closing:
                 return
@@ -230,7 +236,7 @@ class Session:
             streams = list(self._streams.values())
         for stream in streams:
             _shut(stream.sock)
-        self.channel.close(1000, reason[:100])
+        self.channel.close(code, reason[:100])
         self._wake()
 
     # -- the reader ------------------------------------------------------------------------

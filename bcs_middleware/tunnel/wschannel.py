@@ -121,6 +121,8 @@ class WebSocketChannel:
         self._ended = False  # the socket is shut: nothing more goes either way
         self._close_deadline = 0.0
         self.close_reason = ""
+        #: The code of the peer's close frame, once it sent one.
+        self.peer_close_code: int | None = None
         self.last_received = time.monotonic()
         self.bytes_received = 0
         self.bytes_sent = 0
@@ -341,8 +343,10 @@ class WebSocketChannel:
                 if self._ws.state is ConnectionState.REMOTE_CLOSING:
                     self._enqueue_locked(self._ws.send(event.response()))
                 self._closing = True
+                self.peer_close_code = int(event.code)
                 if not self.close_reason:
-                    self.close_reason = f"the peer closed the WebSocket ({event.code})"
+                    said = f": {event.reason}" if event.reason else ""
+                    self.close_reason = f"the peer closed the WebSocket ({event.code}{said})"
                 self._cond.notify_all()
                 return _ENDED
         return None

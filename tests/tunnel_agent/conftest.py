@@ -17,7 +17,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -68,8 +68,9 @@ class Agent:
     """A real ``bcs-middleware kube-agent --tunnel`` process for one cluster."""
 
     def __init__(self, gw: Gateway, apiserver: FakeAPIServer, cluster_id: str, register_token: str,
-                 workdir: Path) -> None:
+                 workdir: Path, *, args: Sequence[str] = ()) -> None:
         self.gw = gw
+        self.args = list(args)
         self.cluster_id = cluster_id
         self.register_token = register_token
         self.kubeconfig = workdir / f"agent-{cluster_id}.kubeconfig"
@@ -81,7 +82,7 @@ class Agent:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [CLI, "kube-agent", "--tunnel", "--bke-address", self.gw.url, "--cluster-id", self.cluster_id,
-                 "--kubeconfig", str(self.kubeconfig)],
+                 "--kubeconfig", str(self.kubeconfig), *self.args],
                 env={**os.environ, "REGISTER_TOKEN": self.register_token,
                      "SERVER_CERT": Path(self.gw.ca_file).read_text(), "PYTHONUNBUFFERED": "1"},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -125,7 +126,9 @@ class Agent:
 @pytest.fixture(scope="module")
 def agent(gateway: Gateway, apiserver: FakeAPIServer, register_token: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    running = Agent(gateway, apiserver, CLUSTER, register_token, tmp_path_factory.mktemp("agent")).start()
+    # Tests replace this agent with a second one on purpose, and need it back soon after.
+    running = Agent(gateway, apiserver, CLUSTER, register_token, tmp_path_factory.mktemp("agent"),
+                    args=["--replaced-backoff", "2"]).start()
     try:
         running.wait_connected()
         yield running

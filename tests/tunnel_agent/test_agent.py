@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bcs_middleware.tunnel.agent import TunnelAgent
-from bcs_middleware.tunnel.handshake import CONNECT_PATH, TunnelParams, dial_address
+from bcs_middleware.tunnel.handshake import CLOSE_REPLACED, CONNECT_PATH, TunnelParams, dial_address
 from bcs_middleware.tunnel.session import Session
 from bcs_middleware.tunnel.wschannel import WebSocketChannel
 from tests.support.fake_apiserver import FakeAPIServer
@@ -211,6 +211,25 @@ def test_the_agent_reconnects_after_the_gateway_drops_it(tls: TLS, api: FakeAPIS
             time.sleep(0.01)
         assert agent.connections == 2
         assert get_through(second, params_for(api))[0] == 200
+
+
+def test_an_agent_replaced_by_another_waits_long_and_says_why(tls: TLS, api: FakeAPIServer,
+                                                              gateway: StandInGateway,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    with running_agent(gateway.url, tls.client_context(), lambda: params_for(api),
+                       backoff_base=0.1, backoff_max=0.2, replaced_backoff=3.0) as agent:
+        gateway.wait_session(1).close("replaced by a newer connection", code=CLOSE_REPLACED)
+        closed = time.monotonic()
+        second = gateway.wait_session(2, timeout=10)
+        # Not the ordinary 0.05-0.1 s: the upper half of --replaced-backoff.
+        assert time.monotonic() - closed >= 1.5
+        assert agent.replaced == 1
+        second.close("gateway restarting")  # an ordinary close: back soon
+        closed = time.monotonic()
+        gateway.wait_session(3, timeout=10)
+        assert time.monotonic() - closed < 1.5
+    assert "two agents serve one cluster" in caplog.text
 
 
 def test_a_refused_tunnel_is_retried_with_growing_backoff(tls: TLS, api: FakeAPIServer,

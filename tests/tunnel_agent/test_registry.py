@@ -71,7 +71,7 @@ class FakeSession:
         self.streams += 1
         return ours
 
-    def close(self, reason: str = "") -> None:
+    def close(self, reason: str = "", *, code: int = 1000) -> None:
         self.closed = True
         self.close_reason = reason
 
