@@ -328,6 +328,8 @@ def build_gateway(
             address_policy=address_policy,
             tunnels=tunnels,
         )
+    if isinstance(transport, PooledTransport):
+        agents.on_replaced = transport.retire_tunnel
     if not config.upstream_verify:
         log.warning("TLS verification towards cluster apiservers is OFF (upstream_verify = false)")
     directory = CachedDirectory(store, ttl=config.cluster_cache_ttl)

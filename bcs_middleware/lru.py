@@ -133,6 +133,10 @@ class LRUCache(Generic[K, V]):
     def values(self) -> Iterator[V]:
         return (entry[1] for entry in self._entries.values())
 
+    def held_keys(self) -> list[K]:
+        """The keys now held (a copy: safe to pop while looping over it)."""
+        return list(self._entries)
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -121,11 +122,17 @@ class LocalAgents:
         ``None`` re-checks nothing (tests).
     :param check_every: seconds between re-checks of every held agent's register
         token (and heartbeats).
+    :param on_replaced: called with the cluster id when a newer connection replaces a
+        held one (``PooledTransport.retire_tunnel``).
     """
 
     def __init__(self, *, holder: Holder, placements: PlacementStore | None, tokens: RegisterTokens | None = None,
-                 check_every: float = DEFAULT_CHECK_EVERY) -> None:
+                 check_every: float = DEFAULT_CHECK_EVERY,
+                 on_replaced: Callable[[str], None] | None = None) -> None:
         self.holder = holder
+        # Told when a newer connection takes a cluster over: the transport then stops
+        # reusing its pooled connections over the older one, so the older one drains.
+        self.on_replaced = on_replaced
         self.placements = placements
         self.tokens = tokens
         self.check_every = check_every
@@ -150,6 +157,8 @@ class LocalAgents:
             self._agents[cluster_id] = attached
             was_gone = self._gone.pop(cluster_id) is not None
         if old is not None:
+            if self.on_replaced is not None:
+                self.on_replaced(cluster_id)
             if old.session.streams and not old.session.closed:
                 with self._lock:
                     self._draining.append((cluster_id, old))

@@ -54,11 +54,14 @@ class PoolKey(NamedTuple):
 class Connection:
     """One socket to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when its timeout fires."""
 
-    __slots__ = ("idle_since", "key", "reused", "sock", "timeout")
+    __slots__ = ("generation", "idle_since", "key", "reused", "sock", "timeout")
 
-    def __init__(self, sock: socket.socket, key: PoolKey) -> None:
+    def __init__(self, sock: socket.socket, key: PoolKey, generation: int = 0) -> None:
         self.sock = sock
         self.key = key
+        # For a connection through an agent tunnel: which of the cluster's agent
+        # connections it rides (see PooledTransport.retire_tunnel).
+        self.generation = generation
         self.reused = False
         self.idle_since = 0.0
         self.timeout: float | None = sock.gettimeout()
@@ -157,6 +160,13 @@ class IdlePool:
             idle = self._idle.pop(key)
         for conn in idle or ():
             conn.close()
+
+    def drop_tunnel(self, cluster_id: str) -> None:
+        """Close every idle connection through ``cluster_id``'s agent tunnel."""
+        with self._lock:
+            lists = [self._idle.pop(key) for key in self._idle.held_keys() if key.tunnel == cluster_id]
+        for conns in lists:
+            _close_all(None, conns or [])  # type: ignore[arg-type]
 
     def close(self) -> None:
         with self._lock:

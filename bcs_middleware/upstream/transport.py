@@ -254,7 +254,7 @@ class UpstreamResponse:
         reader = self._reader
         reader.release()
         if reader.complete and not reader.pieces and reader.reusable and self._reusable:
-            self._transport._pool.put(conn)
+            self._transport._keep(conn)
         else:
             conn.close()
 
@@ -353,6 +353,11 @@ class PooledTransport:
         self._failed: LRUCache[str, float] = LRUCache(
             max_entries=self.max_upstreams, ttl=self.failure_cooldown)
         self._next_sweep = 0.0
+        # Agent tunnels whose connection was replaced by a newer one of the same cluster:
+        # their connections are not pooled again (retire_tunnel). Kept as long as a stream
+        # over the old connection may last.
+        self._tunnel_generations: LRUCache[str, int] = LRUCache(
+            max_entries=self.max_upstreams, ttl=self.stream_idle_timeout or 3600.0)
 
     @property
     def connections_opened(self) -> int:
@@ -506,6 +511,8 @@ class PooledTransport:
     def _connect(self, key: PoolKey, label: str, timeout: float | None = None) -> Connection:
         """The one place a connection to an upstream is made (TCP, then TLS for https)."""
         seconds = self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
+        # Read before dialling: a stream opened as its agent connection is replaced counts as the old one's.
+        generation = 0 if key.tunnel is None else (self._tunnel_generations.peek(key.tunnel) or 0)
         try:
             if key.tunnel is not None:
                 if self.tunnels is None:
@@ -528,7 +535,26 @@ class PooledTransport:
                 raise translate(exc, "tls", label, key.host) from None
         with self._lock:
             self._opened += 1
-        return Connection(sock, key)
+        return Connection(sock, key, generation)
+
+    def retire_tunnel(self, cluster_id: str) -> None:
+        """A newer agent connection serves ``cluster_id``: stop reusing connections over the older one.
+
+        Idle ones are closed now, busy ones when released, so the older agent connection
+        drains (its streams end) while every new request opens a stream over the newer.
+        """
+        with self._lock:
+            generation = (self._tunnel_generations.peek(cluster_id) or 0) + 1
+            self._tunnel_generations.put(cluster_id, generation)
+        self._pool.drop_tunnel(cluster_id)
+
+    def _keep(self, conn: Connection) -> None:
+        """Pool a connection whose answer was complete, unless its agent connection was retired."""
+        tunnel = conn.key.tunnel
+        if tunnel is not None and conn.generation != (self._tunnel_generations.peek(tunnel) or 0):
+            conn.close()
+        else:
+            self._pool.put(conn)
 
     def _candidates(self, base_urls: tuple[str, ...]) -> list[str]:
         if not len(self._failed):

@@ -233,6 +233,28 @@ def test_a_second_agent_for_the_cluster_takes_over_without_failing_requests(
     agent.wait_connected()
 
 
+def test_a_replaced_agent_connection_drains_while_requests_keep_flowing(
+    gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, tmp_path: Path,
+) -> None:
+    """Keep-alive connections pooled over the older agent connection are not reused once a newer
+    one took the cluster over: the older one empties and is closed although traffic never stops."""
+    for _ in range(10):  # keep-alive connections over the first agent's connection, pooled
+        assert gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0] == 200
+    replaced_before = agent.output().count("replaced this one")  # the module's agent: earlier tests too
+    second = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
+    try:
+        statuses = []
+        deadline = time.monotonic() + 15
+        while agent.output().count("replaced this one") == replaced_before:
+            assert time.monotonic() < deadline, agent.output()
+            statuses.append(gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0])
+            time.sleep(0.05)
+        assert set(statuses) == {200}, statuses
+    finally:
+        second.stop()
+    agent.wait_connected()
+
+
 def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(
     gateway: Gateway, agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path, tmp_path: Path,
 ) -> None:
