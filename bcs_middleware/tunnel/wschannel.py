@@ -65,6 +65,8 @@ HIGH_WATER = 512 * 1024
 MAX_HANDSHAKE = 64 * 1024
 MAX_REJECT_BODY = 4096
 RECV_SIZE = 64 * 1024
+#: The reader lets the others run after this many bytes read without waiting (see :meth:`WebSocketChannel.receive`).
+YIELD_EVERY = 64 * 1024
 #: How long :meth:`WebSocketChannel.close` lets the writer flush before it cuts the socket.
 CLOSE_FLUSH_SECONDS = 2.0
 _ENDED = object()
@@ -125,6 +127,7 @@ class WebSocketChannel:
         self.peer_close_code: int | None = None
         self.last_received = time.monotonic()
         self.bytes_received = 0
+        self._unyielded = 0
         self.bytes_sent = 0
         self._writer = threading.Thread(target=self._write_loop, name="bcs-ws-writer", daemon=True)
         self._writer.start()
@@ -257,6 +260,14 @@ class WebSocketChannel:
                     return None
                 self.last_received = time.monotonic()
                 self.bytes_received += len(data)
+                self._unyielded += len(data)
+                if self._unyielded >= YIELD_EVERY:
+                    # Under gevent a read that finds data never switches: a peer sending faster than
+                    # this reader decodes would keep the writer (and the Pause it must send), the
+                    # session's pump and every other request of the worker from running. sleep(0)
+                    # lets them run (gevent), or hands the GIL over (threads).
+                    self._unyielded = 0
+                    time.sleep(0)
                 with self._cond:
                     try:
                         self._feed(data)

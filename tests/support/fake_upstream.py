@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import ssl
 import threading
 import time
@@ -78,6 +79,10 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # clients that vanish (the tests make them) are not errors here
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -220,7 +225,7 @@ class FakeUpstream:
 
     def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
         self.state = _State()
-        self._server = _Server((host, 0), _Handler)
+        self._server = (_Server6 if ":" in host else _Server)((host, 0), _Handler)
         self._server.state = self.state
         self._server.tls = tls
         self.host = host
@@ -231,7 +236,8 @@ class FakeUpstream:
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def accepted(self) -> int:

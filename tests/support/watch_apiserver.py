@@ -110,11 +110,11 @@ async def _hold_watch(state: _State, reader: asyncio.StreamReader, writer: async
             state.closed[watch_id] = time.monotonic()
 
 
-async def _main(port: int, cert: str, key: str, token: str) -> None:
+async def _main(port: int, cert: str, key: str, token: str, hosts: list[str]) -> None:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     state = _State(token)
-    server = await asyncio.start_server(lambda r, w: _serve(state, r, w), "127.0.0.1", port,
+    server = await asyncio.start_server(lambda r, w: _serve(state, r, w), hosts, port,
                                         ssl=context, backlog=4096, limit=1 << 20)
     print("ready", flush=True)
     async with server:
@@ -122,16 +122,22 @@ async def _main(port: int, cert: str, key: str, token: str) -> None:
 
 
 class WatchAPIServer:
-    """The fake in a subprocess: ``url``, ``ca_pem``, ``broadcast()``, ``stats()``."""
+    """The fake in a subprocess: ``url``, ``ca_pem``, ``broadcast()``, ``stats()``.
 
-    def __init__(self, token: str) -> None:
+    :param hosts: the loopback addresses it listens on (one port), ``url`` names the first;
+        ``url_for(host)`` another (a benchmark reaches one address directly and another only
+        through an agent).
+    """
+
+    def __init__(self, token: str, hosts: tuple[str, ...] = ("127.0.0.1",)) -> None:
         self.token = token
+        self.hosts = hosts
         self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = self.url_for(hosts[0])
         ca = trustme.CA()
         self.ca_pem = ca.cert_pem.bytes().decode()
         self._dir = tempfile.TemporaryDirectory(prefix="watch-apiserver-")
-        cert = ca.issue_cert("127.0.0.1", "localhost")
+        cert = ca.issue_cert("127.0.0.1", "localhost", *(h for h in hosts if h != "127.0.0.1"))
         self._cert = Path(self._dir.name) / "cert.pem"
         self._key = Path(self._dir.name) / "key.pem"
         cert.cert_chain_pems[0].write_to_path(str(self._cert))
@@ -146,7 +152,7 @@ class WatchAPIServer:
         root = Path(__file__).resolve().parents[2]
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.watch_apiserver", str(self.port), str(self._cert),
-             str(self._key), self.token],
+             str(self._key), self.token, ",".join(self.hosts)],
             cwd=root, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
@@ -164,6 +170,9 @@ class WatchAPIServer:
             if self._proc.stdout is not None:
                 self._proc.stdout.close()
         self._dir.cleanup()
+
+    def url_for(self, host: str) -> str:
+        return f"https://[{host}]:{self.port}" if ":" in host else f"https://{host}:{self.port}"
 
     def _call(self, method: str, path: str) -> Any:
         req = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None)
@@ -209,4 +218,4 @@ if __name__ == "__main__":
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     use_uvloop()
-    asyncio.run(_main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]))
+    asyncio.run(_main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split(",")))
