@@ -23,6 +23,12 @@ from bcs_middleware.upstream.addresses import AddressPolicy
 from bcs_middleware.upstream.transport import PooledTransport
 
 
+def _module_namespace(obj: Any) -> bool:
+    """A module's globals (reached through a function's ``__globals__``): what lives there, such as
+    ``default_transport()``'s process-wide instance made by an earlier test, is not the app's."""
+    return isinstance(obj, dict) and "__builtins__" in obj and "__name__" in obj
+
+
 def _reachable(root: Any, kind: type, limit: int = 200_000) -> list[Any]:
     """Every ``kind`` instance reachable from ``root`` through the package's own objects."""
     found: dict[int, Any] = {}
@@ -38,7 +44,7 @@ def _reachable(root: Any, kind: type, limit: int = 200_000) -> list[Any]:
             continue
         module = type(obj).__module__ or ""
         if module.startswith("bcs_middleware") or isinstance(obj, (dict, list, tuple, set)) or callable(obj):
-            if isinstance(obj, type) or type(obj).__name__ == "module":
+            if isinstance(obj, type) or type(obj).__name__ == "module" or _module_namespace(obj):
                 continue
             stack.extend(gc.get_referents(obj))
     return list(found.values())
