@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -128,7 +130,21 @@ FAILURES = [
 ]
 
 
-def _failing(kind: str, hooks: Any, ca: Any, other_ca: Any, policy: str) -> tuple[dict[str, Any], Any]:
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port bound by this test and never listened on: a connection to it is refused.
+
+    Not a stopped server's port: a freed ephemeral port can be handed to another socket of this
+    process (even the connecting one's own source port, a loopback self-connect) before the
+    test connects to it, and then something else answers there.
+    """
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
+def _failing(kind: str, hooks: Any, ca: Any, other_ca: Any, policy: str,
+             closed_port: int) -> tuple[dict[str, Any], Any]:
     service = "hook-a.webhooks"
     extra: dict[str, Any] = {}
     behaviours = {
@@ -137,11 +153,14 @@ def _failing(kind: str, hooks: Any, ca: Any, other_ca: Any, policy: str) -> tupl
         "other-name": lambda obj: {**obj, "metadata": {**obj["metadata"], "name": "evil"}},
         "array": lambda obj: [obj],
     }
-    hook = hooks(behaviours.get(kind, lambda obj: obj))
-    address = hook.address
+    hook = None
     if kind == "unreachable":
-        hook.stop()
+        address = f"127.0.0.1:{closed_port}"
+    else:
+        hook = hooks(behaviours.get(kind, lambda obj: obj))
+        address = hook.address
     if kind == "timeout":
+        assert hook is not None
         hook.delay = 2.0
         extra["timeoutSeconds"] = 1
     webhook = bcs_webhook(service, other_ca if kind == "wrong-ca" else ca, policy=policy, **extra)
@@ -154,8 +173,8 @@ def _failing(kind: str, hooks: Any, ca: Any, other_ca: Any, policy: str) -> tupl
 
 
 @pytest.mark.parametrize("kind", FAILURES)
-def test_failure_with_fail_policy_rejects_and_names_the_webhook(hooks, ca, other_ca, kind):
-    definition, webhook_client = _failing(kind, hooks, ca, other_ca, "Fail")
+def test_failure_with_fail_policy_rejects_and_names_the_webhook(hooks, ca, other_ca, kind, closed_port):
+    definition, webhook_client = _failing(kind, hooks, ca, other_ca, "Fail", closed_port)
     reached: list[Any] = []
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
@@ -172,8 +191,8 @@ def test_failure_with_fail_policy_rejects_and_names_the_webhook(hooks, ca, other
 
 
 @pytest.mark.parametrize("kind", FAILURES)
-def test_failure_with_ignore_policy_skips_the_webhook(hooks, ca, other_ca, kind):
-    definition, webhook_client = _failing(kind, hooks, ca, other_ca, "Ignore")
+def test_failure_with_ignore_policy_skips_the_webhook(hooks, ca, other_ca, kind, closed_port):
+    definition, webhook_client = _failing(kind, hooks, ca, other_ca, "Ignore", closed_port)
     second = hooks(bcs_add_label("after", "yes"))
     definition["admissionWebhooks"].append(bcs_webhook("hook-b.webhooks", ca))
     webhook_client.address_map["hook-b.webhooks"] = ("127.0.0.1", second.port)
