@@ -67,6 +67,7 @@ from proxy_bench import (  # noqa: E402
     BODY_SIZE,
     GiB,
     MiB,
+    Pki,
     Sample,
     _children,
     _cpu_seconds,
@@ -82,7 +83,7 @@ from proxy_bench import (  # noqa: E402
 from tests.support.fake_upstream import FakeUpstream  # noqa: E402
 from tests.support.kube import write_kubeconfig  # noqa: E402
 from tests.support.servers import BIN, ServerProcess, free_port  # noqa: E402
-from tests.support.watch_apiserver import UVLOOP_ENV, WatchAPIServer, use_uvloop  # noqa: E402
+from tests.support.watch_apiserver import UVLOOP_ENV, WatchAPIServer, open_watch, use_uvloop  # noqa: E402
 
 ADMIN = "agent-bench-admin-token-" + "a" * 32
 SA = "agent-bench-sa-token-" + "s" * 24
@@ -108,36 +109,6 @@ def _reset_peak(pid: int) -> None:
 
 def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-@dataclass
-class Pki:
-    """One CA; a server certificate for localhost, 127.0.0.1 and ::1."""
-
-    ca_file: Path
-    cert_file: Path
-    key_file: Path
-
-    @classmethod
-    def create(cls, tmp: Path) -> Pki:
-        import trustme
-
-        ca = trustme.CA()
-        cert = ca.issue_cert("localhost", *HOSTS)
-        tls = tmp / "tls"
-        tls.mkdir()
-        pki = cls(tls / "ca.pem", tls / "server.pem", tls / "server.key")
-        ca.cert_pem.write_to_path(str(pki.ca_file))
-        cert.private_key_pem.write_to_path(str(pki.key_file))
-        with pki.cert_file.open("wb") as out:
-            for blob in cert.cert_chain_pems:
-                out.write(blob.bytes())
-        return pki
-
-    def server_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(self.cert_file), str(self.key_file))
-        return context
 
 
 def start_nginx(tmp: Path, pki: Pki) -> tuple[ServerProcess, int]:
@@ -414,20 +385,8 @@ class Watch:
 
 async def _open_watch(port: int, context: ssl.SSLContext, prefix: str, token: str, wid: str,
                       gate: asyncio.Semaphore) -> Watch | None:
-    request = (f"GET {prefix}/api/v1/namespaces/default/configmaps?watch=true&watchid={wid} HTTP/1.1\r\n"
-               f"Host: localhost\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
-    async with gate:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost"), 30)
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError):
-            return None
-    if not head.startswith(b"HTTP/1.1 200"):
-        writer.transport.abort()
-        return None
-    return Watch(wid, reader, writer)
+    opened = await open_watch(port, context, prefix, token, wid, gate)
+    return None if opened is None else Watch(wid, *opened)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -600,7 +559,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="agent-tunnel-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root
-    pki = Pki.create(tmp)
+    pki = Pki.create(tmp, HOSTS)
     ca_pem = pki.ca_file.read_text()
     result: dict[str, object] = {"load_start": _load(), "cpus": os.cpu_count(), "harness_loop": loop_name,
                                  "nofile": hard}

@@ -182,18 +182,18 @@ class Contender:
 
 @dataclass
 class Pki:
-    """A CA and one server certificate (localhost, 127.0.0.1) for nginx and the bench's gunicorns."""
+    """A CA and one server certificate (localhost and ``hosts``) for nginx and the bench's gunicorns."""
 
     ca_file: Path
     cert_file: Path
     key_file: Path
 
     @classmethod
-    def create(cls, tmp: Path) -> Pki:
+    def create(cls, tmp: Path, hosts: tuple[str, ...] = ("127.0.0.1",)) -> Pki:
         import trustme
 
         ca = trustme.CA()
-        cert = ca.issue_cert("localhost", "127.0.0.1")
+        cert = ca.issue_cert("localhost", *hosts)
         tls = tmp / "tls"
         tls.mkdir()
         pki = cls(tls / "ca.pem", tls / "server.pem", tls / "server.key")

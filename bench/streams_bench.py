@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.servers import BIN, ServerProcess, free_port  # noqa: E402
-from tests.support.watch_apiserver import UVLOOP_ENV, WatchAPIServer, use_uvloop  # noqa: E402
+from tests.support.watch_apiserver import UVLOOP_ENV, WatchAPIServer, open_watch, use_uvloop  # noqa: E402
 
 ADMIN = "streams-bench-admin-token-" + "b" * 20
 SA = "streams-bench-sa-token"
@@ -113,20 +113,8 @@ class Watch:
 async def _open_watch(port: int, context: ssl.SSLContext, wid: str, gate: asyncio.Semaphore,
                       direct: bool = False) -> Watch | None:
     prefix, token = ("", SA) if direct else (f"/tunnels/clusters/{CLUSTER}", ADMIN)
-    request = (f"GET {prefix}/api/v1/namespaces/default/configmaps?watch=true&watchid={wid} "
-               f"HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
-    async with gate:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost"), 30)
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError):
-            return None
-    if not head.startswith(b"HTTP/1.1 200"):
-        writer.transport.abort()
-        return None
-    return Watch(wid, reader, writer)
+    opened = await open_watch(port, context, prefix, token, wid, gate)
+    return None if opened is None else Watch(wid, *opened)
 
 
 async def _await_event(watch: Watch, sent_at: dict[str, float]) -> None:

@@ -19,7 +19,6 @@ import itertools
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -34,7 +33,7 @@ from bcs_middleware.tunnel.peers import GREETING, PEER_KEY_PURPOSE, PeerAddress,
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
 from tests.support.peer_link import RawPeer, StandInAgents
-from tests.support.servers import free_port
+from tests.support.servers import ConnectionServer, free_port
 
 KEY = Fernet.generate_key().decode()
 PEER_KEY = SecretBox([KEY]).derive(PEER_KEY_PURPOSE)[0]
@@ -211,7 +210,7 @@ def test_request_reaches_the_agent_held_elsewhere_through_the_peer_link(
     assert any(r.headers.get("Authorization") == f"Bearer {SA_TOKEN}" for r in apiserver.requests.snapshot())
 
 
-class Impostor:
+class Impostor(ConnectionServer):
     """A TLS server at the placement's address with another certificate; records what it is sent."""
 
     def __init__(self, tmp: str) -> None:
@@ -223,33 +222,20 @@ class Impostor:
             fh.write(identity.key_pem)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
         self.received = b""
         self.handshakes = 0
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
+        super().__init__()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            try:
-                conn.settimeout(3)
-                with self.context.wrap_socket(conn, server_side=True) as tls:
-                    self.handshakes += 1
-                    tls.sendall(GREETING + b"\0" * 32)  # tempt the requester to send its credential
-                    while piece := tls.recv(65536):
-                        self.received += piece
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(3)
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                self.handshakes += 1
+                tls.sendall(GREETING + b"\0" * 32)  # tempt the requester to send its credential
+                while piece := tls.recv(65536):
+                    self.received += piece
+        except OSError:
+            pass
 
 
 def test_requester_sends_no_credential_to_a_holder_with_another_certificate(

@@ -16,6 +16,7 @@ import ssl
 from bcs_middleware.store import Holder
 from bcs_middleware.tls import cert_fingerprint
 from bcs_middleware.tunnel.peers import GREETING, request_mac
+from tests.support.servers import ConnectionServer
 
 
 class StandInAgents:
@@ -91,7 +92,7 @@ class RawPeer:
         self.sock.close()
 
 
-class QuickAPIServer:
+class QuickAPIServer(ConnectionServer):
     """A TLS HTTP/1.1 server answering every request at once with one small JSON (one write, no Nagle).
 
     For timing the paths to an apiserver without the server's own latency in the figures.
@@ -101,7 +102,6 @@ class QuickAPIServer:
 
     def __init__(self, tmp: str) -> None:
         import os
-        import threading
 
         from bcs_middleware.tls import generate_ca, issue_server_cert
 
@@ -115,24 +115,10 @@ class QuickAPIServer:
         self.ca_pem = ca.cert_pem.decode()
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
+        super().__init__()
         self.url = f"https://127.0.0.1:{self.port}"
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
 
-    def _run(self) -> None:
-        import threading
-
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                   + str(len(self.BODY)).encode() + b"\r\n\r\n" + self.BODY)
         try:
@@ -150,7 +136,3 @@ class QuickAPIServer:
                         tls.sendall(answer)
         except OSError:
             pass
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()

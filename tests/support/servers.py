@@ -169,6 +169,39 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, cafile: str | N
         return err.code, dict(err.headers), err.read()
 
 
+class ConnectionServer:
+    """A loopback TCP listener whose thread hands each accepted connection to :meth:`handle`,
+    on a thread of its own; ``accepted`` counts them, :meth:`close` stops listening.
+
+    Subclasses set their own attributes before calling ``super().__init__()`` (the accepting
+    thread starts there).
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.accepted = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.accepted += 1
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
 class TrapListener:
     """A TCP listener on loopback that counts the connections it accepts (``accepted``).
 

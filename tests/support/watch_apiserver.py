@@ -192,6 +192,27 @@ class WatchAPIServer:
         return dict(self._call("GET", "/_stats"))
 
 
+async def open_watch(port: int, context: ssl.SSLContext, prefix: str, token: str, wid: str,
+                     gate: asyncio.Semaphore) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A client's TLS watch named ``wid`` on ``127.0.0.1:port`` (``prefix``: the path before
+    ``/api``, e.g. the gateway's tunnel path), once its ``200`` head arrived; ``None`` when
+    it could not be opened. ``gate`` bounds the TLS handshakes in flight."""
+    request = (f"GET {prefix}/api/v1/namespaces/default/configmaps?watch=true&watchid={wid} HTTP/1.1\r\n"
+               f"Host: localhost\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
+    async with gate:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost"), 30)
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError):
+            return None
+    if not head.startswith(b"HTTP/1.1 200"):
+        writer.transport.abort()
+        return None
+    return reader, writer
+
+
 UVLOOP_ENV = "WATCH_APISERVER_UVLOOP"
 
 

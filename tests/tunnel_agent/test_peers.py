@@ -31,7 +31,7 @@ from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway
 from tests.support.kube import kubectl, kubectl_watch
 from tests.support.peer_link import QuickAPIServer, StandInAgents
-from tests.support.servers import TrapListener, free_port
+from tests.support.servers import ConnectionServer, TrapListener, free_port
 from tests.tunnel.test_upgrade import Handlers
 
 from .conftest import Agent, create_cluster
@@ -50,29 +50,15 @@ KEY = Fernet.generate_key()
 KEYS = keys_of(KEY)
 
 
-class EchoServer:
-    """Echoes every connection (TLS when given a context); ``connections`` counts them."""
+class EchoServer(ConnectionServer):
+    """Echoes every connection (TLS when given a context); ``accepted`` counts them."""
 
     def __init__(self, context: ssl.SSLContext | None = None) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
         self.context = context
-        self.connections = 0
         self.closed = 0
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
+        super().__init__()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            self.connections += 1
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    def _echo(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(30)
             if self.context is not None:
@@ -84,10 +70,6 @@ class EchoServer:
         finally:
             self.closed += 1
             conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")
