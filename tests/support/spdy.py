@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.websocket import frame as ws_frame
+from tests.support.websocket import read_frame
 
 SYN_STREAM, SYN_REPLY, RST_STREAM, SETTINGS, PING, GOAWAY, HEADERS, WINDOW_UPDATE = 1, 2, 3, 4, 6, 7, 8, 9
 FLAG_FIN = 0x01
@@ -168,20 +169,8 @@ def over_websocket(sock: socket.socket, rfile: Any, wfile: Any) -> SpdyConnectio
 
     def read(_n: int) -> bytes:
         while True:
-            head = rfile.read(2)
-            if len(head) < 2:
-                return b""
-            opcode, length = head[0] & 0x0F, head[1] & 0x7F
-            if length == 126:
-                length = int.from_bytes(rfile.read(2), "big")
-            elif length == 127:
-                length = int.from_bytes(rfile.read(8), "big")
-            mask = rfile.read(4) if head[1] & 0x80 else b""
-            data = rfile.read(length)
-            if mask:  # XOR with the repeated key, as one big integer (fast for MiBs)
-                key = (mask * (length // 4 + 1))[:length]
-                data = (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
-            if opcode == 0x8:
+            opcode, data = read_frame(rfile)
+            if opcode is None or opcode == 0x8:
                 return b""
             if opcode == 0x9:
                 wfile.write(ws_frame(0xA, data))

@@ -17,8 +17,9 @@ def read_frame(rfile: Any) -> tuple[int | None, bytes]:
         length = int.from_bytes(rfile.read(8), "big")
     mask = rfile.read(4) if head[1] & 0x80 else b""
     data = rfile.read(length)
-    if mask:
-        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+    if mask:  # XOR with the repeated key, as one big integer (fast for MiBs)
+        key = (mask * (length // 4 + 1))[:length]
+        data = (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
     return opcode, data
 
 
