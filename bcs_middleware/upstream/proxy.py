@@ -480,8 +480,10 @@ def end_streams() -> int:
     chunk, so the client sees a finished response (kubectl simply re-watches,
     against another instance). Sized responses are left to finish on their own.
     """
-    with _open_lock:
-        streams = [s for s in _open_streams if s.endable]
+    # No lock: this runs in a SIGTERM handler, which may interrupt a holder of _open_lock
+    # (itself, on a second SIGTERM) and must never wait (under gevent it runs in the hub,
+    # where waiting raises). tuple() copies the set in one step under the GIL.
+    streams = [s for s in tuple(_open_streams) if s.endable]
     for stream in streams:
         stream.end()
     return len(streams)
