@@ -368,7 +368,14 @@ class PeerListener:
         log.info("peer listener on %s (fingerprint %s)", self.advertised, self.fingerprint[:16])
 
     def close(self) -> None:
+        from ..upstream.addresses import LISTENERS
+
         self._closed.set()
+        if self._sock is not None:
+            try:
+                LISTENERS.forget([self._sock.getsockname()])
+            except OSError:  # already closed
+                pass
         _close(self._sock)
 
     def _accept(self) -> None:

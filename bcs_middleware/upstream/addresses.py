@@ -128,6 +128,19 @@ class Listeners:
                 exact.add((ip, port))
         self._exact, self._any_local = frozenset(exact), frozenset(any_local)
 
+    def forget(self, sockaddrs: Iterable[Any]) -> None:
+        """Forget listening sockets this process closed (their ports may go to anybody)."""
+        exact, any_local = set(self._exact), set(self._any_local)
+        for sockaddr in sockaddrs:
+            if not isinstance(sockaddr, tuple) or len(sockaddr) < 2:
+                continue
+            ip, port = canonical(str(sockaddr[0])), int(sockaddr[1])
+            if ip.is_unspecified:
+                any_local.discard(port)
+            else:
+                exact.discard((ip, port))
+        self._exact, self._any_local = frozenset(exact), frozenset(any_local)
+
     def clear(self) -> None:
         self._exact, self._any_local = frozenset(), frozenset()
 

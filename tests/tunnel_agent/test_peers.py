@@ -88,6 +88,20 @@ def holder(echo: EchoServer) -> Iterator[tuple[PeerListener, StandInAgents]]:
     listener.close()
 
 
+def test_a_closed_peer_listener_is_no_longer_refused_as_the_gateways_own() -> None:
+    """Its port goes back to the system: whatever listens there next may be an upstream."""
+    from ipaddress import ip_address
+
+    from bcs_middleware.upstream.addresses import LISTENERS
+
+    listener = PeerListener(keys=KEYS, address=PeerAddress.parse("127.0.0.1"), handshake_timeout=2.0)
+    listener.start(StandInAgents("gw-host/102", 1, ()))
+    port = int(listener.advertised.rsplit(":", 1)[1])
+    assert LISTENERS.includes(ip_address("127.0.0.1"), port)
+    listener.close()
+    assert not LISTENERS.includes(ip_address("127.0.0.1"), port)
+
+
 def roundtrip(sock: socket.socket, payload: bytes) -> bytes:
     """Send ``payload`` while reading the echo back (both ways at once: no deadlock on big payloads)."""
     received = bytearray()
