@@ -134,11 +134,15 @@ def test_a_gevent_server_keeps_one_registration_across_worker_restarts_and_drops
     raw = KazooClient(hosts=zookeeper.hosts)
     raw.start(10)
     port = free_port()
+    # A root of its own: the shared ZooKeeper may still hold another test's gateway node until
+    # that server's session times out, and this test counts nodes.
+    root = "/bcs-gevent-registration/services/endpoints"
     gateway = ServerProcess(
-        [CLI, "serve", "--zookeeper", zookeeper.hosts, "--data-dir", str(tmp_path / "gw"),
+        [CLI, "serve", "--zookeeper", zookeeper.hosts, "--zookeeper-root", root,
+         "--data-dir", str(tmp_path / "gw"),
          "--bind", f"127.0.0.1:{port}", "--workers", "2", "--graceful-timeout", "3"],
         port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
-    directory = apiserver_path(DEFAULT_ROOT)
+    directory = apiserver_path(root)
     try:
         assert _until(lambda: raw.exists(directory) and raw.get_children(directory), 15)
         [node] = raw.get_children(directory)
