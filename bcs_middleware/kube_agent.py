@@ -42,7 +42,7 @@ from typing import Any
 import requests
 import yaml
 
-from .tunnel.agent import REPLACED_BACKOFF, TunnelAgent
+from .tunnel.agent import MAX_CONNECTIONS, REPLACED_BACKOFF, TunnelAgent
 from .tunnel.agent import client_context as tunnel_client_context
 from .tunnel.handshake import TunnelParams
 
@@ -291,6 +291,7 @@ def run_tunnel(args: argparse.Namespace, register_token: str, server_cert: str |
         context=tunnel_client_context(server_cert=server_cert, insecure=args.insecure_skip_verify,
                                       client_cert=client_cert),
         refresh=float(args.periodsync), replaced_backoff=float(args.replaced_backoff),
+        connections=args.tunnel_connections,
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     try:
@@ -362,9 +363,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="hold a WebSocket tunnel to the gateway (/bcsapi/v1/websocket/connect) instead of "
                              "reporting addresses: for clusters the gateway cannot reach; the gateway then reaches "
                              "this cluster's apiserver, and only it, through the agent")
+    parser.add_argument("--tunnel-connections", type=_connections, default=None, metavar="auto|N",
+                        help="with --tunnel: how many connections to hold to the gateway (default auto: one per "
+                             f"gateway worker, as the gateway says, at most {MAX_CONNECTIONS}), so that no worker "
+                             "forwards its requests to the one holding the agent")
     parser.add_argument("--replaced-backoff", type=float, default=REPLACED_BACKOFF, metavar="SECONDS",
                         help="with --tunnel: how long to wait before reconnecting after another agent of the cluster "
                              f"replaced this one at the gateway (default {REPLACED_BACKOFF:g}; run one replica)")
+
+
+def _connections(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= MAX_CONNECTIONS:
+        raise argparse.ArgumentTypeError(f"must be auto or a number from 1 to {MAX_CONNECTIONS}")
+    return number
 
 
 def main(argv: Sequence[str] | None = None) -> int:

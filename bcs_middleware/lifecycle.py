@@ -11,6 +11,13 @@ log = logging.getLogger(__name__)
 
 # Work an application built in this worker asks to start once the worker serves.
 _AT_WORKER_START: list[Callable[[], None]] = []
+# How many workers this worker's gunicorn runs (``None`` outside a gunicorn worker).
+_WORKERS: list[int] = []
+
+
+def serving_workers() -> int | None:
+    """How many workers the gunicorn serving this process runs, once its worker started."""
+    return _WORKERS[0] if _WORKERS else None
 
 
 def at_worker_start(start: Callable[[], None]) -> None:
@@ -40,6 +47,9 @@ def post_worker_init(worker: Any) -> None:
     from .upstream.proxy import end_streams
 
     note_gunicorn_listeners(worker)
+    workers = getattr(getattr(worker, "cfg", None), "workers", None)
+    if isinstance(workers, int) and workers > 0:
+        _WORKERS[:] = [workers]
     while _AT_WORKER_START:
         _AT_WORKER_START.pop(0)()
 

@@ -22,11 +22,12 @@ Three parts:
    level of ``--connections``, and a round's figure is each contender's best level (capacity).
    Reported: the median of per-round agent/direct ratios (target ≥ 0.7) and the CPU µs per
    request of the gateway (master and workers), the agent and nginx (``/proc`` utime+stime).
-   The agent's connection lands in one of the two workers; requests the other worker accepts are
-   forwarded over the peer link to it — that is the production path. A second gateway with
-   ``--workers 1`` (no peer hop; its own agent) runs in the same rounds as a **diagnostic**.
+   The agent holds a connection in each of the two workers (``--tunnel-connections auto``, its
+   default), so neither forwards to the other — that is the production path. A second gateway with
+   ``--workers 1`` (its own agent) runs in the same rounds as a **diagnostic**.
 2. **watches** — ``--watches`` concurrent watches on the asyncio fake apiserver of
-   :mod:`tests.support.watch_apiserver`, all through one agent connection, then ``--broadcasts``
+   :mod:`tests.support.watch_apiserver`, all through one agent connection (``--tunnel-connections
+   1``: the watches the other worker accepts cross the peer link to it), then ``--broadcasts``
    events each sent to every watch: delivery latency p50/p99 (target p99 < 250 ms), against
    the same number through the direct cluster and straight to the fake (the harness alone), in
    the same run; gateway and agent RSS with the watches open.
@@ -210,8 +211,10 @@ class Gateway:
         self.rest("PUT", f"/rest/clusters/{cluster_id}/credentials",
                   {"server_addresses": url, "cacert_data": ca_pem, "user_token": SA})
 
-    def agent_cluster(self, cluster_id: str, url: str, ca_pem: str, probe: str) -> Agent:
-        """A cluster reached through a real ``kube-agent --tunnel`` whose kubeconfig names ``url``."""
+    def agent_cluster(self, cluster_id: str, url: str, ca_pem: str, probe: str, *, connections: int = 1,
+                      agent_args: tuple[str, ...] = ()) -> Agent:
+        """A cluster reached through a real ``kube-agent --tunnel`` whose kubeconfig names ``url``;
+        returns once the agent has opened ``connections`` connections (one per worker by default)."""
         self.rest("POST", "/rest/clusters/bcs", {"id": cluster_id, "project_id": "bench", "cluster_type": "k8s"})
         token = str(self.rest("POST", f"/rest/clusters/{cluster_id}/register_tokens")["token"])
         kubeconfig = write_kubeconfig(self.data.parent / f"{self.name}-{cluster_id}.kubeconfig", server=url,
@@ -220,7 +223,7 @@ class Gateway:
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 [str(BIN / "bcs-middleware"), "kube-agent", "--tunnel", "--bke-address", self.base,
-                 "--cluster-id", cluster_id, "--kubeconfig", str(kubeconfig)],
+                 "--cluster-id", cluster_id, "--kubeconfig", str(kubeconfig), *agent_args],
                 env={**os.environ, "REGISTER_TOKEN": token, "SERVER_CERT": Path(self.cafile).read_text(),
                      "PYTHONUNBUFFERED": "1"},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -231,7 +234,8 @@ class Gateway:
             if proc.poll() is not None:
                 raise RuntimeError(f"the agent of {cluster_id} exited:\n{log.read_text()[-2000:]}")
             connected = (self.rest("GET", f"/rest/clusters/{cluster_id}").get("agent") or {})
-            if isinstance(connected, dict) and connected.get("tunnel_connected"):
+            opened = log.read_text(errors="replace").count("tunnel to ")
+            if isinstance(connected, dict) and connected.get("tunnel_connected") and opened >= connections:
                 try:
                     _wait_ready(f"{self.base}/tunnels/clusters/{cluster_id}{probe}",
                                 {"Authorization": f"Bearer {ADMIN}"}, timeout=20, cafile=self.cafile)
@@ -573,7 +577,9 @@ def main() -> int:
         contenders: list[Contender] = []
         if not args.skip_throughput:
             gw.direct_cluster("BCS-K8S-DIRECT", f"https://[::1]:{nginx_port}", ca_pem)
-            agent = gw.agent_cluster("BCS-K8S-AGENT", f"https://127.0.0.1:{nginx_port}", ca_pem, "/payload.bin")
+            # serve's default: 2 workers, and the agent holds a connection in each (auto).
+            agent = gw.agent_cluster("BCS-K8S-AGENT", f"https://127.0.0.1:{nginx_port}", ca_pem, "/payload.bin",
+                                     connections=2)
             contenders += [Contender("direct", gw, "BCS-K8S-DIRECT", None),
                            Contender("agent", gw, "BCS-K8S-AGENT", agent)]
             if not args.no_workers1:
@@ -594,8 +600,10 @@ def main() -> int:
         if not args.skip_watches:
             with WatchAPIServer(token=SA, hosts=HOSTS) as api:
                 gw.direct_cluster("BCS-K8S-WATCH-DIRECT", api.url_for("::1"), api.ca_pem)
+                # Every watch over one agent connection (the issue's case; half of them cross the
+                # peer link to the worker holding it).
                 watch_agent = gw.agent_cluster("BCS-K8S-WATCH-AGENT", api.url_for("127.0.0.1"), api.ca_pem,
-                                               "/version")
+                                               "/version", agent_args=("--tunnel-connections", "1"))
                 wr = watches(api, gw, watch_agent, "BCS-K8S-WATCH-DIRECT", "BCS-K8S-WATCH-AGENT", args.watches,
                              args.broadcasts, args.watch_rounds)
                 result["watches"] = wr
@@ -609,7 +617,7 @@ def main() -> int:
             with FakeUpstream(tls=pki.server_context()) as fake4, \
                     FakeUpstream(host="::1", tls=pki.server_context()) as fake6:
                 gw.direct_cluster("BCS-K8S-TX-DIRECT", fake6.url, ca_pem)
-                tx_agent = gw.agent_cluster("BCS-K8S-TX-AGENT", fake4.url, ca_pem, "/echo")
+                tx_agent = gw.agent_cluster("BCS-K8S-TX-AGENT", fake4.url, ca_pem, "/echo", connections=2)
                 tx = transfers(gw, tx_agent, "BCS-K8S-TX-DIRECT", "BCS-K8S-TX-AGENT")
                 result["transfers"] = tx
                 tx_agent.stop()

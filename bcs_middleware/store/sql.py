@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -762,6 +762,38 @@ class SQLStore:
             return int(conn.execute(
                 update(table).where(table.c.holder_id == holder_id).values(seen_at=_now())
             ).rowcount)
+
+    def adopt_placements(self, cluster_ids: list[str], holder: Holder, *, stale_after: float) -> int:
+        """Record ``holder`` for those of ``cluster_ids`` nobody live holds: no placement, or one
+        whose heartbeat is older than ``stale_after`` seconds. A live holder's stays (several
+        workers hold connections of one agent; one placement names any of them)."""
+        if not cluster_ids:
+            return 0
+        now = _now()
+        stale = now - timedelta(seconds=stale_after)
+        values = {"holder_id": holder.id, "peer_address": holder.peer_address,
+                  "peer_fingerprint": holder.peer_fingerprint, "connected_at": now, "seen_at": now}
+        table = m.agent_placements
+        adopted = 0
+        with self.transaction() as conn:
+            placed = {}
+            for start in range(0, len(cluster_ids), _IN_BATCH):
+                batch = cluster_ids[start:start + _IN_BATCH]
+                placed.update((row.cluster_id, row.seen_at) for row in conn.execute(
+                    select(table.c.cluster_id, table.c.seen_at).where(table.c.cluster_id.in_(batch))))
+            for cluster_id in cluster_ids:
+                seen = placed.get(cluster_id)
+                if seen is None:
+                    try:
+                        with conn.begin_nested():
+                            conn.execute(insert(table).values(cluster_id=cluster_id, **values))
+                        adopted += 1
+                    except IntegrityError:  # placed meanwhile by another process, or the cluster is gone
+                        pass
+                elif (_aware(seen) or now) < stale:
+                    adopted += conn.execute(update(table).where(
+                        table.c.cluster_id == cluster_id, table.c.seen_at == seen).values(**values)).rowcount
+        return adopted
 
     def clear_holder(self, holder_id: str) -> int:
         """Forget every placement of a holder (a process that is shutting down)."""

@@ -23,6 +23,15 @@ starts over from ``backoff_base`` after a connection that lasted. Every
 ``refresh`` seconds it gathers its cluster access again and reconnects if it
 changed (a rotated token or CA reaches the gateway that way).
 
+A connection per gateway worker. The agent names itself (``BCS-Tunnel-Agent-Id``,
+a random id per process); a gateway of this project then answers its ``101`` with
+``BCS-Tunnel-Workers: N``, and the agent holds ``N`` connections (``connections``
+fixes the number instead, capped at :data:`MAX_CONNECTIONS`). The kernel spreads
+them over the gateway's workers; one that lands on a worker already holding one of
+this agent's connections is refused (``409 TUNNEL_DUPLICATE``) and dialled again
+soon, so every worker ends up with the agent at hand and none forwards its requests
+to another worker. A Go gateway sends no such header: one connection, as before.
+
 Two agents for one cluster. The gateway keeps the newest connection of a cluster
 and closes the older one with the close code ``CLOSE_REPLACED``. An agent so
 replaced waits ``replaced_backoff`` seconds (drawn in the upper half) before it
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
 import socket
 import ssl
 import threading
@@ -46,12 +56,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .handshake import (
+    CLOSE_DUPLICATE,
     CLOSE_REPLACED,
     CONNECT_PATH,
+    HEADER_AGENT_ID,
     HEADER_CLUSTER,
     HEADER_MODULE,
     HEADER_PARAMS,
     HEADER_TOKEN,
+    HEADER_WORKERS,
     MODULE_KUBE_AGENT,
     TunnelParams,
     dial_address,
@@ -69,6 +82,11 @@ DIAL_TIMEOUT = 15.0
 STABLE_AFTER = 30.0
 #: How long an agent whose connection another agent of its cluster replaced waits before coming back.
 REPLACED_BACKOFF = 60.0
+#: The most connections an agent holds to a gateway, whatever its worker count says.
+MAX_CONNECTIONS = 16
+#: The first wait before dialling again after a connection landed on a worker that holds one of
+#: this agent's already (doubling with each such landing in a row, up to ``backoff_max``).
+DUPLICATE_BACKOFF = 0.1
 
 
 class ConnectNotAllowed(PermissionError):
@@ -110,7 +128,7 @@ def apiserver_dialer(params: TunnelParams) -> Callable[[str, str, float], socket
 
 
 class TunnelAgent:
-    """Keeps one tunnel to the gateway up (see the module docstring).
+    """Keeps the tunnel to the gateway up (see the module docstring).
 
     :param gateway_url: ``https://`` base URL of the gateway.
     :param cluster_id: the cluster this agent serves.
@@ -119,13 +137,18 @@ class TunnelAgent:
     :param context: TLS client context verifying the gateway.
     :param replaced_backoff: seconds (drawn in the upper half) to wait after the gateway closed
         the connection because another agent of the cluster connected since.
+    :param connections: how many connections to hold; ``None``: as many as the gateway's
+        ``101`` says it runs workers (one if it does not say), at most :data:`MAX_CONNECTIONS`.
     """
 
     def __init__(self, *, gateway_url: str, cluster_id: str, register_token: str,
                  gather: Callable[[], TunnelParams], context: ssl.SSLContext,
                  connect_timeout: float = CONNECT_TIMEOUT, ping_interval: float = 10.0, dead_after: float = 45.0,
                  backoff_base: float = 1.0, backoff_max: float = 60.0, refresh: float = 300.0,
-                 module: str = MODULE_KUBE_AGENT, replaced_backoff: float = REPLACED_BACKOFF) -> None:
+                 module: str = MODULE_KUBE_AGENT, replaced_backoff: float = REPLACED_BACKOFF,
+                 connections: int | None = None) -> None:
+        if connections is not None and not 1 <= connections <= MAX_CONNECTIONS:
+            raise ValueError(f"connections must be between 1 and {MAX_CONNECTIONS}")
         self.target = GatewayTarget.from_url(gateway_url)
         self.cluster_id = cluster_id
         self.register_token = register_token
@@ -139,21 +162,69 @@ class TunnelAgent:
         self.refresh = refresh
         self.module = module
         self.replaced_backoff = replaced_backoff
+        self.fixed_connections = connections
+        #: This process's id at the gateway: its connections are told apart from another agent's.
+        self.agent_id = secrets.token_hex(16)
         self.replaced = 0  # connections the gateway closed because another agent replaced them
         self.connections = 0  # tunnels opened so far
-        self.session: Session | None = None
+        self.duplicates = 0  # connections refused because they landed on a worker holding one already
+        self.wanted = connections or 1  # connections to hold now
+        self.session: Session | None = None  # the newest
+        self._sessions: set[Session] = set()
+        self._lock = threading.Lock()
+        self._slots: dict[int, threading.Thread] = {}  # the extra connections' loops, by number
         self._stop = threading.Event()
+
+    @property
+    def sessions(self) -> list[Session]:
+        """The open sessions (one per gateway worker that holds this agent)."""
+        with self._lock:
+            return [session for session in self._sessions if not session.closed]
 
     def stop(self) -> None:
         self._stop.set()
-        session = self.session
-        if session is not None:
+        with self._lock:
+            sessions = list(self._sessions)
+        for session in sessions:
             session.close("agent stopping")
 
     def run(self) -> None:
-        """Connect, serve, reconnect with backoff — until :meth:`stop`."""
+        """Connect, serve, reconnect with backoff — until :meth:`stop` (extra connections, if the
+        gateway wants them, run in threads of their own)."""
+        try:
+            self._run_slot(0)
+        finally:
+            self._stop.set()
+            with self._lock:
+                slots = list(self._slots.values())
+            for slot in slots:
+                slot.join(10)
+
+    def _want(self, workers: str | None) -> None:
+        """Hold as many connections as the gateway runs workers (unless fixed), starting the missing."""
+        if self.fixed_connections is None and workers is not None:
+            try:
+                self.wanted = max(1, min(int(workers), MAX_CONNECTIONS))
+            except ValueError:
+                log.warning("the gateway sent a malformed %s header; holding one connection", HEADER_WORKERS)
+                self.wanted = 1
+        with self._lock:
+            for number in range(1, self.wanted):
+                if number not in self._slots and not self._stop.is_set():
+                    slot = threading.Thread(target=self._run_slot, args=(number,),
+                                            name=f"bcs-tunnel-agent-{number}", daemon=True)
+                    self._slots[number] = slot
+                    slot.start()
+
+    def _run_slot(self, slot: int) -> None:
+        """One connection's loop: connect, serve, reconnect with backoff."""
         failures = 0
+        duplicates = 0
         while not self._stop.is_set():
+            if slot >= self.wanted:  # the gateway runs fewer workers now: this connection is not wanted
+                with self._lock:
+                    self._slots.pop(slot, None)
+                return
             started = time.monotonic()
             try:
                 params = self.gather()
@@ -164,14 +235,33 @@ class TunnelAgent:
                 continue
             try:
                 session = self.connect(params)
+            except HandshakeRejected as exc:
+                if exc.status != 409:
+                    failures += 1
+                    self._log_failure(exc)
+                else:  # landed on a worker that holds one of ours already: dial again, soon
+                    duplicates += 1
+                    self.duplicates += 1
+                    log.debug("connection %d landed on a gateway worker that holds another; dialling again", slot)
+                    self._stop.wait(self._duplicate_delay(duplicates))
+                    continue
             except (ChannelError, OSError, ValueError) as exc:
                 failures += 1
                 self._log_failure(exc)
             else:
-                self.connections += 1
-                log.info("tunnel to %s:%d open for cluster %s", self.target.host, self.target.port, self.cluster_id)
-                reason = self._serve(session, params)
-                if session.channel.peer_close_code == CLOSE_REPLACED and not self._stop.is_set():
+                duplicates = 0
+                with self._lock:
+                    self.connections += 1
+                log.info("tunnel to %s:%d open for cluster %s%s", self.target.host, self.target.port, self.cluster_id,
+                         f" (connection {slot + 1})" if slot else "")
+                self._want(session.channel.handshake_headers.get(HEADER_WORKERS.lower()))
+                try:
+                    reason = self._serve(session, params)
+                finally:
+                    with self._lock:
+                        self._sessions.discard(session)
+                code = session.channel.peer_close_code
+                if code == CLOSE_REPLACED and not self._stop.is_set():
                     self.replaced += 1
                     failures = 0
                     delay = self.replaced_backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
@@ -179,6 +269,10 @@ class TunnelAgent:
                                 "two agents serve one cluster and take turns (run one replica); reconnecting in "
                                 "%.0fs", self.cluster_id, delay)
                     self._stop.wait(delay)
+                    continue
+                if code == CLOSE_DUPLICATE and not self._stop.is_set():
+                    duplicates += 1
+                    self._stop.wait(self._duplicate_delay(duplicates))
                     continue
                 log.warning("tunnel closed: %s", reason)
                 failures = 0 if time.monotonic() - started > STABLE_AFTER else failures + 1
@@ -190,6 +284,10 @@ class TunnelAgent:
             delay = self.backoff(failures)
             log.info("reconnecting in %.1fs", delay)
             self._stop.wait(delay)
+
+    def _duplicate_delay(self, duplicates: int) -> float:
+        ceiling = min(self.backoff_max, DUPLICATE_BACKOFF * 2.0 ** min(duplicates - 1, 30))
+        return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
 
     def backoff(self, failures: int) -> float:
         """Exponential, capped, with jitter in the upper half: ``failures`` = consecutive failures so far."""
@@ -205,7 +303,7 @@ class TunnelAgent:
         try:
             sock = self.context.wrap_socket(raw, server_hostname=self.target.host)
             headers = [(HEADER_MODULE, self.module), (HEADER_CLUSTER, self.cluster_id),
-                       (HEADER_PARAMS, params.encode())]
+                       (HEADER_PARAMS, params.encode()), (HEADER_AGENT_ID, self.agent_id)]
             if self.register_token:
                 headers.insert(1, (HEADER_TOKEN, self.register_token))
             channel = WebSocketChannel.connect(sock, host=self.target.host_header, path=self.target.path,
@@ -215,7 +313,11 @@ class TunnelAgent:
             raise
         session = Session(channel, dial=apiserver_dialer(params), ping_interval=self.ping_interval,
                           dead_after=self.dead_after, name=self.cluster_id)
-        self.session = session
+        with self._lock:
+            self._sessions.add(session)
+            self.session = session
+        if self._stop.is_set():
+            session.close("agent stopping")
         return session
 
     def _serve(self, session: Session, params: TunnelParams) -> str:

@@ -60,17 +60,22 @@ from urllib.parse import urlsplit
 from cryptography import x509
 
 from ..clusters import CachedDirectory
-from ..errors import BadRequest, BCSError, NotImplementedByServer, Unauthorized
+from ..errors import BadRequest, BCSError, Conflict, NotImplementedByServer, Unauthorized
+from ..lifecycle import serving_workers
 from ..store import SQLStore
 from ..store.crypto import token_digest
 from ..upgrade_request import upgrade_protocol
 from ..upstream.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut_client
 from .handshake import (
+    AGENT_ID_CHARS,
     CONNECT_PATH,
+    HEADER_AGENT_ID,
     HEADER_CLUSTER,
     HEADER_MODULE,
     HEADER_PARAMS,
     HEADER_TOKEN,
+    HEADER_WORKERS,
+    MAX_AGENT_ID,
     MODULE_KUBE_AGENT,
     MODULE_KUBE_AGENT_V2,
     TunnelParams,
@@ -147,6 +152,10 @@ class AgentTunnelMiddleware:
         if not token or len(token) > _MAX_TOKEN:
             raise Unauthorized("failed authentication: a register token is required")
         params = parse_params(_header(environ, HEADER_PARAMS))
+        agent_id = _header(environ, HEADER_AGENT_ID) or None
+        if agent_id is not None and (len(agent_id) > MAX_AGENT_ID or not set(agent_id) <= AGENT_ID_CHARS):
+            raise BadRequest(f"{HEADER_AGENT_ID} must be at most {MAX_AGENT_ID} letters, digits, '-' or '_'",
+                             code_name="BAD_TUNNEL_REQUEST")
         # The current register token of this very cluster, compared in constant time.
         if self.store.check_register_token(cluster_id, token) is not True:
             raise Unauthorized("failed authentication")
@@ -160,6 +169,11 @@ class AgentTunnelMiddleware:
         client = client_socket(environ)
         if client is None:
             raise NotImplementedByServer("agent tunnels need the gateway to run under gunicorn over HTTP/1.1")
+        if agent_id is not None and self.agents.holds(cluster_id, agent_id):
+            # The agent holds a connection per worker; this one landed where it has one already.
+            # Refused before anything is stored: it dials again and lands elsewhere.
+            raise Conflict("this gateway worker already holds a tunnel of this kube-agent; dial again",
+                           code_name="TUNNEL_DUPLICATE")
         previous, _record = self.store.report_credentials(
             cluster_id, server_addresses=[params.address], cacert_pem=params.ca_pem, user_token=params.user_token,
             via_tunnel=True)
@@ -173,9 +187,10 @@ class AgentTunnelMiddleware:
             self.directory.forget(cluster_id)
         head = request_head(environ)
         start_response("101 Switching Protocols", [])
-        return _AgentConnection(self, client, head, cluster_id, token)
+        return _AgentConnection(self, client, head, cluster_id, token, agent_id)
 
-    def serve(self, client: socket.socket, head: bytes, cluster_id: str, token: str) -> None:
+    def serve(self, client: socket.socket, head: bytes, cluster_id: str, token: str,
+              agent_id: str | None = None) -> None:
         """Answer the handshake and serve the agent's session until it ends."""
         from .session import Session
         from .wschannel import WebSocketChannel
@@ -183,10 +198,13 @@ class AgentTunnelMiddleware:
         # The worker's per-read timeout is for HTTP bodies: the session has its own
         # liveness (pings, and an agent silent too long is dead).
         client.settimeout(None)
-        channel = WebSocketChannel.accept(client, head)
+        workers = serving_workers()
+        # An agent that identifies itself holds a connection per worker (see HEADER_WORKERS).
+        extra = [(HEADER_WORKERS, str(workers))] if agent_id is not None and workers else []
+        channel = WebSocketChannel.accept(client, head, extra_headers=extra)
         session = Session(channel, name=f"agent:{cluster_id}", **self.session_options)
 
-        self.agents.attach(cluster_id, session, token_digest=token_digest(token))
+        self.agents.attach(cluster_id, session, token_digest=token_digest(token), agent_id=agent_id)
         reason = "the agent disconnected"
         try:
             session.serve()
@@ -203,12 +221,13 @@ class _AgentConnection:
     """The ``101`` body: iterating it runs the session, then hands the connection over."""
 
     def __init__(self, endpoint: AgentTunnelMiddleware, client: socket.socket, head: bytes,
-                 cluster_id: str, token: str) -> None:
+                 cluster_id: str, token: str, agent_id: str | None) -> None:
         self._endpoint = endpoint
         self._client: socket.socket | None = client
         self._head = head
         self._cluster_id = cluster_id
         self._token = token
+        self._agent_id = agent_id
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -217,7 +236,7 @@ class _AgentConnection:
         client, self._client = self._client, None
         if client is not None:
             try:
-                self._endpoint.serve(client, self._head, self._cluster_id, self._token)
+                self._endpoint.serve(client, self._head, self._cluster_id, self._token, self._agent_id)
             except OSError as exc:
                 log.info("tunnel of cluster %s ended: %s", self._cluster_id, exc.strerror or exc)
             finally:

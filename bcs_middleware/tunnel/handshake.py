@@ -43,6 +43,21 @@ MAX_PARAMS = 64 * 1024
 #: cluster, rather than that its connection failed.
 CLOSE_REPLACED = 4001
 
+# -- this project's additions (a Go agent sends none of them and keeps one connection) ----------
+#: Sent by ``bcs-middleware kube-agent --tunnel``: a random id per agent process, so that the
+#: gateway tells this agent's several connections (one per gateway worker) from another agent's.
+HEADER_AGENT_ID = "BCS-Tunnel-Agent-Id"
+#: In the gateway's ``101``: how many workers the answering instance runs. An agent that sent
+#: :data:`HEADER_AGENT_ID` holds that many connections, so every worker has the agent locally
+#: instead of forwarding each request to the one worker that holds it.
+HEADER_WORKERS = "BCS-Tunnel-Workers"
+#: The WebSocket close code with which the gateway ends the older of two connections *of one
+#: agent* in one worker (they raced): redundant, not replaced by another agent — dial again.
+CLOSE_DUPLICATE = 4002
+#: An agent id: what :data:`HEADER_AGENT_ID` may hold.
+AGENT_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_")
+MAX_AGENT_ID = 64
+
 
 class TunnelParamsError(ValueError):
     """A malformed ``BCS-API-Tunnel-Params`` header; the message is safe to log (it never quotes the header)."""

@@ -7,14 +7,21 @@ A kube-agent in tunnel mode (``bcs-middleware kube-agent --tunnel``, or the Go
 cluster id, and records in the store that it holds it (``agent_placements``), so
 other workers and instances can find it (the peers helper's router).
 
-* **One agent per cluster, the newest wins.** A second connection for the same
-  cluster takes every new stream from the first: an agent whose network broke
-  reconnects long before the gateway could notice its old connection is dead, and
-  both connections authenticated with the same current register token. The older
-  connection is closed as soon as it carries no stream (at once when idle), so an
-  ``exec`` session open over it during an agent's rolling update is not cut; if
-  the newer one leaves first, the older one, still open, serves again. Two agents
-  kept running for one cluster therefore take turns; run one.
+* **One agent connection per cluster in a process, the newest wins.** A second
+  connection for the same cluster takes every new stream from the first: an agent
+  whose network broke reconnects long before the gateway could notice its old
+  connection is dead, and both connections authenticated with the same current
+  register token. The older connection is closed as soon as it carries no stream
+  (at once when idle), so an ``exec`` session open over it during an agent's
+  rolling update is not cut; if the newer one leaves first, the older one, still
+  open, serves again. Two agents kept running for one cluster therefore take
+  turns; run one. An agent of this project holds a connection in *every* worker
+  (:mod:`bcs_middleware.tunnel.agent`); the endpoint refuses a second one of the
+  same agent in one process (:meth:`LocalAgents.holds`), and one that races past
+  that check is closed as redundant (``CLOSE_DUPLICATE``), not as replaced.
+* **Placements.** Each process holding a connection records it; one placement per
+  cluster names any live holder (the first to record it; others adopt it when its
+  holder's heartbeat stops or it clears it on leaving).
 * **The register token is re-checked** every ``check_every`` seconds for every
   held agent: a rotated or revoked token (or a deleted cluster) drops the tunnel
   within that time, wherever the revocation was made. Only the token's digest is
@@ -47,7 +54,7 @@ from ..lru import LRUCache
 from ..store.crypto import digests_equal
 from ..store.records import Holder, PlacementRecord
 from ..upstream.transport import TunnelDialer
-from .handshake import CLOSE_REPLACED
+from .handshake import CLOSE_DUPLICATE, CLOSE_REPLACED
 
 __all__ = ["AgentSession", "Holder", "LocalAgents", "LocalOnlyDialer", "PlacementStore", "RegisterTokens",
            "TunnelDialer"]
@@ -60,6 +67,7 @@ DEFAULT_CHECK_EVERY = 2.0
 #: without clearing it: nobody holds that agent.
 PLACEMENT_STALE_AFTER = 15.0
 _REPLACED = "replaced by a newer connection of the cluster's kube-agent"
+_DUPLICATE = "the same kube-agent connected to this worker again"
 _REVOKED = "the cluster's register token was rotated or revoked"
 # Why recently departed agents left, kept a while so a 503 can say "gone" rather than "never here".
 _GONE_KEPT = 600.0
@@ -96,6 +104,8 @@ class PlacementStore(Protocol):
 
     def touch_placements(self, holder_id: str) -> int: ...
 
+    def adopt_placements(self, cluster_ids: list[str], holder: Holder, *, stale_after: float) -> int: ...
+
 
 class RegisterTokens(Protocol):
     """Where the clusters' current register tokens are (``SQLStore``)."""
@@ -109,7 +119,10 @@ class _Attached:
     since: datetime
     token_digest: str | None
     label: str
+    agent_id: str | None = None
     reported: tuple[int, int] = field(default=(0, 0))
+    # Why it is closed once drained, if a newer connection took over.
+    superseded: str = _REPLACED
 
 
 class LocalAgents:
@@ -144,26 +157,33 @@ class LocalAgents:
         self._keeper: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    def attach(self, cluster_id: str, session: AgentSession, *, token_digest: str | None = None) -> None:
+    def attach(self, cluster_id: str, session: AgentSession, *, token_digest: str | None = None,
+               agent_id: str | None = None) -> None:
         """Hold ``session`` as ``cluster_id``'s agent (replacing and closing any older one).
 
         :param token_digest: the digest of the register token the agent opened the tunnel
             with; every ``check_every`` seconds it must still be the cluster's current one,
             or the agent is dropped (its token was rotated or revoked).
+        :param agent_id: the agent's own id (``BCS-Tunnel-Agent-Id``), if it sent one: an
+            older connection of the *same* agent is closed as redundant, not as replaced by
+            another agent.
         """
-        attached = _Attached(session, datetime.now(UTC), token_digest, metrics.cluster_label(cluster_id))
+        attached = _Attached(session, datetime.now(UTC), token_digest, metrics.cluster_label(cluster_id),
+                             agent_id)
         with self._lock:
             old = self._agents.get(cluster_id)
             self._agents[cluster_id] = attached
             was_gone = self._gone.pop(cluster_id) is not None
         if old is not None:
+            if agent_id is not None and old.agent_id == agent_id:
+                old.superseded = _DUPLICATE
             if self.on_replaced is not None:
                 self.on_replaced(cluster_id)
             if old.session.streams and not old.session.closed:
                 with self._lock:
                     self._draining.append((cluster_id, old))
             else:
-                self._retire(cluster_id, old, _REPLACED)
+                self._retire(cluster_id, old, old.superseded)
         if old is not None or was_gone:
             metrics.AGENT_RECONNECTS.labels(attached.label).inc()
         metrics.AGENTS_CONNECTED.inc()
@@ -217,8 +237,10 @@ class LocalAgents:
             metrics.AGENT_STREAMS.labels(attached.label).set(0)
         if not attached.session.closed:
             # The replaced agent is told so (a close code of its own): it then waits long before
-            # coming back, instead of replacing its successor in turn at once.
-            attached.session.close(reason, code=CLOSE_REPLACED if reason == _REPLACED else 1000)
+            # coming back, instead of replacing its successor in turn at once. A redundant
+            # connection of the same agent has a code of its own: that agent dials again soon.
+            codes = {_REPLACED: CLOSE_REPLACED, _DUPLICATE: CLOSE_DUPLICATE}
+            attached.session.close(reason, code=codes.get(reason, 1000))
 
     def session(self, cluster_id: str) -> AgentSession | None:
         """The live session held for ``cluster_id`` (a closed one is forgotten)."""
@@ -242,6 +264,11 @@ class LocalAgents:
         except TunnelClosed:
             self.detach(cluster_id, session, "the agent connection closed")
             return None
+
+    def holds(self, cluster_id: str, agent_id: str) -> bool:
+        """Does this process hold a live connection of the agent ``agent_id`` for ``cluster_id``?"""
+        attached = self._agents.get(cluster_id)
+        return attached is not None and attached.agent_id == agent_id and not attached.session.closed
 
     def connected_since(self, cluster_id: str) -> datetime | None:
         attached = self._agents.get(cluster_id)
@@ -298,7 +325,7 @@ class LocalAgents:
                         self._draining.remove((cluster_id, old))
                     else:
                         continue
-                self._retire(cluster_id, old, _REPLACED if authorized else _REVOKED)
+                self._retire(cluster_id, old, old.superseded if authorized else _REVOKED)
         for cluster_id, attached in held:
             if attached.session.closed:
                 self.detach(cluster_id, attached.session, "the agent connection closed")
@@ -309,7 +336,12 @@ class LocalAgents:
             self._report(attached)
         if held and self.placements is not None:
             try:
-                self.placements.touch_placements(self.holder.id)
+                if self.placements.touch_placements(self.holder.id) < len(held):
+                    # Some held cluster's placement names another process (which holds a
+                    # connection of the same agent) or none (that process's connection left
+                    # and cleared it): record this one where nobody live is recorded.
+                    self.placements.adopt_placements([cluster_id for cluster_id, _ in held], self.holder,
+                                                     stale_after=PLACEMENT_STALE_AFTER)
             except Exception:
                 log.warning("could not write the agent placements' heartbeat")
 

@@ -123,6 +123,8 @@ class WebSocketChannel:
         self._ended = False  # the socket is shut: nothing more goes either way
         self._close_deadline = 0.0
         self.close_reason = ""
+        #: The server's ``101`` headers (names lower-cased), on a channel :meth:`connect` opened.
+        self.handshake_headers: dict[str, str] = {}
         #: The code of the peer's close frame, once it sent one.
         self.peer_close_code: int | None = None
         self.last_received = time.monotonic()
@@ -168,7 +170,11 @@ class WebSocketChannel:
                     for event in ws.events():
                         if isinstance(event, AcceptConnection):
                             sock.settimeout(previous)
-                            return cls(sock, ws, max_message=max_message)
+                            channel = cls(sock, ws, max_message=max_message)
+                            channel.handshake_headers = {
+                                bytes(name).decode("latin-1").lower(): bytes(value).decode("latin-1")
+                                for name, value in event.extra_headers}
+                            return channel
                         if isinstance(event, RejectConnection):
                             reject = event
                             if not event.has_body:
@@ -189,7 +195,8 @@ class WebSocketChannel:
 
     @classmethod
     def accept(cls, sock: socket.socket, request_head: bytes, *, leftover: bytes = b"",
-               max_message: int = MAX_MESSAGE) -> WebSocketChannel:
+               max_message: int = MAX_MESSAGE,
+               extra_headers: Sequence[tuple[str, str]] = ()) -> WebSocketChannel:
         """Answer the client's upgrade request ``request_head`` with 101 on ``sock``.
 
         :param request_head: the raw HTTP/1.1 request head the client sent, ending in
@@ -197,6 +204,7 @@ class WebSocketChannel:
             authenticated the request).
         :param leftover: bytes the client sent after the head and the server already
             read (the start of the WebSocket stream).
+        :param extra_headers: headers to add to the ``101``.
 
         Raises :class:`ChannelError` if the head is not a valid WebSocket upgrade
         request; nothing has been written to ``sock`` then.
@@ -209,7 +217,8 @@ class WebSocketChannel:
             raise ChannelError(f"not a WebSocket upgrade request: {exc}") from None
         if request is None:
             raise ChannelError("not a complete WebSocket upgrade request head")
-        answer = ws.send(AcceptConnection())
+        answer = ws.send(AcceptConnection(extra_headers=[
+            (name.encode("latin-1"), value.encode("latin-1")) for name, value in extra_headers]))
         try:
             sock.sendall(answer)
         except OSError as exc:

@@ -44,6 +44,33 @@ def test_the_newest_holder_wins_and_only_the_holder_clears(stores) -> None:  # t
     assert one.get_placement("c1") is None
 
 
+def test_adopting_records_a_holder_only_where_none_live_is(stores) -> None:  # type: ignore[no-untyped-def]
+    """Several workers hold connections of one agent; one placement names any live one of them."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from bcs_middleware.store import models as m
+
+    one, two = stores
+    one.create_cluster("c2", project_id="p", cluster_type="k8s")
+    one.create_cluster("c3", project_id="p", cluster_type="k8s")
+    one.put_placement("c1", Holder("gw-a/1"))  # a live holder: kept
+    one.put_placement("c3", Holder("gw-c/3"))  # a holder whose heartbeat stopped: taken over
+    with one.transaction() as conn:
+        conn.execute(update(m.agent_placements).where(m.agent_placements.c.cluster_id == "c3")
+                     .values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))
+    # c2 has no placement; "gone" is no cluster at all (deleted meanwhile): skipped, no error.
+    adopted = two.adopt_placements(["c1", "c2", "c3", "gone"], Holder("gw-b/2", "10.0.0.2:7100", "cd" * 32),
+                                   stale_after=15)
+    assert adopted == 2
+    assert one.get_placement("c1").holder_id == "gw-a/1"  # type: ignore[union-attr]
+    assert one.get_placement("c2").holder_id == "gw-b/2"  # type: ignore[union-attr]
+    assert one.get_placement("c3").peer_address == "10.0.0.2:7100"  # type: ignore[union-attr]
+    assert two.adopt_placements(["c1", "c2", "c3"], Holder("gw-b/2"), stale_after=15) == 0
+    assert two.adopt_placements([], Holder("gw-b/2"), stale_after=15) == 0
+
+
 def test_deleting_the_cluster_removes_its_placement(stores) -> None:  # type: ignore[no-untyped-def]
     one, two = stores
     one.put_placement("c1", Holder("gw-a/1"))

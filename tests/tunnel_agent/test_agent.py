@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from bcs_middleware.tunnel.agent import TunnelAgent
-from bcs_middleware.tunnel.handshake import CLOSE_REPLACED, CONNECT_PATH, TunnelParams, dial_address
+from bcs_middleware.tunnel.agent import MAX_CONNECTIONS, TunnelAgent
+from bcs_middleware.tunnel.handshake import CLOSE_DUPLICATE, CLOSE_REPLACED, CONNECT_PATH, TunnelParams, dial_address
 from bcs_middleware.tunnel.session import Session
 from bcs_middleware.tunnel.wschannel import WebSocketChannel
 from tests.support.fake_apiserver import FakeAPIServer
@@ -230,6 +230,134 @@ def test_an_agent_replaced_by_another_waits_long_and_says_why(tls: TLS, api: Fak
         gateway.wait_session(3, timeout=10)
         assert time.monotonic() - closed < 1.5
     assert "two agents serve one cluster" in caplog.text
+
+
+class WorkersGateway(StandInGateway):
+    """A stand-in gateway of ``workers`` workers: connection n lands on worker ``landing[n]``; a
+    worker holding a live connection of the same agent id answers 409, as the real endpoint does."""
+
+    def __init__(self, tls: TLS, *, workers: int, landing: list[int]) -> None:
+        super().__init__(tls)
+        self.workers = workers
+        self.landing = landing
+        self.held: dict[int, tuple[str, Session]] = {}
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def _handle(self, sock: ssl.SSLSocket, head: bytes, leftover: bytes) -> None:
+        headers = _headers(head)
+        agent_id = headers.get("bcs-tunnel-agent-id", "")
+        with self.lock:  # connections arrive in threads of their own
+            number = len(self.attempts)
+            self.attempts.append(time.monotonic())
+            worker = self.landing[number] if number < len(self.landing) else number % self.workers
+            held = self.held.get(worker)
+            duplicate = bool(agent_id) and held is not None and held[0] == agent_id and not held[1].closed
+            if duplicate:
+                self.refused += 1
+        if duplicate:
+            body = b'{"code_name": "TUNNEL_DUPLICATE"}'
+            sock.sendall(b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.close()
+            return
+        channel = WebSocketChannel.accept(sock, head, leftover=leftover,
+                                          extra_headers=[("BCS-Tunnel-Workers", str(self.workers))])
+        session = Session(channel, name=f"stand-in-{worker}")
+        with self.lock:
+            self.held[worker] = (agent_id, session)
+        with self.arrived:
+            self.sessions.append(session)
+            self.arrived.notify_all()
+        session.serve()
+
+    def live_workers(self) -> set[int]:
+        return {worker for worker, (_, session) in self.held.items() if not session.closed}
+
+
+def _until(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_agent_holds_a_connection_in_every_worker_the_gateway_names(tls: TLS, api: FakeAPIServer) -> None:
+    # The 2nd and 3rd connections land on worker 0, which holds the first: refused, dialled again.
+    gateway = WorkersGateway(tls, workers=3, landing=[0, 0, 0, 1, 1, 2])
+    try:
+        with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)) as agent:
+            assert _until(lambda: gateway.live_workers() == {0, 1, 2}), gateway.held
+            assert gateway.refused == 3
+            assert _until(lambda: len(agent.sessions) == 3)
+            assert agent.wanted == 3 and agent.replaced == 0
+            # A worker lost (its connection ends): that connection comes back, soon.
+            gateway.held[1][1].close("worker restarting")
+            assert _until(lambda: gateway.live_workers() == {0, 1, 2}), gateway.held
+            # Every connection carries requests to the apiserver.
+            for _, session in gateway.held.values():
+                assert get_through(session, params_for(api))[0] == 200
+    finally:
+        gateway.close()
+
+
+def test_a_redundant_connection_closed_by_the_gateway_is_dialled_again_soon(tls: TLS, api: FakeAPIServer,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    gateway = WorkersGateway(tls, workers=1, landing=[])
+    caplog.set_level(logging.INFO)
+    try:
+        with running_agent(gateway.url, tls.client_context(), lambda: params_for(api),
+                           replaced_backoff=30.0) as agent:
+            gateway.wait_session(1).close("the same kube-agent connected again", code=CLOSE_DUPLICATE)
+            closed = time.monotonic()
+            gateway.wait_session(2, timeout=10)
+            assert time.monotonic() - closed < 1.0  # not the replaced backoff
+            assert agent.replaced == 0
+    finally:
+        gateway.close()
+    assert "two agents serve one cluster" not in caplog.text
+
+
+@pytest.mark.parametrize("workers", [pytest.param("0", id="zero"), pytest.param("many", id="not-a-number"),
+                                     pytest.param("1000", id="beyond-the-cap")])
+def test_the_workers_header_is_bounded(tls: TLS, api: FakeAPIServer, workers: str) -> None:
+    class Saying(WorkersGateway):
+        def __init__(self) -> None:
+            super().__init__(tls, workers=1, landing=[])
+            self.say = workers
+
+        def _handle(self, sock: ssl.SSLSocket, head: bytes, leftover: bytes) -> None:
+            self.attempts.append(time.monotonic())
+            channel = WebSocketChannel.accept(sock, head, leftover=leftover,
+                                              extra_headers=[("BCS-Tunnel-Workers", self.say)])
+            session = Session(channel, name="stand-in")
+            with self.arrived:
+                self.sessions.append(session)
+                self.arrived.notify_all()
+            session.serve()
+
+    gateway = Saying()
+    try:
+        with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)) as agent:
+            gateway.wait_session(1)
+            time.sleep(0.5)
+            expected = {"0": 1, "many": 1, "1000": MAX_CONNECTIONS}[workers]
+            assert _until(lambda: len(agent.sessions) == expected)
+            assert agent.wanted == expected
+    finally:
+        gateway.close()
+
+
+def test_a_fixed_connection_count_ignores_the_gateway(tls: TLS, api: FakeAPIServer) -> None:
+    gateway = WorkersGateway(tls, workers=4, landing=[0, 1, 2, 3])
+    try:
+        with running_agent(gateway.url, tls.client_context(), lambda: params_for(api), connections=1) as agent:
+            gateway.wait_session(1)
+            time.sleep(0.5)
+            assert len(gateway.attempts) == 1 and agent.wanted == 1
+    finally:
+        gateway.close()
 
 
 def test_a_refused_tunnel_is_retried_with_growing_backoff(tls: TLS, api: FakeAPIServer,

@@ -15,7 +15,7 @@ import ssl
 import threading
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -546,9 +546,10 @@ def two_instances(postgres_server, tmp_path_factory: pytest.TempPathFactory,  # 
 
 
 def _connect_agent(gw: Gateway, apiserver: FakeAPIServer | QuickAPIServer, cluster_id: str,
-                   workdir: Path) -> Agent:
+                   workdir: Path, *, args: Sequence[str] = ()) -> Agent:
     """A real ``kube-agent --tunnel`` for a new cluster, connected to ``gw``."""
-    agent = Agent(gw, apiserver, cluster_id, create_cluster(gw, cluster_id), workdir).start()  # type: ignore[arg-type]
+    agent = Agent(gw, apiserver, cluster_id, create_cluster(gw, cluster_id), workdir,  # type: ignore[arg-type]
+                  args=args).start()
     try:
         agent.wait_connected()
     except BaseException:
@@ -624,7 +625,9 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
     cluster = "BCS-K8S-TWOWORK"
     args = ["--upstream-deny", "127.0.0.0/8", "--log-level", "debug"]
     with served_gateway(tmp_path_factory.mktemp("workers"), args=args, workers=2) as gw:
-        agent = _connect_agent(gw, apiserver, cluster, tmp_path_factory.mktemp("agent2"))
+        # One connection, as the Go agent holds: one worker holds it, the other forwards.
+        agent = _connect_agent(gw, apiserver, cluster, tmp_path_factory.mktemp("agent2"),
+                               args=["--tunnel-connections", "1"])
         try:
             # Fresh connections land in either worker (SO_REUSEPORT): every one is answered.
             for _ in range(24):

@@ -169,6 +169,44 @@ def test_a_newer_agent_replaces_the_older_one() -> None:
     assert placements.placed == {}
 
 
+def test_a_racing_second_connection_of_the_same_agent_closes_the_first_as_redundant() -> None:
+    from bcs_middleware.tunnel.handshake import CLOSE_DUPLICATE, CLOSE_REPLACED
+
+    codes: list[int] = []
+
+    class Recording(FakeSession):
+        def close(self, reason: str = "", *, code: int = 1000) -> None:
+            codes.append(code)
+            super().close(reason, code=code)
+
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
+    first, second, other = (Recording(("127.0.0.1", 1)) for _ in range(3))
+    agents.attach("c1", first, agent_id="a1")
+    assert agents.holds("c1", "a1") and not agents.holds("c1", "a2")
+    agents.attach("c1", second, agent_id="a1")
+    assert codes == [CLOSE_DUPLICATE]  # the same agent: dial again, not "another agent"
+    agents.attach("c1", other, agent_id="a2")
+    assert codes == [CLOSE_DUPLICATE, CLOSE_REPLACED]
+    assert agents.holds("c1", "a2") and not agents.holds("c1", "a1")
+
+
+def test_a_worker_holding_an_agent_adopts_the_placement_another_worker_left() -> None:
+    """Two workers hold connections of one agent: the placement names either, never none for long."""
+    placements = RecordingPlacements()
+    worker_a = LocalAgents(holder=Holder("test/1"), placements=placements, check_every=3600)
+    worker_b = LocalAgents(holder=Holder("test/2"), placements=placements, check_every=3600)
+    in_a, in_b = FakeSession(("127.0.0.1", 1)), FakeSession(("127.0.0.1", 1))
+    worker_b.attach("c1", in_b, agent_id="a1")
+    worker_a.attach("c1", in_a, agent_id="a1")
+    assert placements.placed == {"c1": "test/1"}
+    worker_b.check()
+    assert placements.placed == {"c1": "test/1"}  # a live holder's placement stays
+    worker_a.detach("c1", in_a, "the worker restarted")
+    assert placements.placed == {}
+    worker_b.check()  # its next heartbeat
+    assert placements.placed == {"c1": "test/2"}
+
+
 def test_a_replaced_agent_carrying_streams_is_closed_once_they_end() -> None:
     """An exec session open over the old connection during the agent's rolling update is not cut."""
     agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600)
@@ -274,3 +312,9 @@ class RecordingPlacements:
 
     def touch_placements(self, holder_id: str) -> int:
         return sum(1 for h in self.placed.values() if h == holder_id)
+
+    def adopt_placements(self, cluster_ids: list[str], holder: Holder, *, stale_after: float) -> int:
+        missing = [cluster_id for cluster_id in cluster_ids if cluster_id not in self.placed]
+        for cluster_id in missing:
+            self.placed[cluster_id] = holder.id
+        return len(missing)
