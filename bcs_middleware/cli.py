@@ -296,8 +296,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serves_on_gevent(argv: Sequence[str]) -> bool:
-    """Will this command line run ``serve`` on the gevent worker (the default)?"""
+def _runs_on_gevent(argv: Sequence[str]) -> bool:
+    """Will this command line run ``serve`` on the gevent worker (the default), or a tunnelling
+    ``kube-agent`` on gevent (its default ``--io``)?"""
+    if argv and argv[0] == "kube-agent":
+        return "--tunnel" in argv and not any(
+            arg == "--io=threads" or (arg == "--io" and argv[i + 1:i + 2] == ["threads"])
+            for i, arg in enumerate(argv))
     if not argv or argv[0] != "serve":
         return False
     chosen = "gevent"
@@ -632,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import ConfigError
 
-    if _serves_on_gevent(sys.argv[1:] if argv is None else argv):
+    if _runs_on_gevent(sys.argv[1:] if argv is None else argv):
         _patch_for_gevent()  # before build_parser imports the client modules (and urllib3)
     args = build_parser().parse_args(argv)
     try:

@@ -293,7 +293,16 @@ def run_tunnel(args: argparse.Namespace, register_token: str, server_cert: str |
         refresh=float(args.periodsync), replaced_backoff=float(args.replaced_backoff),
         connections=args.tunnel_connections,
     )
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    from gevent import monkey
+
+    if monkey.is_module_patched("socket"):
+        # Run stop() in a greenlet of its own: a plain handler would run inside whichever greenlet
+        # the signal interrupted, perhaps one holding a lock stop() takes.
+        import gevent
+
+        gevent.signal_handler(signal.SIGTERM, agent.stop)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     try:
         agent.run()
     except KeyboardInterrupt:
@@ -367,6 +376,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="with --tunnel: how many connections to hold to the gateway (default auto: one per "
                              f"gateway worker, as the gateway says, at most {MAX_CONNECTIONS}), so that no worker "
                              "forwards its requests to the one holding the agent")
+    parser.add_argument("--io", choices=("gevent", "threads"), default="gevent",
+                        help="with --tunnel: carry the tunnel's streams in gevent greenlets (default; the "
+                             "bcs-middleware command patches the process at start) or in OS threads")
     parser.add_argument("--replaced-backoff", type=float, default=REPLACED_BACKOFF, metavar="SECONDS",
                         help="with --tunnel: how long to wait before reconnecting after another agent of the cluster "
                              f"replaced this one at the gateway (default {REPLACED_BACKOFF:g}; run one replica)")

@@ -328,7 +328,9 @@ def throughput(contenders: list[Contender], nginx: ServerProcess, rounds: int, d
                          "agent_cpu_us_per_req": statistics.median(agent) if agent else None,
                          "nginx_cpu_us_per_req": statistics.median(m.nginx_us for m in items)}
         for agent_name, direct_name in (("agent", "direct"), ("agent_workers1", "direct_workers1"),
-                                        ("direct", "direct_workers1"), ("agent", "agent_workers1")):
+                                        ("direct", "direct_workers1"), ("agent", "agent_workers1"),
+                                        ("agent_1conn", "direct"), ("agent", "agent_1conn"),
+                                        ("agent_threads", "direct"), ("agent", "agent_threads")):
             if agent_name in view and direct_name in view:
                 pairs = list(zip(view[agent_name], view[direct_name], strict=True))
                 out[f"{agent_name}/{direct_name} req/s"] = statistics.median(a.sample.rps / d.sample.rps
@@ -547,6 +549,11 @@ def main() -> int:
     parser.add_argument("--broadcasts", type=int, default=3)
     parser.add_argument("--watch-rounds", type=int, default=2, help="runs of each path (agent, direct)")
     parser.add_argument("--no-workers1", action="store_true", help="skip the --workers 1 diagnostic gateway")
+    parser.add_argument("--one-connection", action="store_true",
+                        help="diagnostic: also an agent holding one connection (--tunnel-connections 1) to the "
+                             "2-worker gateway, so that the other worker forwards over the peer link")
+    parser.add_argument("--threads-agent", action="store_true",
+                        help="diagnostic: also an agent on OS threads (--io threads) to the 2-worker gateway")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-watches", action="store_true")
     parser.add_argument("--skip-transfers", action="store_true")
@@ -582,6 +589,14 @@ def main() -> int:
                                      connections=2)
             contenders += [Contender("direct", gw, "BCS-K8S-DIRECT", None),
                            Contender("agent", gw, "BCS-K8S-AGENT", agent)]
+            if args.one_connection:
+                one = gw.agent_cluster("BCS-K8S-AGENT-1CONN", f"https://127.0.0.1:{nginx_port}", ca_pem,
+                                       "/payload.bin", agent_args=("--tunnel-connections", "1"))
+                contenders.append(Contender("agent_1conn", gw, "BCS-K8S-AGENT-1CONN", one))
+            if args.threads_agent:
+                threads = gw.agent_cluster("BCS-K8S-AGENT-THREADS", f"https://127.0.0.1:{nginx_port}", ca_pem,
+                                           "/payload.bin", connections=2, agent_args=("--io", "threads"))
+                contenders.append(Contender("agent_threads", gw, "BCS-K8S-AGENT-THREADS", threads))
             if not args.no_workers1:
                 gw1 = start_gateway(tmp, "gateway-workers1", ["--workers", "1", *args.serve_arg])
                 stops.append(gw1.stop)
@@ -596,7 +611,10 @@ def main() -> int:
             ratio = tp["capacity"]["agent/direct req/s"]  # type: ignore[index]
             targets["req/s agent/direct >= 0.7 (2 workers, capacity)"] = ratio >= 0.7
             for c in contenders[2:]:
-                c.gateway.stop()  # the diagnostic gateway is done: its processes leave the machine
+                if c.gateway is not gw:
+                    c.gateway.stop()  # the diagnostic gateway is done: its processes leave the machine
+                elif c.agent is not None:
+                    c.agent.stop()
         if not args.skip_watches:
             with WatchAPIServer(token=SA, hosts=HOSTS) as api:
                 gw.direct_cluster("BCS-K8S-WATCH-DIRECT", api.url_for("::1"), api.ca_pem)

@@ -297,10 +297,14 @@ def test_postgresql_without_its_driver_is_a_clear_error(
         pytest.param(["serve", "--worker-class", "gthread"], False, id="gthread"),
         pytest.param(["serve", "--zookeeper", "zk:2181"], True, id="registers"),
         pytest.param(["serve", "--zookeeper=zk:2181", "--worker-class=gthread"], False, id="registers-gthread"),
-        pytest.param(["kube-agent"], False, id="not-serve"),
+        pytest.param(["kube-agent"], False, id="reporting-agent"),
+        pytest.param(["kube-agent", "--tunnel"], True, id="tunnelling-agent"),
+        pytest.param(["kube-agent", "--tunnel", "--io", "threads"], False, id="tunnelling-agent-threads"),
+        pytest.param(["kube-agent", "--io=threads", "--tunnel"], False, id="tunnelling-agent-threads-eq"),
+        pytest.param(["certs", "--tunnel"], False, id="other-command"),
     ],
 )
-def test_serve_runs_gevent_unless_told_otherwise(argv: list[str], gevent: bool) -> None:
+def test_serve_and_the_tunnelling_agent_run_gevent_unless_told_otherwise(argv: list[str], gevent: bool) -> None:
     from bcs_middleware import cli
 
-    assert cli._serves_on_gevent(argv) is gevent
+    assert cli._runs_on_gevent(argv) is gevent

@@ -776,7 +776,7 @@ class SQLStore:
         table = m.agent_placements
         adopted = 0
         with self.transaction() as conn:
-            placed = {}
+            placed: dict[str, Any] = {}
             for start in range(0, len(cluster_ids), _IN_BATCH):
                 batch = cluster_ids[start:start + _IN_BATCH]
                 placed.update((row.cluster_id, row.seen_at) for row in conn.execute(
