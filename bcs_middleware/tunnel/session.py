@@ -10,8 +10,9 @@ and pipes the dialed socket the same way.
 Threads. Whatever the number of streams, a session runs
 
 * a **reader** (the caller of :meth:`Session.serve`): decodes each message and
-  hands its bytes to the stream's buffer; it never writes to a socket nor waits
-  for the channel;
+  hands its bytes to the stream — straight into its local socket when nothing is
+  queued for it and the socket takes them all at once (a non-blocking send), else
+  to the stream's buffer for the pump; it never waits on a socket nor for the channel;
 * a **pump**: one selector loop over every stream's local socket — reads what the
   local side sends and forwards it as Data, writes what the peer sent, and pings;
 * the channel's writer (see :mod:`.wschannel`); and on the agent, one short-lived
@@ -265,9 +266,21 @@ class Session:
         with self._lock:
             stream = self._streams.get(message.conn_id)
             if stream is not None and not stream.done:
+                payload = message.payload
+                self.bytes_in += len(payload)
+                if not stream.out and stream.sock is not None:
+                    # Nothing queued for the local side: hand it over now, without waking the pump.
+                    try:
+                        sent = stream.sock.send(payload)
+                    except (BlockingIOError, InterruptedError):
+                        sent = 0
+                    except OSError:
+                        sent = 0  # the pump's flush meets the same error and ends the stream
+                    if sent == len(payload):
+                        return
+                    payload = payload[sent:]
                 before = len(stream.out)
-                stream.out += message.payload
-                self.bytes_in += len(message.payload)
+                stream.out += payload
                 buffered = len(stream.out)
                 self._excess += self._past_window(buffered) - self._past_window(before)
                 if self._excess > self.overflow:
