@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from bcs_middleware.store import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, served_gateway
 from tests.support.kube import write_kubeconfig
@@ -121,6 +123,19 @@ class Agent:
             last = (status, body[:300])
             time.sleep(0.1)
         raise AssertionError(f"the agent did not connect: {last}\n{self.output()}")
+
+
+def kill_placement_holder(gw: Gateway, cluster_id: str) -> int:
+    """SIGKILL the gateway worker the cluster's placement names (it clears nothing); its pid."""
+    store = open_store(data_dir=gw.data)
+    try:
+        record = store.get_placement(cluster_id)
+    finally:
+        store.dispose()
+    assert record is not None, f"no placement for {cluster_id}"
+    pid = int(record.holder_id.rpartition("/")[2])
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 @pytest.fixture(scope="module")

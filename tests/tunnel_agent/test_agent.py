@@ -30,6 +30,7 @@ from bcs_middleware.tunnel.wschannel import WebSocketChannel
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLI
 from tests.support.kube import write_kubeconfig
+from tests.support.polling import wait_until
 
 from .wsfixtures import TLS, TargetServer, WSServer
 
@@ -232,6 +233,10 @@ def test_an_agent_replaced_by_another_waits_long_and_says_why(tls: TLS, api: Fak
     assert "two agents serve one cluster" in caplog.text
 
 
+class _Opening:
+    closed = False
+
+
 class WorkersGateway(StandInGateway):
     """A stand-in gateway of ``workers`` workers: connection n lands on worker ``landing[n]``; a
     worker holding a live connection of the same agent id answers 409, as the real endpoint does."""
@@ -255,6 +260,8 @@ class WorkersGateway(StandInGateway):
             duplicate = bool(agent_id) and held is not None and held[0] == agent_id and not held[1].closed
             if duplicate:
                 self.refused += 1
+            else:  # reserved at once: a connection arriving meanwhile is a duplicate
+                self.held[worker] = (agent_id, _Opening())  # type: ignore[assignment]
         if duplicate:
             body = b'{"code_name": "TUNNEL_DUPLICATE"}'
             sock.sendall(b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -271,16 +278,8 @@ class WorkersGateway(StandInGateway):
         session.serve()
 
     def live_workers(self) -> set[int]:
-        return {worker for worker, (_, session) in self.held.items() if not session.closed}
-
-
-def _until(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
+        return {worker for worker, (_, session) in self.held.items()
+                if isinstance(session, Session) and not session.closed}
 
 
 def test_the_agent_holds_a_connection_in_every_worker_the_gateway_names(tls: TLS, api: FakeAPIServer) -> None:
@@ -288,13 +287,13 @@ def test_the_agent_holds_a_connection_in_every_worker_the_gateway_names(tls: TLS
     gateway = WorkersGateway(tls, workers=3, landing=[0, 0, 0, 1, 1, 2])
     try:
         with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)) as agent:
-            assert _until(lambda: gateway.live_workers() == {0, 1, 2}), gateway.held
+            assert wait_until(lambda: gateway.live_workers() == {0, 1, 2}), gateway.held
             assert gateway.refused == 3
-            assert _until(lambda: len(agent.sessions) == 3)
+            assert wait_until(lambda: len(agent.sessions) == 3)
             assert agent.wanted == 3 and agent.replaced == 0
             # A worker lost (its connection ends): that connection comes back, soon.
             gateway.held[1][1].close("worker restarting")
-            assert _until(lambda: gateway.live_workers() == {0, 1, 2}), gateway.held
+            assert wait_until(lambda: gateway.live_workers() == {0, 1, 2}), gateway.held
             # Every connection carries requests to the apiserver.
             for _, session in gateway.held.values():
                 assert get_through(session, params_for(api))[0] == 200
@@ -343,7 +342,7 @@ def test_the_workers_header_is_bounded(tls: TLS, api: FakeAPIServer, workers: st
             gateway.wait_session(1)
             time.sleep(0.5)
             expected = {"0": 1, "many": 1, "1000": MAX_CONNECTIONS}[workers]
-            assert _until(lambda: len(agent.sessions) == expected)
+            assert wait_until(lambda: len(agent.sessions) == expected)
             assert agent.wanted == expected
     finally:
         gateway.close()

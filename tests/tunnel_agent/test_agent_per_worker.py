@@ -10,21 +10,19 @@ connection, the newest of a worker winning, as before (``test_peers``, ``test_tw
 from __future__ import annotations
 
 import json
-import os
-import signal
 import ssl
 import time
 import urllib.error
 
 import pytest
 
-from bcs_middleware.store import open_store
 from bcs_middleware.tunnel.handshake import CLOSE_REPLACED
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway
+from tests.support.polling import wait_until
 from tests.support.websocket import read_frame
 
-from .conftest import Agent, create_cluster, handshake, tunnel_headers, tunnel_params
+from .conftest import Agent, create_cluster, handshake, kill_placement_holder, tunnel_headers, tunnel_params
 
 FORWARDED = "forwarded to its holder"
 
@@ -33,13 +31,9 @@ def _opened(agent: Agent) -> int:
     return agent.output().count("tunnel to ")
 
 
-def _wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def _attached(gw: Gateway, cluster: str) -> int:
+    """How many connections of the cluster's agent the gateway's workers have taken so far."""
+    return gw.server.output().count(f"kube-agent of cluster {cluster} connected")
 
 
 def _all_answered_locally(gw: Gateway, cluster: str, count: int = 30) -> None:
@@ -61,20 +55,16 @@ def test_an_agent_holds_a_connection_in_every_worker_and_nothing_is_forwarded(
             agent.wait_connected()
             # The second connection is opened once the first 101 said "2 workers"; one that
             # lands on the worker holding the first is refused and dialled again.
-            _wait(lambda: "(connection 2)" in agent.output(), 20, "the agent's second connection")
+            assert wait_until(lambda: "(connection 2)" in agent.output(), 20), agent.output()
+            assert wait_until(lambda: _attached(gw, cluster) >= 2, 10)  # held by its worker now
             _all_answered_locally(gw, cluster)
 
             # A worker is killed: gunicorn starts another, the agent's connection that was in
             # the dead one comes back into the new one, and again nothing is forwarded.
-            store = open_store(data_dir=gw.data)
-            try:
-                record = store.get_placement(cluster)
-            finally:
-                store.dispose()
-            assert record is not None
-            opened = _opened(agent)
-            os.kill(int(record.holder_id.rpartition("/")[2]), signal.SIGKILL)
-            _wait(lambda: _opened(agent) > opened, 30, "the agent to reconnect the lost connection")
+            opened, attached = _opened(agent), _attached(gw, cluster)
+            kill_placement_holder(gw, cluster)
+            assert wait_until(lambda: _opened(agent) > opened and _attached(gw, cluster) > attached, 30), (
+                agent.output())
             deadline = time.monotonic() + 30
             while True:
                 try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import ssl
 import threading
@@ -31,10 +30,11 @@ from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway
 from tests.support.kube import kubectl, kubectl_watch
 from tests.support.peer_link import QuickAPIServer, StandInAgents
+from tests.support.polling import wait_until
 from tests.support.servers import ConnectionServer, TrapListener, free_port
 from tests.tunnel.test_upgrade import Handlers
 
-from .conftest import Agent, create_cluster
+from .conftest import Agent, create_cluster, kill_placement_holder
 
 CLUSTER = "BCS-K8S-PEER1"
 POD = {"metadata": {"name": "p", "namespace": "default"},
@@ -118,15 +118,6 @@ def roundtrip(sock: socket.socket, payload: bytes) -> bytes:
     sock.sendall(payload)
     reader.join(30)
     return bytes(received)
-
-
-def wait_until(condition, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return bool(condition())
 
 
 # -- addresses ---------------------------------------------------------------------------------
@@ -637,13 +628,7 @@ def test_request_in_the_worker_without_the_agent_works(tmp_path_factory: pytest.
             # The worker holding the agent is killed: it clears nothing, its placement names a
             # listener that is gone. Until the agent has reconnected (to a live worker) every
             # request is a prompt 503, never a hang; then they all work again.
-            store = open_store(data_dir=gw.data)
-            try:
-                record = store.get_placement(cluster)
-            finally:
-                store.dispose()
-            assert record is not None
-            os.kill(int(record.holder_id.rpartition("/")[2]), signal.SIGKILL)
+            kill_placement_holder(gw, cluster)
             statuses: list[int] = []
             resets = 0
             deadline = time.monotonic() + 30
