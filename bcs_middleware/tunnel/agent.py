@@ -243,7 +243,7 @@ class TunnelAgent:
                     duplicates += 1
                     self.duplicates += 1
                     log.debug("connection %d landed on a gateway worker that holds another; dialling again", slot)
-                    self._stop.wait(self._duplicate_delay(duplicates))
+                    self._stop.wait(self.backoff(duplicates, DUPLICATE_BACKOFF))
                     continue
             except (ChannelError, OSError, ValueError) as exc:
                 failures += 1
@@ -272,7 +272,7 @@ class TunnelAgent:
                     continue
                 if code == CLOSE_DUPLICATE and not self._stop.is_set():
                     duplicates += 1
-                    self._stop.wait(self._duplicate_delay(duplicates))
+                    self._stop.wait(self.backoff(duplicates, DUPLICATE_BACKOFF))
                     continue
                 log.warning("tunnel closed: %s", reason)
                 failures = 0 if time.monotonic() - started > STABLE_AFTER else failures + 1
@@ -285,15 +285,12 @@ class TunnelAgent:
             log.info("reconnecting in %.1fs", delay)
             self._stop.wait(delay)
 
-    def _duplicate_delay(self, duplicates: int) -> float:
-        ceiling = min(self.backoff_max, DUPLICATE_BACKOFF * 2.0 ** min(duplicates - 1, 30))
-        return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
-
-    def backoff(self, failures: int) -> float:
-        """Exponential, capped, with jitter in the upper half: ``failures`` = consecutive failures so far."""
+    def backoff(self, failures: int, base: float | None = None) -> float:
+        """Exponential from ``base`` (default ``backoff_base``), capped, with jitter in the upper half:
+        ``failures`` = consecutive failures so far."""
         if failures <= 0:
             return 0.0
-        ceiling = min(self.backoff_max, self.backoff_base * 2.0 ** min(failures - 1, 30))
+        ceiling = min(self.backoff_max, (base or self.backoff_base) * 2.0 ** min(failures - 1, 30))
         return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
 
     def connect(self, params: TunnelParams) -> Session:

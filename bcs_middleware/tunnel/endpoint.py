@@ -28,7 +28,10 @@ What happens, in order — nothing is stored until every check passed:
    old or another cluster's token (the source's tunnel server had this check
    commented out);
 3. the request must be a WebSocket upgrade on a connection the server hands over
-   (gunicorn over HTTP/1.1): ``400`` / ``501``;
+   (gunicorn over HTTP/1.1): ``400`` / ``501``; an agent that names itself
+   (``BCS-Tunnel-Agent-Id``, this project's agent) and already has a connection in
+   this worker gets ``409 TUNNEL_DUPLICATE`` and dials again — it holds one per
+   worker, and its ``101`` says how many workers there are (``BCS-Tunnel-Workers``);
 4. the credentials are stored like a credential report — encrypted, audited
    (``credentials.put`` with the old and new addresses and ``via_tunnel``) — and
    marked ``via_tunnel``: from then on the cluster's apiserver is reached through
