@@ -112,6 +112,9 @@ def test_a_connection_of_the_same_agent_to_a_worker_holding_one_is_refused_and_c
     try:
         assert status == 101
         assert b"bcs-tunnel-workers: 1" in head.lower()  # this fixture's gateway runs one worker
+        # The worker holds it once the 101 is out (a connection racing in before then is let in,
+        # and the older of the two closed as redundant: the registry tests show that).
+        assert wait_until(lambda: gateway.json("GET", f"/rest/clusters/{cluster}")["agent"]["tunnel_connected"])
         # The same agent again, to the same (only) worker: refused, and nothing is stored.
         other_params = tunnel_params(address="https://10.1.1.1:6443", ca_pem=apiserver.ca_pem)
         status, body, again = handshake(gateway, {**tunnel_headers(cluster, token, other_params),
