@@ -136,13 +136,3 @@ def served_by(response: requests.Response) -> str:
     return str(json.loads(response.content)["served_by"])
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-

@@ -25,9 +25,8 @@ from bcs_middleware.admission.definitions import parse_bcs_definition
 from bcs_middleware.errors import Conflict
 from bcs_middleware.store import open_store
 from bcs_middleware.store.definitions import SQLDefinitionStore
+from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
-
-from .conftest import wait_until
 
 CLI = str(BIN / "bcs-middleware")
 ADMIN = "definitions-admin-token-" + "d" * 20

@@ -11,8 +11,9 @@ from kazoo.client import KazooClient
 from bcs_middleware.discovery import Endpoint, StaticDiscovery, node_sequence
 from bcs_middleware.discovery.registration import apiserver_path, driver_path
 from bcs_middleware.discovery.zookeeper import ZookeeperDiscovery
+from tests.support.polling import wait_until
 
-from .conftest import SCHEDULERS, SESSION_TIMEOUT, mesos_get, served_by, wait_until
+from .conftest import SCHEDULERS, SESSION_TIMEOUT, mesos_get, served_by
 
 LAYOUT_FIELDS = {"ip", "port", "metric_port", "hostname", "scheme", "version", "cluster", "pid",
                  "external_ip", "external_port"}

@@ -20,9 +20,10 @@ from bcs_middleware.driver import app_factory, build_driver
 from bcs_middleware.errors import ConfigError
 from bcs_middleware.middleware.mesos import MesosRoutingMiddleware, filter_factory
 from tests.admission.conftest import SERVICE_NAMES, Hook, bcs_add_label, bcs_definition, bcs_webhook
+from tests.support.polling import wait_until
 from tests.support.servers import free_port, gunicorn
 
-from .conftest import SCHEDULERS, SESSION_TIMEOUT, UserLayer, wait_until
+from .conftest import SCHEDULERS, SESSION_TIMEOUT, UserLayer
 
 ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = {"apiVersion": "v4", "kind": "Application",

@@ -23,9 +23,10 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from bcs_middleware.discovery.registration import driver_path, mesos_driver_path
+from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
 
-from .conftest import mesos_get, served_by, wait_until
+from .conftest import mesos_get, served_by
 from .test_discovery import discovery  # noqa: F401 - fixture
 
 CLI = str(BIN / "bcs-middleware")
