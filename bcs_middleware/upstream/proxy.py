@@ -559,6 +559,9 @@ class _StreamedBody:
         finally:
             self._stop_watching()
         self._complete = True
+        # Pooled now, not in close(): the server writes the last chunk between the two, and a
+        # client that sends its next request at once must find the connection in the pool.
+        self._resp.release_conn()
 
     def _stop_watching(self) -> None:
         watch, self._watch = self._watch, None
