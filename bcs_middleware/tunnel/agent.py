@@ -122,7 +122,10 @@ def apiserver_dialer(params: TunnelParams) -> Callable[[str, str, float], socket
     def dial(proto: str, address: str, timeout: float) -> socket.socket:
         if proto != "tcp" or address.lower() != allowed:
             raise ConnectNotAllowed("connect not allowed: this agent reaches only its own cluster's apiserver")
-        return socket.create_connection((host, port), timeout=min(timeout, DIAL_TIMEOUT))
+        sock = socket.create_connection((host, port), timeout=min(timeout, DIAL_TIMEOUT))
+        # The agent relays TLS records as they come (as Go, whose sockets have no Nagle delay).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     return dial
 
@@ -296,6 +299,7 @@ class TunnelAgent:
     def connect(self, params: TunnelParams) -> Session:
         """Open the WebSocket and return the (not yet served) session; raises on failure."""
         raw = socket.create_connection((self.target.host, self.target.port), timeout=self.connect_timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw
         try:
             sock = self.context.wrap_socket(raw, server_hostname=self.target.host)

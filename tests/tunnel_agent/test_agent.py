@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bcs_middleware.tunnel.agent import MAX_CONNECTIONS, TunnelAgent
+from bcs_middleware.tunnel.agent import MAX_CONNECTIONS, TunnelAgent, apiserver_dialer
 from bcs_middleware.tunnel.handshake import CLOSE_DUPLICATE, CLOSE_REPLACED, CONNECT_PATH, TunnelParams, dial_address
 from bcs_middleware.tunnel.session import Session
 from bcs_middleware.tunnel.wschannel import WebSocketChannel
@@ -186,6 +186,20 @@ def test_the_agent_dials_only_its_own_apiserver(tls: TLS, api: FakeAPIServer, ga
     assert foreign.connections == 0
     assert "connect not allowed" in caplog.text
     assert SA_TOKEN not in caplog.text and REGISTER_TOKEN not in caplog.text
+
+
+def test_the_agents_sockets_send_without_nagle_delay(tls: TLS, api: FakeAPIServer,
+                                                    gateway: StandInGateway) -> None:
+    """It relays TLS records as they come, as the Go agent (Go's TCP sockets set TCP_NODELAY)."""
+    import socket
+
+    with apiserver_dialer(params_for(api))("tcp", dial_address(api.url), 5) as sock:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    with running_agent(gateway.url, tls.client_context(), lambda: params_for(api)) as agent:
+        gateway.wait_session()
+        assert wait_until(lambda: agent.session is not None)
+        raw = agent.session.channel._sock  # type: ignore[union-attr]
+        assert raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 def test_the_gateway_certificate_is_verified(api: FakeAPIServer, gateway: StandInGateway,
