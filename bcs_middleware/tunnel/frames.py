@@ -34,8 +34,7 @@ import enum
 import itertools
 import random
 import struct
-import threading
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 #: What current remotedialer writes in the deadline field (15 s in milliseconds).
 LEGACY_DEADLINE_MS = 15_000
@@ -80,12 +79,12 @@ class _Ids:
     """Message ids: a counter from a random start, as Go's ``nextid``; wraps inside int64."""
 
     def __init__(self) -> None:
+        # itertools.count's next() is atomic (one C call under the GIL, and gevent never
+        # switches inside it): no lock needed.
         self._counter = itertools.count(random.getrandbits(62))
-        self._lock = threading.Lock()
 
     def next(self) -> int:
-        with self._lock:
-            return next(self._counter) & _INT64_MAX
+        return next(self._counter) & _INT64_MAX
 
 
 _ids = _Ids()
@@ -95,8 +94,7 @@ def next_id() -> int:
     return _ids.next()
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """One remotedialer message.
 
     :param id: the sender's message counter (informational).
@@ -106,11 +104,12 @@ class Message:
     :param deadline: milliseconds; written for Data and Connect only.
     """
 
+    # A NamedTuple, not a frozen dataclass: one is built per message (a third of the cost).
     id: int
     conn_id: int
     type: MessageType
     payload: bytes = b""
-    deadline: int = field(default=LEGACY_DEADLINE_MS)
+    deadline: int = LEGACY_DEADLINE_MS
 
     @classmethod
     def data(cls, conn_id: int, data: bytes) -> Message:
@@ -165,8 +164,14 @@ class Message:
 
 def put_varint(value: int) -> bytes:
     """Go's ``binary.PutVarint``: zig-zag, then base-128 little-endian."""
+    if -64 <= value < 64:
+        return _ONE_BYTE[value]  # connection ids, types: most varints
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise TunnelProtocolError("varint out of int64 range")
+    return _put_varint(value)
+
+
+def _put_varint(value: int) -> bytes:
     zigzag = ((value << 1) ^ (value >> 63)) & _UINT64_MASK
     out = bytearray()
     while zigzag >= 0x80:
@@ -176,25 +181,26 @@ def put_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def read_varint(frame: bytes | memoryview, offset: int) -> tuple[int, int]:
+_ONE_BYTE = {value: _put_varint(value) for value in range(-64, 64)}
+_LEGACY_DEADLINE = put_varint(LEGACY_DEADLINE_MS)
+# Type and deadline of a Data message: the same bytes in every one.
+_DATA_TAIL = put_varint(MessageType.DATA) + _LEGACY_DEADLINE
+
+
+def read_varint(frame: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
     """Go's ``binary.ReadVarint`` at ``offset``: ``(value, next offset)``."""
     result = 0
     shift = 0
-    for i in range(MAX_VARINT_LEN):
-        if offset + i >= len(frame):
-            raise TunnelProtocolError("truncated varint")
-        byte = frame[offset + i]
+    for byte in frame[offset:offset + MAX_VARINT_LEN]:
+        result |= (byte & 0x7F) << shift
         if byte < 0x80:
             # Go: the 10th byte may only carry the top bit of a uint64.
-            if i == MAX_VARINT_LEN - 1 and byte > 1:
+            if shift == 63 and byte > 1:
                 raise TunnelProtocolError("varint overflows 64 bits")
-            result |= byte << shift
-            value = result >> 1
-            if result & 1:
-                value = ~value
-            return value, offset + i + 1
-        result |= (byte & 0x7F) << shift
+            return (result >> 1) ^ -(result & 1), offset + shift // 7 + 1
         shift += 7
+    if shift < 7 * MAX_VARINT_LEN:
+        raise TunnelProtocolError("truncated varint")
     raise TunnelProtocolError("varint overflows 64 bits")
 
 
@@ -202,8 +208,13 @@ def encode(message: Message) -> bytes:
     """The bytes of one binary WebSocket message, as Go's ``message.Bytes()``."""
     head = put_varint(message.id) + put_varint(message.conn_id) + put_varint(int(message.type))
     if message.type in _WITH_DEADLINE:
-        head += put_varint(message.deadline)
+        head += _LEGACY_DEADLINE if message.deadline == LEGACY_DEADLINE_MS else put_varint(message.deadline)
     return head + message.payload
+
+
+def encode_data(conn_id: int, data: bytes) -> bytes:
+    """``encode(Message.data(conn_id, data))`` without building the message (one per request each way)."""
+    return b"".join((put_varint(next_id()), put_varint(conn_id), _DATA_TAIL, data))
 
 
 def decode(frame: bytes | bytearray | memoryview) -> Message:
@@ -212,18 +223,19 @@ def decode(frame: bytes | bytearray | memoryview) -> Message:
     An unknown type is an error here; callers that want Go's leniency (unknown
     types are ignored) catch :class:`UnknownMessageType`.
     """
-    view = memoryview(frame)
-    msg_id, offset = read_varint(view, 0)
-    conn_id, offset = read_varint(view, offset)
-    raw_type, offset = read_varint(view, offset)
-    try:
-        mtype = MessageType(raw_type)
-    except ValueError:
-        raise UnknownMessageType(f"unknown message type {raw_type}") from None
+    msg_id, offset = read_varint(frame, 0)
+    conn_id, offset = read_varint(frame, offset)
+    raw_type, offset = read_varint(frame, offset)
+    mtype = _TYPES.get(raw_type)
+    if mtype is None:
+        raise UnknownMessageType(f"unknown message type {raw_type}")
+    if mtype is MessageType.DATA:
+        deadline, offset = read_varint(frame, offset)
+        return Message(msg_id, conn_id, mtype, bytes(frame[offset:]), deadline)
     deadline = LEGACY_DEADLINE_MS
     if mtype in _WITH_DEADLINE:
-        deadline, offset = read_varint(view, offset)
-    payload = bytes(view[offset:])
+        deadline, offset = read_varint(frame, offset)
+    payload = bytes(frame[offset:])
     bound = _PAYLOAD_BOUND.get(mtype)
     if bound is not None and len(payload) > bound:
         raise TunnelProtocolError(f"{mtype.name} payload of {len(payload)} bytes exceeds {bound}")
@@ -232,6 +244,9 @@ def decode(frame: bytes | bytearray | memoryview) -> Message:
     if mtype is MessageType.SYNC_CONNECTIONS and len(payload) % 8:
         raise TunnelProtocolError("sync payload is not a whole number of 8-byte ids")
     return Message(msg_id, conn_id, mtype, payload, deadline)
+
+
+_TYPES = {int(mtype): mtype for mtype in MessageType}
 
 
 class UnknownMessageType(TunnelProtocolError):
