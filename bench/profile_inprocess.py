@@ -112,12 +112,12 @@ class _CannedSocket:
 def canned_transport(answer: bytes) -> Any:
     """The real transport over a socket that answers at once: the Python cost without the network's."""
     # Imported here: the metrics directory must be set before bcs_middleware loads.
-    from bcs_middleware.upstream.pool import Connection
+    from bcs_middleware.upstream.pool import SocketConnection
     from bcs_middleware.upstream.transport import PooledTransport
 
     class CannedTransport(PooledTransport):
-        def _connect(self, key: Any, label: str, *_args: Any, **_kwargs: Any) -> Connection:
-            return Connection(_CannedSocket(answer), key)  # type: ignore[arg-type]
+        def _connect(self, key: Any, label: str, *_args: Any, **_kwargs: Any) -> SocketConnection:
+            return SocketConnection(_CannedSocket(answer), key)  # type: ignore[arg-type]
 
     return CannedTransport()
 

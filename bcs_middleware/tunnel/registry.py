@@ -46,13 +46,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .. import metrics
 from ..errors import AgentUnavailable
 from ..lru import LRUCache
 from ..store.crypto import digests_equal
 from ..store.records import Holder, PlacementRecord
+from ..upstream.stream_connection import ByteStream
 from ..upstream.transport import TunnelDialer
 from .handshake import CLOSE_DUPLICATE, CLOSE_REPLACED
 
@@ -60,6 +61,7 @@ __all__ = ["AgentSession", "Holder", "LocalAgents", "LocalOnlyDialer", "Placemen
            "TunnelDialer"]
 
 log = logging.getLogger(__name__)
+_End = TypeVar("_End")
 
 #: How often held agents' register tokens are re-checked (and the heartbeat written).
 DEFAULT_CHECK_EVERY = 2.0
@@ -89,6 +91,8 @@ class AgentSession(Protocol):
     def bytes_out(self) -> int: ...
 
     def open(self, proto: str, address: str, timeout: float) -> socket.socket: ...
+
+    def open_stream(self, proto: str, address: str, timeout: float) -> ByteStream: ...
 
     def close(self, reason: str = "", *, code: int = 1000) -> None: ...
 
@@ -253,14 +257,22 @@ class LocalAgents:
         return attached.session
 
     def open_local(self, cluster_id: str, address: str, timeout: float) -> socket.socket | None:
-        """A stream to ``address`` (``host:port``) through the agent held here; ``None`` if none is."""
+        """A stream to ``address`` (``host:port``) through the agent held here, as a socket; ``None``
+        if none is held."""
+        session = self.session(cluster_id)
+        return None if session is None else self._open(cluster_id, session, session.open, address, timeout)
+
+    def open_local_stream(self, cluster_id: str, address: str, timeout: float) -> ByteStream | None:
+        """As :meth:`open_local`, the stream in memory (:class:`~bcs_middleware.tunnel.session.MemoryStream`)."""
+        session = self.session(cluster_id)
+        return None if session is None else self._open(cluster_id, session, session.open_stream, address, timeout)
+
+    def _open(self, cluster_id: str, session: AgentSession, how: Callable[[str, str, float], _End], address: str,
+              timeout: float) -> _End | None:
         from .session import TunnelClosed
 
-        session = self.session(cluster_id)
-        if session is None:
-            return None
         try:
-            return session.open("tcp", address, timeout)
+            return how("tcp", address, timeout)
         except TunnelClosed:
             self.detach(cluster_id, session, "the agent connection closed")
             return None
@@ -392,12 +404,14 @@ class LocalOnlyDialer:
     def __init__(self, agents: LocalAgents) -> None:
         self.agents = agents
 
-    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket:
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float, *,
+             in_memory: bool = False) -> socket.socket | ByteStream:
         shown = f"[{host}]" if ":" in host else host
-        sock = self.agents.open_local(cluster_id, f"{shown}:{port}", timeout)
-        if sock is None:
+        open_local = self.agents.open_local_stream if in_memory else self.agents.open_local
+        end = open_local(cluster_id, f"{shown}:{port}", timeout)
+        if end is None:
             raise unavailable(cluster_id, self.agents.gone_reason(cluster_id))
-        return sock
+        return end
 
 
 def unavailable(cluster_id: str, gone: str | None = None) -> AgentUnavailable:

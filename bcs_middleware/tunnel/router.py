@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from ..errors import AgentUnavailable
 from ..metrics import AGENT_DIALS
 from ..store import Holder, PlacementRecord, SecretBox
+from ..upstream.stream_connection import ByteStream
 from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener, split_host_port
 from .registry import PLACEMENT_STALE_AFTER, LocalAgents, PlacementStore, unavailable
 
@@ -66,12 +67,16 @@ class AgentRouter:
         self.expiry = expiry
         self._clock = clock
 
-    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket:
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float, *,
+             in_memory: bool = False) -> socket.socket | ByteStream:
+        """A stream to ``host:port`` from the cluster's agent: with ``in_memory``, a memory stream
+        when the agent is held here (a forwarded one is always a socket)."""
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        sock = self.agents.open_local(cluster_id, address, timeout)
-        if sock is not None:
+        open_local = self.agents.open_local_stream if in_memory else self.agents.open_local
+        local = open_local(cluster_id, address, timeout)
+        if local is not None:
             AGENT_DIALS.labels("local", "ok").inc()
-            return sock
+            return local
         try:
             record, peer_address, fingerprint = self._holder(cluster_id)
         except AgentUnavailable:

@@ -1,11 +1,20 @@
 """Many virtual TCP streams over one WebSocket channel: remotedialer's session, on both ends.
 
-The **gateway** end calls :meth:`Session.open`, which sends a Connect and returns
-one end of a ``socket.socketpair()``; the session carries the bytes of the other
-end as one virtual stream, so whatever runs above (TLS to the apiserver, the
-connection pool, ``select``, gevent) sees an ordinary connected socket. The
-**agent** end is given a ``dial`` callable: on a Connect it dials (or refuses)
-and pipes the dialed socket the same way.
+The **gateway** end opens streams two ways, both sending a Connect:
+
+* :meth:`Session.open_stream` returns a :class:`MemoryStream`, whose bytes are
+  handed between its user and the session in memory: the reader appends what the
+  peer sent and wakes the user; the user's writes go to the channel as Data. The
+  transport's requests take this way (TLS to the apiserver over ``ssl.SSLObject``,
+  :mod:`bcs_middleware.upstream.stream_connection`): per request it saves the
+  socket pair's four system calls, the pump's wake-up and two switches — a third
+  of what the tunnel cost the gateway (bench/README.md, session 9).
+* :meth:`Session.open` returns one end of a ``socket.socketpair()`` and the pump
+  carries the bytes of the other end, for users that need a descriptor (an
+  upgraded ``exec`` spliced to the client, a stream forwarded to a peer).
+
+The **agent** end is given a ``dial`` callable: on a Connect it dials (or refuses)
+and pipes the dialed socket as the pump does.
 
 Threads. Whatever the number of streams, a session runs
 
@@ -63,6 +72,7 @@ from .frames import (
     decode,
     decode_connection_ids,
     encode,
+    encode_data,
 )
 from .wschannel import ChannelClosed, WebSocketChannel
 
@@ -92,11 +102,13 @@ class TooManyStreams(TunnelClosed):
 
 
 class _Stream:
-    __slots__ = ("conn_id", "done", "error", "mask", "opened", "out", "peer_paused", "sent_pause", "sock")
+    __slots__ = ("conn_id", "done", "error", "mask", "opened", "out", "peer_paused", "sent_pause", "sock", "wake")
 
-    def __init__(self, conn_id: int, sock: socket.socket | None) -> None:
+    def __init__(self, conn_id: int, sock: socket.socket | None,
+                 wake: threading.Event | None = None) -> None:
         self.conn_id = conn_id
-        self.sock = sock  # None while the agent dials
+        self.sock = sock  # None while the agent dials, and for a MemoryStream
+        self.wake = wake  # a MemoryStream's: notified when it has news (data, end, Resume)
         self.out = bytearray()  # from the peer, not yet written to sock
         self.peer_paused = False  # the peer sent Pause: do not read sock
         self.sent_pause = False  # we sent Pause and owe a Resume
@@ -199,6 +211,24 @@ class Session:
         self._mark(stream)
         return caller
 
+    def open_stream(self, proto: str, address: str, timeout: float) -> MemoryStream:
+        """As :meth:`open`, but the stream's bytes are exchanged in memory (see the module docstring)."""
+        # An Event, not a Condition: set under gevent costs ~0.05 µs, a Condition's notify ~2.
+        stream = _Stream(next(self._ids), None, threading.Event())
+        with self._lock:
+            if self._closing:
+                raise TunnelClosed(self.close_reason or "the tunnel is closed")
+            if len(self._streams) >= self.max_streams:
+                raise TooManyStreams(f"the tunnel carries {self.max_streams} streams already")
+            self._streams[stream.conn_id] = stream
+        try:
+            self._send(Message.connect(stream.conn_id, proto, address, timeout))
+        except TunnelClosed:
+            with self._lock:
+                self._streams.pop(stream.conn_id, None)
+            raise
+        return MemoryStream(self, stream)
+
     def serve(self) -> None:
         """Read the channel until it ends, then end every stream. Blocks; call it once."""
         reason = "the peer closed the tunnel"
@@ -217,11 +247,6 @@ class Session:
                     log.warning("tunnel %s: %s; closing it", self.name, reason)
                     break
                 self._dispatch(message)
-                # Let the others run: under gevent (the gateway's default worker) this loop would
-                # otherwise keep the hub while the peer's data keeps coming, and neither the Pause
-                # it just queued nor the pump delivering the data would go before the streams
-                # overflowed. With threads, a GIL release.
-                time.sleep(0)
         finally:
             self.close(reason)
             self._pump_done.wait(5.0)
@@ -235,6 +260,9 @@ class Session:
             self._closing = True
             self.close_reason = reason or "closed"
             streams = list(self._streams.values())
+            for stream in streams:
+                if stream.wake is not None:
+                    stream.wake.set()
         for stream in streams:
             _shut(stream.sock)
         self.channel.close(code, reason[:100])
@@ -290,6 +318,10 @@ class Session:
                     # Decided and queued under the lock, so a Resume from the pump cannot overtake it.
                     stream.sent_pause = True
                     self._send(Message.pause(stream.conn_id), quiet=True, urgent=True)
+                if stream.wake is not None:
+                    stream.wake.set()
+                    if not overflowed:
+                        return
         if stream is None:
             with self._lock:
                 recently_ended = message.conn_id in self._ended_ids
@@ -389,6 +421,9 @@ class Session:
 
     def _mark(self, stream: _Stream) -> None:
         with self._lock:
+            if stream.wake is not None:  # a MemoryStream: its user does the work, not the pump
+                stream.wake.set()
+                return
             self._dirty.add(stream)
         self._wake()
 
@@ -492,7 +527,7 @@ class Session:
             self._finish(stream, "EOF")
             return
         try:
-            self.channel.send(encode(Message.data(stream.conn_id, data)))
+            self.channel.send(encode_data(stream.conn_id, data))
         except ChannelClosed:
             return
         self.bytes_out += len(data)
@@ -512,6 +547,86 @@ class Session:
         if not told:
             self._send(Message.error(stream.conn_id, error), quiet=True)
         self._mark(stream)
+
+    # -- memory streams (their users call these) --------------------------------------------
+
+    def _stream_recv(self, stream: _Stream, limit: int, timeout: float | None) -> bytes:
+        wake = stream.wake
+        assert wake is not None
+        deadline = None
+        while True:
+            with self._lock:
+                if stream.out:
+                    return self._take_locked(stream, limit)
+                if stream.done or self._closing:
+                    self._forget_locked(stream)
+                    return b""
+                wake.clear()  # under the lock: news from now on sets it again
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
+            if not wake.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                with self._lock:
+                    if not stream.out and not stream.done and not self._closing:
+                        raise TimeoutError("timed out")
+
+    def _take_locked(self, stream: _Stream, limit: int) -> bytes:
+        """Up to ``limit`` of what the peer sent for a memory stream; a Resume once it is taken down."""
+        before = len(stream.out)
+        if before <= limit:
+            data = bytes(stream.out)
+            stream.out.clear()
+        else:
+            data = bytes(stream.out[:limit])
+            del stream.out[:limit]
+        self._excess += self._past_window(len(stream.out)) - self._past_window(before)
+        if stream.sent_pause and len(stream.out) <= self.resume_at and not stream.done:
+            stream.sent_pause = False
+            self._send(Message.resume(stream.conn_id), quiet=True, urgent=True)
+        return data
+
+    def _stream_send(self, stream: _Stream, data: bytes, timeout: float | None) -> None:
+        wake = stream.wake
+        assert wake is not None
+        deadline = None
+        view = memoryview(data)
+        while view:
+            # The peer's Pause holds the writer here, as it holds a socket's in its buffer.
+            while True:
+                with self._lock:
+                    if stream.done or self._closing:
+                        raise BrokenPipeError(errno.EPIPE, "the tunnel stream has ended")
+                    if not stream.peer_paused:
+                        break
+                    wake.clear()
+                if deadline is None and timeout is not None:
+                    deadline = time.monotonic() + timeout
+                if not wake.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                    with self._lock:
+                        if stream.peer_paused and not stream.done and not self._closing:
+                            raise TimeoutError("timed out")
+            piece = bytes(view[:CHUNK])
+            try:
+                self.channel.send(encode_data(stream.conn_id, piece))
+            except ChannelClosed:
+                raise BrokenPipeError(errno.EPIPE, "the tunnel has ended") from None
+            self.bytes_out += len(piece)
+            view = view[CHUNK:]
+
+    def _stream_readable(self, stream: _Stream) -> bool:
+        with self._lock:
+            return bool(stream.out) or stream.done or self._closing
+
+    def _stream_close(self, stream: _Stream) -> None:
+        with self._lock:
+            told = stream.done
+            stream.done = True
+            self._drop_buffer_locked(stream)
+            known = self._streams.get(stream.conn_id) is stream
+            self._forget_locked(stream)
+            if stream.wake is not None:
+                stream.wake.set()  # a user blocked in recv or send (an interrupt) returns
+        if known and not told:
+            self._send(Message.eof(stream.conn_id), quiet=True)
 
     def _past_window(self, buffered: int) -> int:
         return buffered - self.window if buffered > self.window else 0
@@ -553,6 +668,41 @@ class Session:
         if finished:
             stream.sock = None
             _finish_socket(sock)
+
+
+class MemoryStream:
+    """One stream of a :class:`Session` whose bytes are exchanged in memory (:meth:`Session.open_stream`).
+
+    Like a connected socket with a timeout: :meth:`recv` returns what the peer sent
+    (``b""`` once the stream has ended), :meth:`send` writes (``BrokenPipeError`` once it
+    has ended; it waits while the peer paused the stream or the channel is full), both
+    raise ``TimeoutError`` after ``timeout`` seconds of waiting. :meth:`close` ends the
+    stream (the peer gets EOF) and wakes a user blocked in another thread.
+    """
+
+    __slots__ = ("_session", "_stream")
+
+    def __init__(self, session: Session, stream: _Stream) -> None:
+        self._session = session
+        self._stream = stream
+
+    @property
+    def conn_id(self) -> int:
+        return self._stream.conn_id
+
+    def recv(self, limit: int, timeout: float | None) -> bytes:
+        return self._session._stream_recv(self._stream, limit, timeout)
+
+    def send(self, data: bytes, timeout: float | None) -> None:
+        self._session._stream_send(self._stream, data, timeout)
+
+    def readable(self) -> bool:
+        """Would :meth:`recv` return at once (bytes, or the end)?"""
+        return self._session._stream_readable(self._stream)
+
+    def close(self) -> None:
+        """End the stream; idempotent."""
+        self._session._stream_close(self._stream)
 
 
 def _finish_socket(sock: socket.socket) -> None:

@@ -1,7 +1,10 @@
 """Upstream connections and the bounded pool of idle keep-alive ones.
 
-A :class:`Connection` is one socket to an upstream with its timeout (Python's socket
-timeout, which also works under gevent, where sockets wait in its hub).
+A :class:`Connection` is one connection to an upstream with its timeout: a
+:class:`SocketConnection` (Python's socket timeout, which also works under gevent,
+where sockets wait in its hub), or a
+:class:`~bcs_middleware.upstream.stream_connection.StreamConnection` carried by an
+agent tunnel's stream in memory.
 
 :class:`IdlePool` keeps idle connections per upstream identity (:class:`PoolKey`),
 bounded three ways, so a worker that talked to 10,000 clusters once does not keep
@@ -52,19 +55,54 @@ class PoolKey(NamedTuple):
 
 
 class Connection:
-    """One socket to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when its timeout fires."""
+    """One connection to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when its timeout fires."""
 
-    __slots__ = ("generation", "idle_since", "key", "reused", "sock", "timeout")
+    __slots__ = ("generation", "idle_since", "key", "reused", "timeout")
 
-    def __init__(self, sock: socket.socket, key: PoolKey, generation: int = 0) -> None:
-        self.sock = sock
+    def __init__(self, key: PoolKey, generation: int, timeout: float | None) -> None:
         self.key = key
         # For a connection through an agent tunnel: which of the cluster's agent
         # connections it rides (see PooledTransport.retire_tunnel).
         self.generation = generation
         self.reused = False
         self.idle_since = 0.0
-        self.timeout: float | None = sock.gettimeout()
+        self.timeout = timeout
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """Bound every later send and receive."""
+        self.timeout = seconds
+
+    def sendall(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def recv(self, limit: int = 0) -> bytes:
+        """Up to ``limit`` bytes as soon as any arrive; ``b""`` at the end."""
+        raise NotImplementedError
+
+    def take_socket(self) -> socket.socket:
+        """The socket, for a caller that takes it over (an upgraded connection)."""
+        raise NotImplementedError
+
+    def looks_closed(self) -> bool:
+        """Before reuse: has the upstream closed the idle connection (or sent garbage)?"""
+        raise NotImplementedError
+
+    def interrupt(self) -> None:
+        """Wake a reader blocked on this connection (from another thread): its read ends."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class SocketConnection(Connection):
+    """A connection over a socket (TCP, TLS over TCP, or an agent tunnel's socket pair)."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: socket.socket, key: PoolKey, generation: int = 0) -> None:
+        super().__init__(key, generation, sock.gettimeout())
+        self.sock = sock
 
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send and receive, re-programming the socket only on a change.
@@ -82,7 +120,6 @@ class Connection:
         return self.sock.recv(limit)
 
     def take_socket(self) -> socket.socket:
-        """The socket, for a caller that takes it over (an upgraded connection)."""
         return self.sock
 
     def looks_closed(self) -> bool:
@@ -92,6 +129,14 @@ class Connection:
         sock = self.sock
         return bool((isinstance(sock, ssl.SSLSocket) and sock.pending())
                     or select.select([sock], [], [], 0)[0])
+
+    def interrupt(self) -> None:
+        # shutdown rather than close: closing a descriptor another thread is blocked on
+        # does not wake it on Linux, and the number could be reused.
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         try:

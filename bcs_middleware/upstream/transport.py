@@ -48,10 +48,13 @@ Behaviour of :meth:`PooledTransport.send`:
 
 **Agent tunnels**: an upstream whose ``tunnel`` names a cluster is dialled through
 that cluster's kube-agent connection (``tunnels``, a
-:class:`~bcs_middleware.tunnel.registry.TunnelDialer`) instead of TCP; the stream
-comes back as a connected socket, and TLS (with the reported CA and server name),
-the codec, the pool and upgrades are the same as for a direct connection. The
-address policy does not apply to that hop: the agent dials only its own apiserver.
+:class:`~bcs_middleware.tunnel.registry.TunnelDialer`) instead of TCP. The stream
+comes back in memory (a :class:`~.stream_connection.StreamConnection`: TLS over
+memory BIOs, no socket between the transport and the tunnel), or as a connected
+socket for an upgrade (spliced to the client) and where the agent is held by
+another process; either way TLS (with the reported CA and server name), the codec,
+the pool and the errors are the same as for a direct connection. The address
+policy does not apply to that hop: the agent dials only its own apiserver.
 No agent is :class:`~bcs_middleware.errors.AgentUnavailable` (503), raised as is.
 
 **Upgrades** (:meth:`PooledTransport.open_upgrade`): the same connect, failover,
@@ -96,7 +99,8 @@ from .codec import (
     request_head,
 )
 from .failures import FOREIGN, TLS_ERROR, translate
-from .pool import RECV, Connection, IdlePool, PoolKey
+from .pool import RECV, Connection, IdlePool, PoolKey, SocketConnection
+from .stream_connection import ByteStream, StreamConnection
 from .tls_contexts import TLSContexts
 
 __all__ = [
@@ -139,7 +143,11 @@ class Response(Protocol):
 class TunnelDialer(Protocol):
     """Opens a stream to a cluster's apiserver through its kube-agent (:mod:`bcs_middleware.tunnel.registry`)."""
 
-    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket: ...
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float, *,
+             in_memory: bool = False) -> socket.socket | ByteStream:
+        """A stream to ``host:port`` through the cluster's agent: a connected socket, or with
+        ``in_memory`` a :class:`ByteStream` where the dialer can give one (a socket where not)."""
+        ...
 
 
 class Transport(Protocol):
@@ -265,17 +273,10 @@ class UpstreamResponse:
             conn.close()
 
     def interrupt(self) -> None:
-        """Wake a reader blocked on this response (from another thread): its read ends.
-
-        ``shutdown`` rather than ``close``: closing a descriptor another thread is
-        blocked on does not wake it on Linux, and the number could be reused.
-        """
+        """Wake a reader blocked on this response (from another thread): its read ends."""
         conn = self._conn
         if conn is not None:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            conn.interrupt()
 
     def detach(self) -> tuple[socket.socket, bytes]:
         """Take the socket of a ``101`` answer and the bytes already read past its head.
@@ -446,7 +447,7 @@ class PooledTransport:
                 conn = None if upgrade else self._pool.get(key)
                 if conn is None:
                     try:
-                        conn = self._connect(key, label, timeout)
+                        conn = self._connect(key, label, timeout, upgrade=upgrade)
                     except BCSError as exc:
                         if exc.code_name == TLS_ERROR or isinstance(exc, AgentUnavailable):
                             raise
@@ -508,7 +509,8 @@ class PooledTransport:
             resp.release_conn()
         return resp
 
-    def _connect(self, key: PoolKey, label: str, timeout: float | None = None) -> Connection:
+    def _connect(self, key: PoolKey, label: str, timeout: float | None = None, *,
+                 upgrade: bool = False) -> Connection:
         """The one place a connection to an upstream is made (TCP, then TLS for https)."""
         seconds = self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
         # Read before dialling: a stream opened as its agent connection is replaced counts as the old one's.
@@ -518,8 +520,12 @@ class PooledTransport:
                 if self.tunnels is None:
                     raise AgentUnavailable(f"upstream {label}: this gateway does not serve agent tunnels")
                 # A stream through the cluster's own agent, which dials only its apiserver:
-                # the address policy guards direct connections, not this hop.
-                sock = self.tunnels.dial(key.tunnel, key.host, key.port, seconds)
+                # the address policy guards direct connections, not this hop. In memory
+                # unless the connection may be upgraded (then spliced: it needs a descriptor).
+                end = self.tunnels.dial(key.tunnel, key.host, key.port, seconds, in_memory=not upgrade)
+                if not isinstance(end, socket.socket):
+                    return self._over_stream(end, key, label, generation, seconds)
+                sock = end
             else:
                 # The address policy resolves and checks every address, and connects only to an
                 # allowed one (AddressRefused, a BCSError, passes through to the failover).
@@ -535,7 +541,20 @@ class PooledTransport:
                 raise translate(exc, "tls", label, key.host) from None
         with self._lock:
             self._opened += 1
-        return Connection(sock, key, generation)
+        return SocketConnection(sock, key, generation)
+
+    def _over_stream(self, stream: ByteStream, key: PoolKey, label: str, generation: int,
+                     seconds: float) -> StreamConnection:
+        """A connection over a tunnel stream in memory: TLS over memory BIOs for https."""
+        try:
+            tls = self._tls.wrap_bio(key, label) if key.scheme == "https" else None
+            conn = StreamConnection.open(stream, key, generation, seconds, tls)
+        except FOREIGN as exc:
+            stream.close()
+            raise translate(exc, "tls", label, key.host) from None
+        with self._lock:
+            self._opened += 1
+        return conn
 
     def retire_tunnel(self, cluster_id: str) -> None:
         """A newer agent connection serves ``cluster_id``: stop reusing connections over the older one.

@@ -1582,6 +1582,14 @@ class FakeAPIServer:
             time.sleep(0.02)
         self._tmp.cleanup()
 
+    def drop_connections(self) -> None:
+        """End every open client connection, as a restarting apiserver would."""
+        with self._conn_lock:
+            connections = list(self._connections)
+        for sock in connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def __enter__(self) -> FakeAPIServer:
         return self.start()
 

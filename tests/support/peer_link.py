@@ -37,6 +37,10 @@ class StandInAgents:
         self.opened.append((cluster_id, address))
         return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
 
+    def open_local_stream(self, cluster_id: str, address: str, timeout: float) -> socket.socket | None:
+        # A socket even where a memory stream was asked for: the dialer's contract allows it.
+        return self.open_local(cluster_id, address, timeout)
+
     def gone_reason(self, cluster_id: str) -> str | None:
         return None
 

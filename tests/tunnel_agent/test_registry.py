@@ -9,8 +9,11 @@ agent is a 503 naming the reason.
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -22,10 +25,15 @@ from bcs_middleware.errors import AgentUnavailable
 from bcs_middleware.store import CredentialRecord, Holder, PlacementRecord
 from bcs_middleware.store.crypto import token_digest
 from bcs_middleware.tunnel.registry import LocalAgents, LocalOnlyDialer
+from bcs_middleware.tunnel.session import Session
 from bcs_middleware.upstream.addresses import AddressPolicy
+from bcs_middleware.upstream.pool import SocketConnection
+from bcs_middleware.upstream.stream_connection import StreamConnection
 from bcs_middleware.upstream.transport import PooledTransport
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN
+
+from .wsfixtures import TLS, channel_pair, dial_any
 
 DENY_LOOPBACK = AddressPolicy(deny=("127.0.0.0/8",))
 
@@ -42,7 +50,8 @@ class DirectDialer:
     def __init__(self) -> None:
         self.dials: list[tuple[str, str, int]] = []
 
-    def dial(self, cluster_id: str, host: str, port: int, timeout: float) -> socket.socket:
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float, *,
+             in_memory: bool = False) -> socket.socket:
         self.dials.append((cluster_id, host, port))
         return socket.create_connection((host, port), timeout=timeout)
 
@@ -71,9 +80,33 @@ class FakeSession:
         self.streams += 1
         return ours
 
+    def open_stream(self, proto: str, address: str, timeout: float) -> SocketStream:
+        return SocketStream(self.open(proto, address, timeout))
+
     def close(self, reason: str = "", *, code: int = 1000) -> None:
         self.closed = True
         self.close_reason = reason
+
+
+class SocketStream:
+    """A ByteStream over one end of FakeSession's relay (the stand-in for Session.open_stream)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def recv(self, limit: int, timeout: float | None) -> bytes:
+        self.sock.settimeout(timeout)
+        return self.sock.recv(limit)
+
+    def send(self, data: bytes, timeout: float | None) -> None:
+        self.sock.settimeout(timeout)
+        self.sock.sendall(data)
+
+    def readable(self) -> bool:
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -127,6 +160,98 @@ def test_tls_through_the_tunnel_still_verifies_the_reported_ca(apiserver: FakeAP
         with pytest.raises(Exception) as failed:
             transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
         assert getattr(failed.value, "code_name", "") == "UPSTREAM_TLS_ERROR"
+
+
+class RecordingDialer(LocalOnlyDialer):
+    """The real local dialer, recording whether the transport asked for a memory stream."""
+
+    def __init__(self, agents: LocalAgents) -> None:
+        super().__init__(agents)
+        self.asked: list[bool] = []
+
+    def dial(self, cluster_id: str, host: str, port: int, timeout: float, *,
+             in_memory: bool = False) -> socket.socket | object:
+        self.asked.append(in_memory)
+        return super().dial(cluster_id, host, port, timeout, in_memory=in_memory)
+
+
+@contextlib.contextmanager
+def real_tunnel() -> Iterator[tuple[PooledTransport, RecordingDialer, Session]]:
+    """A transport whose cluster c1 is reached through a real session (agent end in this process)."""
+    with channel_pair(TLS()) as (client, server):
+        agent_end = Session(client, dial=dial_any, name="agent")
+        gateway_end = Session(server, name="gw")
+        threads = [threading.Thread(target=s.serve, daemon=True) for s in (agent_end, gateway_end)]
+        for thread in threads:
+            thread.start()
+        agents = LocalAgents(holder=Holder("test/1"), placements=None)
+        agents.attach("c1", gateway_end)
+        dialer = RecordingDialer(agents)
+        transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=dialer)
+        try:
+            yield transport, dialer, gateway_end
+        finally:
+            transport.close()
+            gateway_end.close("test over")
+            agent_end.close("test over")
+            for thread in threads:
+                thread.join(10)
+
+
+def _get(transport: PooledTransport, upstream: Upstream) -> bytes:
+    resp = transport.send(upstream, "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)
+    assert resp.status == 200
+    body = resp.read()
+    resp.release_conn()
+    return body
+
+
+def test_requests_ride_a_memory_stream_with_verified_tls_kept_alive(apiserver: FakeAPIServer) -> None:
+    with real_tunnel() as (transport, dialer, session):
+        upstream = _upstream(apiserver, "c1")
+        for _ in range(5):
+            assert b"gitVersion" in _get(transport, upstream)
+        # One stream for all five: the connection goes back to the pool and is found open.
+        assert transport.connections_opened == 1 and dialer.asked == [True]
+        pooled = transport._pool.get(transport._pool._idle.held_keys()[0])
+        assert isinstance(pooled, StreamConnection)
+        transport._pool.put(pooled)
+        assert session.streams == 1
+
+
+def test_tls_over_a_memory_stream_verifies_the_ca_and_the_name(apiserver: FakeAPIServer) -> None:
+    with FakeAPIServer(token=SA_TOKEN) as other, \
+            FakeAPIServer(token=SA_TOKEN, cert_hosts=("not-this-address.example",)) as misnamed, \
+            real_tunnel() as (transport, _dialer, session):
+        wrong_ca = CredentialRecord("c1", (apiserver.url,), other.ca_pem, SA_TOKEN, via_tunnel=True)
+        wrong_name = CredentialRecord("c1", (misnamed.url,), misnamed.ca_pem, SA_TOKEN, via_tunnel=True)
+        for creds in (wrong_ca, wrong_name):
+            with pytest.raises(Exception) as failed:
+                transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
+            assert getattr(failed.value, "code_name", "") == "UPSTREAM_TLS_ERROR"
+        deadline = time.monotonic() + 5
+        while session.streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert session.streams == 0  # the failed streams were ended, not left open
+
+
+def test_a_memory_stream_the_apiserver_closed_is_not_reused(apiserver: FakeAPIServer) -> None:
+    with real_tunnel() as (transport, _dialer, _session):
+        upstream = _upstream(apiserver, "c1")
+        _get(transport, upstream)
+        apiserver.drop_connections()
+        time.sleep(0.3)
+        assert b"gitVersion" in _get(transport, upstream)  # a fresh stream, no error
+        assert transport.connections_opened == 2
+
+
+def test_an_upgrade_asks_the_tunnel_for_a_socket(apiserver: FakeAPIServer) -> None:
+    with real_tunnel() as (transport, dialer, _session):
+        resp = transport.open_upgrade(_upstream(apiserver, "c1"), "GET",
+                                      [("Connection", "Upgrade"), ("Upgrade", "websocket")])
+        assert dialer.asked == [False]
+        assert isinstance(resp._conn, SocketConnection)
+        resp.close()
 
 
 def test_without_a_dialer_or_an_agent_the_answer_is_503_naming_the_reason(apiserver: FakeAPIServer) -> None:

@@ -398,6 +398,153 @@ def test_malformed_frames_end_the_session_without_a_crash(tls: TLS, echo: Target
         sock.close()
 
 
+# -- memory streams (Session.open_stream): what the transport's requests ride -------------------
+
+
+def _wait_for(predicate: Any, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert predicate()
+
+
+def test_a_memory_stream_carries_bytes_both_ways_and_its_close_ends_the_agents_connection(
+        tls: TLS, echo: TargetServer) -> None:
+    with tunnel(tls) as (gw, agent):
+        stream = gw.open_stream("tcp", echo.address, 5)
+        stream.send(b"hello in memory", 5)
+        got = b""
+        while len(got) < 15:
+            got += stream.recv(65536, 5)
+        assert got == b"hello in memory"
+        assert not stream.readable()
+        assert gw.streams == 1 and gw.bytes_out == 15 and gw.bytes_in == 15
+        stream.close()
+        stream.close()  # idempotent
+        _wait_for(lambda: echo.ended == 1 and agent.streams == 0 and gw.streams == 0)
+        with pytest.raises(BrokenPipeError):
+            stream.send(b"after the end", 5)
+
+
+def test_a_memory_stream_whose_dial_fails_ends_with_end_of_file(tls: TLS) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    with tunnel(tls) as (gw, _agent):
+        stream = gw.open_stream("tcp", f"127.0.0.1:{port}", 5)
+        started = time.monotonic()
+        assert stream.recv(10, 5) == b""
+        assert time.monotonic() - started < 2
+        assert stream.readable()  # the end stays: a pooled connection over it is seen closed
+        with pytest.raises(BrokenPipeError):
+            stream.send(b"x", 5)
+        _wait_for(lambda: gw.streams == 0)
+
+
+def test_a_memory_stream_honours_its_timeout_and_stays_usable(tls: TLS, echo: TargetServer) -> None:
+    with tunnel(tls) as (gw, _agent):
+        stream = gw.open_stream("tcp", echo.address, 5)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            stream.recv(10, 0.3)
+        assert 0.25 < time.monotonic() - started < 3
+        stream.send(b"late", 5)
+        assert stream.recv(10, 5) == b"late"
+        stream.close()
+
+
+def test_a_memory_stream_hands_over_at_most_the_limit(tls: TLS) -> None:
+    source = TargetServer("source", size=256 * 1024)
+    try:
+        with tunnel(tls) as (gw, _agent):
+            stream = gw.open_stream("tcp", source.address, 5)
+            data = bytearray()
+            while chunk := stream.recv(1000, 10):
+                assert len(chunk) <= 1000
+                data += chunk
+            assert bytes(data) == pattern(256 * 1024)
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("ender", ["stream", "session"])
+def test_a_reader_blocked_on_a_memory_stream_is_woken_by_its_end(tls: TLS, echo: TargetServer,
+                                                                   ender: str) -> None:
+    """What the transport's interrupt (a client gone during a watch) and an agent gone rely on."""
+    with tunnel(tls) as (gw, _agent):
+        stream = gw.open_stream("tcp", echo.address, 5)
+        outcome: list[object] = []
+
+        def read() -> None:
+            started = time.monotonic()
+            outcome.append(stream.recv(10, 30))
+            outcome.append(time.monotonic() - started)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(0.3)
+        assert not outcome  # blocked
+        stream.close() if ender == "stream" else gw.close("the agent went away")
+        reader.join(5)
+        assert outcome and outcome[0] == b""
+        assert isinstance(outcome[1], float) and outcome[1] < 3
+        _wait_for(lambda: echo.ended == 1)
+
+
+def test_a_slow_memory_stream_is_paused_and_does_not_stall_a_fast_one(tls: TLS, echo: TargetServer) -> None:
+    size = 48 * 1024 * 1024
+    window = 256 * 1024
+    source = TargetServer("source", size=size)
+    try:
+        with tunnel(tls, gw={"window": window}) as (gw, _agent):
+            slow = gw.open_stream("tcp", source.address, 5)  # nobody reads it for now
+            fast = gw.open_stream("tcp", echo.address, 5)
+            time.sleep(0.5)
+            started = time.monotonic()
+            for i in range(200):
+                fast.send(b"ping %04d" % i, 5)
+                got = b""
+                while len(got) < 9:
+                    got += fast.recv(9 - len(got), 5)
+                assert got == b"ping %04d" % i
+            assert time.monotonic() - started < 5
+            slow_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
+            assert slow_stream.sent_pause
+            assert len(slow_stream.out) < window + 16 * 1024 * 1024  # what was in flight
+            digest = hashlib.sha256()
+            got_total = 0
+            while got_total < size:
+                chunk = slow.recv(1 << 20, 20)
+                assert chunk
+                digest.update(chunk)
+                got_total += len(chunk)
+            assert digest.digest() == pattern_digest(size)
+            assert slow.recv(10, 5) == b""
+            assert gw._excess == 0
+            fast.close()
+    finally:
+        source.close()
+
+
+def test_a_memory_stream_the_peer_paused_holds_its_sender_within_the_timeout(tls: TLS) -> None:
+    held = TargetServer("hold")
+    window = 256 * 1024
+    try:
+        with tunnel(tls, agent={"window": window}) as (gw, agent):
+            upload = gw.open_stream("tcp", held.address, 5)
+            block = b"u" * (1 << 20)
+            with pytest.raises(TimeoutError):
+                for _ in range(64):  # 64 MiB: far more than the TCP buffers and the window hold
+                    upload.send(block, 1.0)
+            gw_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
+            assert gw_stream.peer_paused and agent._streams[1].sent_pause
+            held.release()
+            _wait_for(lambda: not gw_stream.peer_paused, 10)
+            upload.send(b"more", 5)  # resumed
+            upload.close()
+    finally:
+        held.close()
+
+
 #: The modules of the protocol side that run again under gevent.
 GEVENT_MODULES = ("test_wschannel.py", "test_session.py", "test_agent.py")
 
