@@ -4,8 +4,8 @@ The agent tunnel exchanges binary messages (one remotedialer frame each, see
 :mod:`~bcs_middleware.tunnel.frames`) over a WebSocket. :class:`WebSocketChannel`
 is that and nothing more: the opening handshake (client :meth:`~WebSocketChannel.connect`
 or server :meth:`~WebSocketChannel.accept`), binary messages each way, pings and
-the closing handshake. ``wsproto`` does the RFC 6455 framing; this module owns the
-socket.
+the closing handshake. ``wsproto`` does the opening handshake and :mod:`.wsframes`
+the RFC 6455 framing after it; this module owns the socket.
 
 Concurrency. One reader calls :meth:`~WebSocketChannel.receive`; any number of
 threads or greenlets call :meth:`~WebSocketChannel.send`. Frames are written by one
@@ -44,19 +44,10 @@ from collections import deque
 from collections.abc import Sequence
 
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Ping,
-    Pong,
-    RejectConnection,
-    RejectData,
-    Request,
-    TextMessage,
-)
-from wsproto.utilities import LocalProtocolError, RemoteProtocolError
+from wsproto.events import AcceptConnection, RejectConnection, RejectData, Request
+from wsproto.utilities import RemoteProtocolError
+
+from .wsframes import OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, FrameError, Frames, parse_close
 
 log = logging.getLogger("bcs_middleware.tunnel.wschannel")
 
@@ -97,15 +88,16 @@ class WebSocketChannel:
     """Binary WebSocket messages over ``sock``; build one with :meth:`connect` or :meth:`accept`.
 
     :param sock: the connected socket (plain or TLS), after the handshake.
-    :param ws: the ``wsproto`` state machine, past the handshake.
+    :param client: this is the end that opened the connection (it masks what it sends).
     :param max_message: the largest message :meth:`receive` accepts.
     :param high_water: :meth:`send` waits while more than this many bytes are queued.
     """
 
-    def __init__(self, sock: socket.socket, ws: WSConnection, *, max_message: int = MAX_MESSAGE,
+    def __init__(self, sock: socket.socket, *, client: bool, max_message: int = MAX_MESSAGE,
                  high_water: int = HIGH_WATER) -> None:
         self._sock = sock
-        self._ws = ws
+        self._frames = Frames(client=client, max_message=max_message)
+        self._sent_close = False  # our close frame is queued: nothing may follow it
         self._io_lock = threading.Lock()  # one TLS call at a time
         self._idle_timeout: float | None = None
         self._reading = False
@@ -158,8 +150,11 @@ class WebSocketChannel:
             received = 0
             reject: RejectConnection | None = None
             body = bytearray()
+            head = bytearray()
             while True:
-                data = sock.recv(RECV_SIZE)
+                # The head a byte at a time (once per connection): what the server sends after
+                # its 101 stays in the socket for the channel, not in wsproto's buffer.
+                data = sock.recv(RECV_SIZE if reject is not None else 1)
                 if not data:
                     if reject is not None:
                         raise HandshakeRejected(reject.status_code, bytes(body))
@@ -169,12 +164,17 @@ class WebSocketChannel:
                     if reject is not None:  # a refusal with a long body: its start says enough
                         raise HandshakeRejected(reject.status_code, bytes(body))
                     raise ChannelError("the WebSocket handshake answer is too large")
+                if reject is None:
+                    head += data
+                    if not head.endswith(b"\r\n\r\n"):
+                        continue
+                    data = bytes(head)
                 try:
                     ws.receive_data(data)
                     for event in ws.events():
                         if isinstance(event, AcceptConnection):
                             sock.settimeout(previous)
-                            channel = cls(sock, ws, max_message=max_message)
+                            channel = cls(sock, client=True, max_message=max_message)
                             channel.handshake_headers = {
                                 bytes(name).decode("latin-1").lower(): bytes(value).decode("latin-1")
                                 for name, value in event.extra_headers}
@@ -227,10 +227,9 @@ class WebSocketChannel:
             sock.sendall(answer)
         except OSError as exc:
             raise ChannelError(f"cannot answer the WebSocket upgrade: {type(exc).__name__}") from None
-        channel = cls(sock, ws, max_message=max_message)
+        channel = cls(sock, client=False, max_message=max_message)
         if leftover:
-            with channel._cond:
-                channel._feed(leftover)
+            channel._frames.feed(leftover)
         return channel
 
     # -- receiving -------------------------------------------------------------------------
@@ -247,13 +246,12 @@ class WebSocketChannel:
 
         Only one reader may call this at a time.
         """
-        message = bytearray()
         with self._cond:
             self._reading = True
         try:
             while True:
                 with self._cond:
-                    outcome = self._next_event(message)
+                    outcome = self._next_event()
                 if outcome is _ENDED:
                     return None
                 if isinstance(outcome, bytes):
@@ -281,12 +279,7 @@ class WebSocketChannel:
                     # lets them run (gevent), or hands the GIL over (threads).
                     self._unyielded = 0
                     time.sleep(0)
-                with self._cond:
-                    try:
-                        self._feed(data)
-                    except LocalProtocolError:
-                        self._end("data after the closing handshake")
-                        return None
+                self._frames.feed(data)
         finally:
             with self._cond:
                 self._reading = False
@@ -340,40 +333,44 @@ class WebSocketChannel:
         if not selector.select(self._idle_timeout):
             raise TimeoutError
 
-    def _feed(self, data: bytes) -> None:
-        self._ws.receive_data(data)
-
-    def _next_event(self, message: bytearray) -> bytes | object | None:
-        """Process pending wsproto events: a complete message, ``_ENDED``, or ``None`` (need more bytes)."""
-        for event in self._ws.events():
-            if isinstance(event, BytesMessage):
-                message += event.data
-                if len(message) > self.max_message:
-                    self._close_locked(1009, "message too big")
-                    self.close_reason = f"the peer sent a message over {self.max_message} bytes"
+    def _next_event(self) -> bytes | object | None:
+        """Process the frames received: a complete message, ``_ENDED``, or ``None`` (need more bytes)."""
+        frames = self._frames
+        while True:
+            try:
+                event = frames.next()
+                if event is None:
+                    return None
+                opcode, payload = event
+                if opcode == OP_BINARY:
+                    return payload
+                if opcode == OP_PING:
+                    if not self._sent_close:
+                        self._enqueue_locked(frames.frame(OP_PONG, payload), urgent=True)
+                elif opcode == OP_PONG:
+                    pass  # last_received is already fresh
+                elif opcode == OP_TEXT:
+                    self._close_locked(1003, "binary messages only")
+                    self.close_reason = "the peer sent a text message"
                     return _ENDED
-                if event.message_finished:
-                    return bytes(message)
-            elif isinstance(event, Ping):
-                if self._ws.state is ConnectionState.OPEN:
-                    self._enqueue_locked(self._ws.send(event.response()), urgent=True)
-            elif isinstance(event, Pong):
-                pass  # last_received is already fresh
-            elif isinstance(event, TextMessage):
-                self._close_locked(1003, "binary messages only")
-                self.close_reason = "the peer sent a text message"
-                return _ENDED
-            elif isinstance(event, CloseConnection):
-                if self._ws.state is ConnectionState.REMOTE_CLOSING:
-                    self._enqueue_locked(self._ws.send(event.response()))
-                self._closing = True
-                self.peer_close_code = int(event.code)
+                elif opcode == OP_CLOSE:
+                    code, reason = parse_close(payload)
+                    if not self._sent_close:  # answer with the same code (none: an empty close)
+                        self._enqueue_locked(frames.frame(OP_CLOSE, payload[:2]))
+                        self._sent_close = True
+                    self._closing = True
+                    self.peer_close_code = code
+                    if not self.close_reason:
+                        said = f": {reason}" if reason else ""
+                        self.close_reason = f"the peer closed the WebSocket ({code}{said})"
+                    self._cond.notify_all()
+                    return _ENDED
+            except FrameError as exc:
                 if not self.close_reason:
-                    said = f": {event.reason}" if event.reason else ""
-                    self.close_reason = f"the peer closed the WebSocket ({event.code}{said})"
-                self._cond.notify_all()
+                    self.close_reason = (f"the peer sent a message over {self.max_message} bytes"
+                                         if exc.code == 1009 else f"the peer broke the WebSocket framing: {exc.reason}")
+                self._close_locked(exc.code, "message too big" if exc.code == 1009 else "protocol error")
                 return _ENDED
-        return None
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -389,7 +386,7 @@ class WebSocketChannel:
         with self._cond:
             if self._closing or self._ended:
                 raise ChannelClosed(self.close_reason or "the channel is closed")
-            self._enqueue_locked(self._ws.send(BytesMessage(data=data)), urgent=urgent)
+            self._enqueue_locked(self._frames.frame(OP_BINARY, data), urgent=urgent)
             if not wait or urgent:
                 return
             while self._queued > self.high_water and not self._ended:
@@ -404,9 +401,9 @@ class WebSocketChannel:
     def ping(self) -> None:
         """Queue a ping (the peer's pong, like any byte from it, refreshes :attr:`last_received`)."""
         with self._cond:
-            if self._closing or self._ended or self._ws.state is not ConnectionState.OPEN:
+            if self._closing or self._ended or self._sent_close:
                 return
-            self._enqueue_locked(self._ws.send(Ping()), urgent=True)
+            self._enqueue_locked(self._frames.frame(OP_PING), urgent=True)
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the closing handshake, flush what is queued (at most a few seconds) and end.
@@ -429,8 +426,9 @@ class WebSocketChannel:
     def _close_locked(self, code: int, reason: str) -> None:
         if self._closing or self._ended:
             return
-        if self._ws.state in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
-            self._enqueue_locked(self._ws.send(CloseConnection(code=code, reason=reason[:120])))
+        if not self._sent_close:
+            self._enqueue_locked(self._frames.close_frame(code, reason))
+            self._sent_close = True
         self._closing = True
         self._close_deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
         self._cond.notify_all()

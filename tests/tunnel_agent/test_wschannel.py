@@ -103,11 +103,22 @@ def test_an_oversized_message_closes_the_channel(tls: TLS) -> None:
 def test_a_text_message_closes_the_channel(tls: TLS) -> None:
     with channel_pair(tls) as (client, server):
         with client._cond:
-            from wsproto.events import TextMessage
+            from wsproto.frame_protocol import FrameProtocol
 
-            client._enqueue_locked(client._ws.send(TextMessage(data="hello")))
+            # a text frame as another implementation writes it
+            client._enqueue_locked(FrameProtocol(client=True, extensions=[]).send_data("hello"))
         assert server.receive() is None
         assert "text message" in server.close_reason
+
+
+def test_a_frame_breaking_the_rules_closes_the_channel_with_1002(tls: TLS) -> None:
+    with channel_pair(tls) as (client, server):
+        with client._cond:
+            client._enqueue_locked(bytes((0xC2, 0x80)) + b"\0\0\0\0")  # a reserved bit, no extension
+        assert server.receive() is None
+        assert "framing" in server.close_reason
+        assert client.receive() is None
+        assert client.peer_close_code == 1002
 
 
 def test_pings_are_answered_and_refresh_last_received(tls: TLS) -> None:
