@@ -269,10 +269,13 @@ class LocalAgents:
 
     def _open(self, cluster_id: str, session: AgentSession, how: Callable[[str, str, float], _End], address: str,
               timeout: float) -> _End | None:
-        from .session import TunnelClosed
+        from .session import TooManyStreams, TunnelClosed
 
         try:
             return how("tcp", address, timeout)
+        except TooManyStreams as exc:  # busy, not gone: the connection stays
+            raise AgentUnavailable(f"the kube-agent connection of cluster {cluster_id} cannot take another "
+                                   f"stream now ({exc})") from None
         except TunnelClosed:
             self.detach(cluster_id, session, "the agent connection closed")
             return None

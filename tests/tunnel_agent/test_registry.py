@@ -62,16 +62,19 @@ class FakeSession:
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.closed = False
+        self.full = False
         self.streams = 0
         self.bytes_in = 0
         self.bytes_out = 0
         self.close_reason = ""
 
     def open(self, proto: str, address: str, timeout: float) -> socket.socket:
-        from bcs_middleware.tunnel.session import TunnelClosed
+        from bcs_middleware.tunnel.session import TooManyStreams, TunnelClosed
 
         if self.closed:
             raise TunnelClosed("closed")
+        if self.full:
+            raise TooManyStreams("the tunnel carries 10000 streams already")
         assert proto == "tcp"
         ours, theirs = socket.socketpair()
         upstream = socket.create_connection(self.target, timeout=timeout)
@@ -277,6 +280,23 @@ def test_without_a_dialer_or_an_agent_the_answer_is_503_naming_the_reason(apiser
     with pytest.raises(AgentUnavailable) as gone:
         transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
     assert "gone (the agent disconnected)" in gone.value.message
+
+
+def test_an_agent_connection_at_its_stream_limit_answers_503_and_stays(apiserver: FakeAPIServer) -> None:
+    agents = LocalAgents(holder=Holder("test/1"), placements=None)
+    transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=LocalOnlyDialer(agents))
+    session = FakeSession(("127.0.0.1", apiserver.port))
+    agents.attach("c1", session)
+    session.full = True
+    with pytest.raises(AgentUnavailable) as busy:
+        transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
+    assert busy.value.status == 503 and "cannot take another stream" in busy.value.message
+    assert agents.session("c1") is session and not session.closed  # busy is not gone
+    session.full = False
+    resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)
+    assert resp.status == 200
+    resp.close()
+    transport.close()
 
 
 def test_a_newer_agent_replaces_the_older_one() -> None:
