@@ -22,7 +22,11 @@ Threads. Whatever the number of streams, a session runs
 * a **reader** (the caller of :meth:`Session.serve`): decodes each message and
   hands its bytes to the stream — straight into its local socket when nothing is
   queued for it and the socket takes them all at once (a non-blocking send), else
-  to the stream's buffer for the pump; it never waits on a socket nor for the channel;
+  to the stream's buffer for the pump (or for a memory stream's user, whom it
+  wakes); it never waits on a socket nor for the channel. It does not yield between
+  messages (the channel yields every 64 KiB it reads): woken one message at a time,
+  the users' next requests each left in a TLS write of their own, where yielding
+  once per read lets them go out together (bench/README.md, session 9);
 * a **pump**: one selector loop over every stream's local socket — reads what the
   local side sends and forwards it as Data, writes what the peer sent, and pings;
 * the channel's writer (see :mod:`.wschannel`); and on the agent, one short-lived
@@ -32,7 +36,8 @@ Flow control is remotedialer's Pause/Resume, per stream. When a stream's buffer
 of bytes from the peer (not yet taken by the local side) exceeds ``window``, the
 session sends Pause for it, and Resume once the local side has taken it down to a
 quarter of the window; a Pause from the peer stops reading that stream's local
-socket until Resume, which holds the local writer through its own socket buffer.
+socket until Resume, which holds the local writer through its own socket buffer
+(a memory stream's :meth:`MemoryStream.send` waits for the Resume itself).
 A slow consumer so holds only its own stream; the reader keeps reading for the
 others. What a stream buffers past its window is what was in flight when the
 Pause left — bounded by the connection's TCP buffers, shared by all streams. So
@@ -50,7 +55,8 @@ There is no half-close: remotedialer peers close both directions on Error.
 
 When the channel ends (the peer closed it, went silent for ``dead_after`` seconds,
 or :meth:`Session.close`), every stream's local socket is shut at once, so a
-caller blocked on one gets end of file immediately.
+caller blocked on one gets end of file immediately; a memory stream's user is woken
+to the same end.
 """
 
 from __future__ import annotations
@@ -668,9 +674,10 @@ class MemoryStream:
 
     Like a connected socket with a timeout: :meth:`recv` returns what the peer sent
     (``b""`` once the stream has ended), :meth:`send` writes (``BrokenPipeError`` once it
-    has ended; it waits while the peer paused the stream or the channel is full), both
-    raise ``TimeoutError`` after ``timeout`` seconds of waiting. :meth:`close` ends the
-    stream (the peer gets EOF) and wakes a user blocked in another thread.
+    has ended). Waiting for the peer's bytes or for its Resume raises ``TimeoutError``
+    after ``timeout`` seconds; a full channel holds :meth:`send` as it holds every sender
+    (bounded by the channel's idle timeout). :meth:`close` ends the stream (the peer gets
+    EOF) and wakes a user blocked in another thread.
     """
 
     __slots__ = ("_session", "_stream")
