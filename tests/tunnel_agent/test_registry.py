@@ -32,6 +32,7 @@ from bcs_middleware.upstream.stream_connection import StreamConnection
 from bcs_middleware.upstream.transport import PooledTransport
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN
+from tests.support.polling import wait_until
 
 from .wsfixtures import TLS, channel_pair, dial_any
 
@@ -232,10 +233,7 @@ def test_tls_over_a_memory_stream_verifies_the_ca_and_the_name(apiserver: FakeAP
             with pytest.raises(Exception) as failed:
                 transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
             assert getattr(failed.value, "code_name", "") == "UPSTREAM_TLS_ERROR"
-        deadline = time.monotonic() + 5
-        while session.streams and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert session.streams == 0  # the failed streams were ended, not left open
+        assert wait_until(lambda: session.streams == 0, 5)  # the failed streams were ended, not left open
 
 
 def test_a_memory_stream_the_apiserver_closed_is_not_reused(apiserver: FakeAPIServer) -> None:

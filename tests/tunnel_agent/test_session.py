@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from bcs_middleware.tunnel.frames import Message, MessageType, decode, encode
-from bcs_middleware.tunnel.session import Dial, Session, TooManyStreams, TunnelClosed
+from bcs_middleware.tunnel.session import Dial, MemoryStream, Session, TooManyStreams, TunnelClosed
+from tests.support.polling import wait_until
 
 from .wsfixtures import (
     TLS,
@@ -401,27 +402,25 @@ def test_malformed_frames_end_the_session_without_a_crash(tls: TLS, echo: Target
 # -- memory streams (Session.open_stream): what the transport's requests ride -------------------
 
 
-def _wait_for(predicate: Any, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert predicate()
+def _echo(stream: MemoryStream, data: bytes) -> bytes:
+    """Send ``data`` over a memory stream to the echo server and read as much back."""
+    stream.send(data, 5)
+    got = b""
+    while len(got) < len(data):
+        got += stream.recv(65536, 5)
+    return got
 
 
 def test_a_memory_stream_carries_bytes_both_ways_and_its_close_ends_the_agents_connection(
         tls: TLS, echo: TargetServer) -> None:
     with tunnel(tls) as (gw, agent):
         stream = gw.open_stream("tcp", echo.address, 5)
-        stream.send(b"hello in memory", 5)
-        got = b""
-        while len(got) < 15:
-            got += stream.recv(65536, 5)
-        assert got == b"hello in memory"
+        assert _echo(stream, b"hello in memory") == b"hello in memory"
         assert not stream.readable()
         assert gw.streams == 1 and gw.bytes_out == 15 and gw.bytes_in == 15
         stream.close()
         stream.close()  # idempotent
-        _wait_for(lambda: echo.ended == 1 and agent.streams == 0 and gw.streams == 0)
+        assert wait_until(lambda: echo.ended == 1 and agent.streams == 0 and gw.streams == 0)
         with pytest.raises(BrokenPipeError):
             stream.send(b"after the end", 5)
 
@@ -437,7 +436,7 @@ def test_a_memory_stream_whose_dial_fails_ends_with_end_of_file(tls: TLS) -> Non
         assert stream.readable()  # the end stays: a pooled connection over it is seen closed
         with pytest.raises(BrokenPipeError):
             stream.send(b"x", 5)
-        _wait_for(lambda: gw.streams == 0)
+        assert wait_until(lambda: gw.streams == 0)
 
 
 def test_a_memory_stream_honours_its_timeout_and_stays_usable(tls: TLS, echo: TargetServer) -> None:
@@ -447,11 +446,7 @@ def test_a_memory_stream_honours_its_timeout_and_stays_usable(tls: TLS, echo: Ta
         with pytest.raises(TimeoutError):
             stream.recv(10, 0.3)
         assert 0.25 < time.monotonic() - started < 3
-        stream.send(b"late", 5)
-        got = b""
-        while len(got) < 4:
-            got += stream.recv(10, 5)
-        assert got == b"late"
+        assert _echo(stream, b"late") == b"late"
         stream.close()
 
 
@@ -490,7 +485,7 @@ def test_a_reader_blocked_on_a_memory_stream_is_woken_by_its_end(tls: TLS, echo:
         reader.join(5)
         assert outcome and outcome[0] == b""
         assert isinstance(outcome[1], float) and outcome[1] < 3
-        _wait_for(lambda: echo.ended == 1)
+        assert wait_until(lambda: echo.ended == 1)
 
 
 def test_a_slow_memory_stream_is_paused_and_does_not_stall_a_fast_one(tls: TLS, echo: TargetServer) -> None:
@@ -541,7 +536,7 @@ def test_a_memory_stream_the_peer_paused_holds_its_sender_within_the_timeout(tls
             gw_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
             assert gw_stream.peer_paused and agent._streams[1].sent_pause
             held.release()
-            _wait_for(lambda: not gw_stream.peer_paused, 10)
+            assert wait_until(lambda: not gw_stream.peer_paused, 10)
             upload.send(b"more", 5)  # resumed
             upload.close()
     finally:
@@ -559,11 +554,7 @@ def test_the_stream_limit_holds_for_both_kinds_of_stream(tls: TLS, echo: TargetS
         assert gw.streams == 2
         stream.close()
         again = gw.open_stream("tcp", echo.address, 5)
-        again.send(b"room again", 5)
-        got = b""
-        while len(got) < 10:
-            got += again.recv(64, 5)
-        assert got == b"room again"
+        assert _echo(again, b"room again") == b"room again"
         again.close()
         sock.close()
 
