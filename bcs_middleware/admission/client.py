@@ -11,7 +11,7 @@ Who reads a failure: a webhook's address is chosen by whoever defined it — a
 cluster's ``edit`` holder, not only an operator — and which failure it was (refused,
 reset, silent, not TLS, another CA, refused by the address policy) says what listens
 at that address. So callers that are not superusers get one message for every
-failure (:data:`PUBLIC_FAILURE`, rendered by the engine) and, when ``uniform``, the
+failure (:data:`PUBLIC_FAILURE`, chosen by the engine) and, when ``uniform``, the
 answer no sooner than the call's timeout: a closed port, an open one and a silent
 one take the same time. The detail goes to the log and to superusers.
 

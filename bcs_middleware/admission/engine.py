@@ -26,7 +26,6 @@ the caller's, so counting it would let one user open the breaker for everyone.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -41,7 +40,7 @@ import jsonpatch
 
 from .. import metrics
 from ..bodies import parse_json
-from ..environ import AdmissionResult, User, get_user
+from ..environ import AdmissionResult, User
 from ..errors import BadRequest, BcsCode, BCSError, ValidationError
 from ..lru import LoadingCache
 from .client import PUBLIC_FAILURE, WebhookCallError, WebhookClient
@@ -81,25 +80,9 @@ class AdmissionRejected(BCSError):
     bcs_status = 400
     bcs_code = BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED
 
-    def __init__(self, message: str, *, steps: Sequence[Step] = (), public_message: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, message: str, *, steps: Sequence[Step] = (), **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.steps = tuple(steps)
-        #: what a caller who is not a superuser reads instead of ``message`` (``None``: the same)
-        self.public_message = public_message
-
-    def message_for(self, user: User | None) -> str:
-        if self.public_message is None or (user is not None and user.is_superuser):
-            return self.message
-        return self.public_message
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        message = self.message_for(get_user(environ))
-        if message == self.message:
-            return super().__call__(environ, start_response)
-        shown = copy.copy(self)
-        shown.message = message
-        return BCSError.__call__(shown, environ, start_response)
 
 
 @dataclass(frozen=True)
@@ -156,7 +139,9 @@ class _Run:
         self.obj = obj
         self.deadline = deadline
         self.trace = trace
-        # An authenticated caller who is not a superuser: failed calls take their timeout.
+        # Why a call failed is told to superusers only; an authenticated caller who is not
+        # one waits out a failed call's timeout (see the module docstring).
+        self.detailed = user is not None and user.is_superuser
         self.uniform = user is not None and not user.is_superuser
         self.patched = False
         self.called: list[str] = []
@@ -615,11 +600,10 @@ class AdmissionEngine:
         )
         run.steps.append(Step(label, protocol, "failed", err.cause, err.detail))
         raise AdmissionRejected(
-            f'failed calling webhook "{label}": {err.detail}',
+            f'failed calling webhook "{label}": {err.detail if run.detailed else PUBLIC_FAILURE}',
             status=500,
             code_name="ADMISSION_WEBHOOK_FAILED",
             steps=run.steps,
-            public_message=f'failed calling webhook "{label}": {PUBLIC_FAILURE}',
         )
 
 
@@ -770,7 +754,7 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
     except AdmissionRejected as rejected:
         return {
             "allowed": False,
-            "status": {"code": rejected.status, "message": rejected.message_for(user)},
+            "status": {"code": rejected.status, "message": rejected.message},
             "webhooks": [_step_for(s, user) for s in rejected.steps],
             "final_object": None,
         }
