@@ -28,7 +28,11 @@ from typing import Any
 import pytest
 import trustme
 
-from bcs_middleware.admission.client import PUBLIC_FAILURE
+from bcs_middleware import environ as env
+from bcs_middleware.admission import MemoryDefinitionStore
+from bcs_middleware.admission.client import PUBLIC_FAILURE, WebhookClient
+from bcs_middleware.admission.definitions import parse_k8s_configuration
+from bcs_middleware.admission.engine import AdmissionEngine, review
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 from tests.support.servers import TrapListener, free_port
@@ -187,3 +191,23 @@ def test_admissions_read_of_an_unreachable_apiserver_says_only_that(world: World
     assert len(answers) == 1, answers
     status, raw = answers.pop()
     assert (status, json.loads(raw)["message"]) == (502, "cannot reach the cluster's apiserver"), raw
+
+
+def test_the_dry_run_review_tells_the_cause_to_superusers_only() -> None:
+    """The review endpoint's answer lists each webhook's step; a failed call's cause is a superuser's."""
+    configuration = _configuration(f"https://{HOST}:{free_port(HOST)}/", trustme.CA().cert_pem.bytes().decode())
+    configuration["webhooks"][0]["timeoutSeconds"] = 1
+    configuration["webhooks"][0]["failurePolicy"] = "Ignore"
+    engine = AdmissionEngine(MemoryDefinitionStore(k8s={CLUSTER: [parse_k8s_configuration(configuration)]}),
+                             client=WebhookClient())
+    document = {"operation": "CREATE", "cluster_id": CLUSTER, "resource": "pods", "object": _pod("r1")}
+    steps = {}
+    for user in (env.User(1, "root", is_superuser=True), env.User(2, "mallory")):
+        started = time.monotonic()
+        answer = review(engine, document, user)
+        steps[user.name] = (answer["allowed"], answer["webhooks"], time.monotonic() - started)
+    assert steps["root"][0] is True and steps["root"][1][0]["cause"] == "connect", steps
+    assert steps["root"][2] < 1
+    assert steps["mallory"][0] is True and steps["mallory"][2] >= 1, steps
+    assert {k: steps["mallory"][1][0][k] for k in ("outcome", "cause", "detail")} == {
+        "outcome": "skipped", "cause": "failed", "detail": PUBLIC_FAILURE}
