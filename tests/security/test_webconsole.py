@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import websocket
 from tests.support.fake_console import FakeConsole
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.gateway import Gateway, served_gateway
-from tests.support.servers import BIN, ServerProcess, free_port
+from tests.support.servers import BIN, ServerProcess, TrapListener, free_port
 
 MESOS = "BCS-MESOS-CONSOLE"
 PATH = "/bcsapi/v1/webconsole"
@@ -192,38 +191,10 @@ def test_driver_paths_need_the_drivers_cluster_id(world: World) -> None:
     assert refused.value.code == 400
 
 
-class _Speaking:
-    """A plain-TCP service on ``host:port`` that answers anything with a banner and hangs up."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.sock = socket.create_server((host, port))
-        self.sock.settimeout(0.2)
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(2)
-                try:
-                    conn.recv(4096)
-                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-
-
 def test_a_user_reads_one_answer_whatever_listens_at_the_console_host(world: World) -> None:
     """``host_ip`` is the caller's choice (an IP literal, the port the operator's): nothing listening,
     a plain-TCP service, an address the driver's policy refuses, a TLS server of another CA — one answer."""
-    speaking = _Speaking("127.0.0.5", world.console.port)
+    speaking = TrapListener("127.0.0.5", answer=b"SSH-2.0-OpenSSH_9.2\r\n", port=world.console.port)
     stranger = FakeConsole("stranger", trustme.CA().issue_cert("127.0.0.6"), host="127.0.0.6",
                            port=world.console.port)
     try:
