@@ -67,10 +67,10 @@ class ClusterCreators:
                 or any(group in self.groups for group in user.groups))
 
     def describe(self) -> str:
+        """What a refused user is told: who may, without naming anyone else."""
         if self.everyone:
-            return "everyone"
-        named = sorted(f"user:{u}" for u in self.users) + sorted(f"group:{g}" for g in self.groups)
-        return " ".join(named) or "superusers"
+            return "every user"
+        return "named users and groups, and superusers" if self.users or self.groups else "superusers only"
 
     @classmethod
     def parse(cls, value: str) -> ClusterCreators:

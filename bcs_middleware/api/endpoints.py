@@ -114,7 +114,8 @@ def create_cluster(ctx: Ctx) -> Response:
     actor = ctx.require_user()
     creators = ctx.settings.cluster_creators
     if not creators.allows(actor):
-        raise Forbidden(f"user {actor.name!r} may not register clusters (cluster_creators: {creators.describe()})",
+        raise Forbidden(f"user {actor.name!r} may not register clusters: this gateway lets {creators.describe()} "
+                        "register them (ask a superuser to register it and grant you edit)",
                         code_name="CLUSTER_CREATION_FORBIDDEN")
     body = ctx.body()
     validate("cluster_create", body)

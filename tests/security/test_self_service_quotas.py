@@ -203,6 +203,7 @@ def test_cluster_creation_is_refused_to_whom_the_configuration_does_not_name(
     assert _cluster(named, alice, "alices")[0] == 201
     status, body = _cluster(named, mallory, "mallorys")
     assert (status, body["code_name"]) == (403, "CLUSTER_CREATION_FORBIDDEN"), body
+    assert "alice" not in body["message"]  # who else may is not hers to learn
     assert _cluster(named, ADMIN, "by-admin")[0] == 201
 
 
