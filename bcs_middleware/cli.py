@@ -184,6 +184,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config and args.peer_address:
         print("error: with --config, set peer_address in the ini's [app:main]", file=sys.stderr)
         return 2
+    if args.config and (args.quota or args.cluster_creators):
+        print("error: with --config, set quota_<name> and cluster_creators in the ini's [app:main]",
+              file=sys.stderr)
+        return 2
     certfile = args.certfile or server.get("certfile")
     keyfile = args.keyfile or server.get("keyfile")
     ca_file = args.ca_file or server.get("ca_file")
@@ -366,6 +370,7 @@ def _warn_if_few_descriptors(connections: int) -> None:
 
 def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None,
                     cert_for_api: Path | None) -> Callable[[], Any]:
+    from .errors import ConfigError
     from .gateway import build_gateway, config_from_options
     from .store import open_store
 
@@ -410,6 +415,13 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["upstream_deny"] = " ".join(args.upstream_deny)
     if args.peer_address:
         options["peer_address"] = args.peer_address
+    if args.cluster_creators:
+        options["cluster_creators"] = args.cluster_creators
+    for spec in args.quota:
+        name, sep, limit = spec.partition("=")
+        if not sep:
+            raise ConfigError(f"--quota {spec!r}: expected NAME=LIMIT")
+        options[f"quota_{name.strip().replace('-', '_')}"] = limit
     config = config_from_options("serve", options)
     store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
     build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
@@ -568,6 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "to the kube-agents it holds, and the address they are told (default 127.0.0.1: one "
                             "instance; several instances: an address of this host they reach, and a port range "
                             "for a firewall; off: an agent serves only the worker it connected to)")
+    serve.add_argument("--cluster-creators", metavar="everyone|superusers|'user:NAME group:NAME ...'",
+                       help="gateway: who may register clusters (default everyone; superusers always may)")
+    serve.add_argument("--quota", action="append", default=[], metavar="NAME=LIMIT",
+                       help="gateway: a per-user quota (a number, or unlimited; superusers are exempt): "
+                            "clusters_per_user (default 50), tokens_per_user (20), "
+                            "webhook_configurations_per_cluster (20), permissions_per_cluster (200); repeatable")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
     serve.add_argument("--role", choices=("gateway", "driver"), default="gateway",

@@ -46,7 +46,8 @@ from .middleware.mesos import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
 from .middleware.routing import TUNNEL_PREFIX, ClusterRoutingMiddleware
 from .middleware.webconsole import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from .middleware.webconsole import WEBCONSOLE
-from .permissions import ClusterAuthorizer
+from .permissions import ClusterAuthorizer, ClusterCreators
+from .quotas import Quotas, limit_value
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
 from .store import Holder, SQLStore, open_store
@@ -191,6 +192,10 @@ class GatewayConfig:
     # instances forward dials to the agents it holds (tunnel/peers.py). HOST, HOST:PORT or
     # HOST:LOW-HIGH; None (ini "off"): an agent is used only by the worker it connected to.
     peer_address: str | None = "127.0.0.1"
+    # Self-service bounds: who may register clusters, and what a non-superuser may create
+    # (ini cluster_creators, quota_<name>; bcs_middleware/permissions.py, quotas.py).
+    cluster_creators: ClusterCreators = field(default_factory=ClusterCreators)
+    quotas: Quotas = field(default_factory=Quotas)
 
 
 def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -375,19 +380,21 @@ def build_gateway(
     )
     ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
     cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
+    discovery = _discovery(config)
+    if background and hasattr(discovery, "start"):
+        discovery.start()  # watch ZooKeeper from the start, not from the first request
     api = ManagementAPI(
         store,
         settings=APISettings(
             gateway_ca_pem=ca_pem, gateway_cert_pem=cert_pem, public_url=config.public_url, max_body=config.max_body,
-            address_policy=address_policy,
+            address_policy=address_policy, quotas=config.quotas, cluster_creators=config.cluster_creators,
         ),
         access=api_access,
         fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=api_access,
-                                     address_policy=address_policy, transport=transport),
+                                     address_policy=address_policy, transport=transport, quotas=config.quotas),
+        # An id that drivers serve is registered by superusers only.
+        drivers=discovery,
     )
-    discovery = _discovery(config)
-    if background and hasattr(discovery, "start"):
-        discovery.start()  # watch ZooKeeper from the start, not from the first request
     if not config.driver_verify:
         log.warning("TLS verification towards mesos-drivers is OFF (driver_verify = false)")
     mesos = MesosRoutingMiddleware(
@@ -398,11 +405,13 @@ def build_gateway(
         ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
         verify=config.driver_verify,
         access=tunnel_access,
+        # A record of another type never reaches drivers (whoever registered it).
+        cluster_types=directory,
         # A Mesos cluster's admission definitions are served here, for its editors, and
         # reach its drivers through the database they share with the gateway.
         definitions=ClusterDefinitionsAPI(
             lambda cluster_id: SQLDefinitionStore(store, refresh=config.admission_refresh, bcs_cluster=cluster_id),
-            engine=engine,
+            engine=engine, quotas=config.quotas,
         ),
     )
     # bcs-api's webconsole: the same Mesos route (auth, view, a live driver), to the driver's webconsole.
@@ -416,6 +425,7 @@ def build_gateway(
         ca_pem=mesos.ca_pem,
         verify=config.driver_verify,
         access=tunnel_access,
+        cluster_types=directory,
     )
     rbac_status = RBACStatusApp(store, enabled=rbac_grants)
     if rbac_grants:
@@ -510,6 +520,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "upstream_allow": conv.networks,
     "upstream_deny": conv.networks,
     "peer_address": lambda value: None if value.strip().lower() in ("off", "none") else value.strip(),
+    "cluster_creators": ClusterCreators.parse,
+    **{f"quota_{name}": limit_value for name in Quotas.names()},
 }
 
 
@@ -547,6 +559,8 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
         values["client_cert_subjects"] = tuple(values["client_cert_subjects"].items())
     if "webhook_address_map" in values:
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
+    quotas = {key.removeprefix("quota_"): values.pop(key) for key in list(values) if key.startswith("quota_")}
+    values["quotas"] = Quotas(**quotas)
     return GatewayConfig(**values)
 
 
@@ -562,5 +576,12 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> RequestCon
         gateway_cert_file = /etc/bcs/tls/server.crt
         rbac = true
         tls_server_name = kubernetes
+        # who may register clusters (everyone | superusers | user:NAME group:NAME ...) and
+        # what a non-superuser may create (a number, or unlimited; see bcs_middleware/quotas.py)
+        cluster_creators = everyone
+        quota_clusters_per_user = 50
+        quota_tokens_per_user = 20
+        quota_webhook_configurations_per_cluster = 20
+        quota_permissions_per_cluster = 200
     """
     return build_gateway(config_from_options("app:gateway", local_conf))

@@ -21,10 +21,17 @@ who tries to manage gets 403.
 The tunnel asks through a :class:`~bcs_middleware.lru.LoadingCache`: a granted or
 revoked permission takes effect there within its ``ttl`` (the gateway's
 ``cluster_cache_ttl``, 5 s by default). The management API asks the store every time.
+
+Who may register a cluster at all is :class:`ClusterCreators` (the gateway's
+``cluster_creators``); whatever it says, a ``mesos`` cluster, or an id that a
+mesos-driver already serves, is registered by superusers only
+(:func:`reserved_cluster_id`) — a user must never gain a cluster whose drivers or
+agents someone else runs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from . import environ as env
@@ -37,6 +44,78 @@ EDIT = "edit"
 #: Every permission, weakest first.
 PERMISSIONS = (VIEW, EDIT)
 _RANK = {None: 0, VIEW: 1, EDIT: 2}
+
+
+@dataclass(frozen=True)
+class ClusterCreators:
+    """Who may register a cluster (``POST /rest/clusters/bcs``); superusers always may.
+
+    ``everyone`` (the default, as the source system let any user register: what a user
+    can then make is bounded by :mod:`bcs_middleware.quotas`, and no id that drivers
+    serve can be taken); ``superusers``; or a list of ``user:NAME`` and ``group:NAME``
+    entries — the users named and the members of the groups named (a user's groups as
+    their authenticator gives them: a tokens file, a client certificate mapping, an
+    identity provider). Refusal is ``403 CLUSTER_CREATION_FORBIDDEN``.
+    """
+
+    everyone: bool = True
+    users: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+
+    def allows(self, user: env.User) -> bool:
+        return (user.is_superuser or self.everyone or user.name in self.users
+                or any(group in self.groups for group in user.groups))
+
+    def describe(self) -> str:
+        """What a refused user is told: who may, without naming anyone else."""
+        if self.everyone:
+            return "every user"
+        return "named users and groups, and superusers" if self.users or self.groups else "superusers only"
+
+    @classmethod
+    def parse(cls, value: str) -> ClusterCreators:
+        """``everyone`` | ``superusers`` | ``user:alice group:ops ...`` (spaces or commas)."""
+        items = [item for item in value.replace(",", " ").split() if item]
+        if items == ["everyone"]:
+            return cls()
+        if items == ["superusers"]:
+            return cls(everyone=False)
+        users, groups = set(), set()
+        for item in items:
+            kind, _, name = item.partition(":")
+            if kind == "user" and name:
+                users.add(name)
+            elif kind == "group" and name:
+                groups.add(name)
+            else:
+                raise ValueError(f"expected everyone, superusers, or user:NAME / group:NAME entries, not {item!r}")
+        if not users and not groups:
+            raise ValueError("expected everyone, superusers, or user:NAME / group:NAME entries")
+        return cls(everyone=False, users=frozenset(users), groups=frozenset(groups))
+
+
+class DriverDirectory(Protocol):
+    """What :func:`reserved_cluster_id` asks of discovery (every ``Discovery`` has it)."""
+
+    def registered(self, cluster_id: str) -> bool: ...
+
+    def drivers(self, cluster_id: str) -> tuple[object, ...]: ...
+
+
+def reserved_cluster_id(cluster_id: str, cluster_type: str, drivers: DriverDirectory | None) -> str | None:
+    """Why only a superuser may register ``cluster_id`` as ``cluster_type``; ``None`` when anyone may.
+
+    A ``mesos`` cluster is reached through drivers the operator runs, and an id that
+    drivers already serve (found in ZooKeeper or configured statically) is theirs: a
+    user registering it — as ``mesos`` or as ``k8s`` — would be handed the route to
+    someone else's cluster. (The Mesos route also never sends a ``k8s`` record's id to
+    drivers, so drivers that appear after a user registered the id are safe too.)
+    """
+    if cluster_type == "mesos":
+        return "Mesos clusters are registered by superusers"
+    if drivers is not None and (drivers.registered(cluster_id) or drivers.drivers(cluster_id)):
+        return f"mesos-drivers serve cluster id {cluster_id!r}: only a superuser may register it"
+    return None
 
 
 def cluster_not_found(cluster_id: str) -> NotFound:

@@ -48,6 +48,7 @@ from ..errors import (
     ValidationError,
 )
 from ..permissions import EDIT, ClusterAccess
+from ..quotas import Quotas
 from ..upstream.addresses import AddressPolicy
 from ..upstream.transport import Transport
 from .client import WebhookClient
@@ -87,6 +88,8 @@ class AdmissionWebhookAPI:
     :param address_policy: the gateway's upstream address policy: a webhook URL whose host
         is an IP address it refuses is refused when defined (422), not only when called.
     :param transport: the outbound transport of a default engine's webhook client.
+    :param quotas: bounds the definitions a non-superuser creates per cluster
+        (``webhook_configurations_per_cluster``); ``None``: unbounded.
     """
 
     def __init__(
@@ -99,8 +102,10 @@ class AdmissionWebhookAPI:
         prefix: str = "",
         address_policy: AddressPolicy | None = None,
         transport: Transport | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = store
+        self.quotas = quotas
         self.engine = engine or AdmissionEngine(store, client=WebhookClient(transport=transport))
         self.address_policy = address_policy
         self.require_superuser = require_superuser
@@ -160,7 +165,7 @@ class AdmissionWebhookAPI:
 
     def _mesos_put(self, request: Request, ns: str) -> Response:
         definition = parse_bcs_definition(_body(request), namespace=ns)
-        return self._save_bcs(definition, create=request.method == "POST")
+        return self._save_bcs(request, definition, create=request.method == "POST")
 
     def _mesos_item(self, request: Request, ns: str, name: str) -> Response:
         definition = self.store.get_bcs(name)
@@ -176,14 +181,14 @@ class AdmissionWebhookAPI:
     def _rest_bcs(self, request: Request) -> Response:
         if request.method == "GET":
             return self._bcs_list(request)
-        return self._save_bcs(parse_bcs_definition(_body(request)), create=True)
+        return self._save_bcs(request, parse_bcs_definition(_body(request)), create=True)
 
     def _rest_bcs_item(self, request: Request, name: str) -> Response:
         if request.method == "PUT":
             definition = parse_bcs_definition(_body(request))
             if definition.name != name:
                 raise BadRequest("metadata.name: must match the name in the path")
-            return self._save_bcs(definition, create=False)
+            return self._save_bcs(request, definition, create=False)
         found = self.store.get_bcs(name)
         if found is None:
             raise NotFound(f"admissionwebhook {name!r} not found")
@@ -207,14 +212,19 @@ class AdmissionWebhookAPI:
             if refused:
                 raise ValidationError(f"clientConfig.url: the gateway does not connect to {refused}")
 
-    def _save_bcs(self, definition: BcsDefinition, *, create: bool) -> Response:
+    def _limit(self, request: Request) -> int | None:
+        if self.quotas is None:
+            return None
+        return self.quotas.limit("webhook_configurations_per_cluster", env.get_user(request.environ))
+
+    def _save_bcs(self, request: Request, definition: BcsDefinition, *, create: bool) -> Response:
         self._check_addresses(w.client for w in definition.webhooks)
         exists = self.store.get_bcs(definition.name) is not None
         if create and exists:
             raise Conflict(f"admissionwebhook {definition.name!r} already exists")
         if not create and not exists:
             raise NotFound(f"admissionwebhook {definition.name!r} not found")
-        self.store.put_bcs(definition)
+        self.store.put_bcs(definition, limit=self._limit(request))
         return _json(_bcs_doc(definition), 201 if create else 200)
 
     # -- Kubernetes configurations ---------------------------------------------------------
@@ -227,7 +237,7 @@ class AdmissionWebhookAPI:
         self._check_addresses(w.client for w in configuration.webhooks)
         if self.store.get_k8s(cluster_id, configuration.kind, configuration.name) is not None:
             raise Conflict(f"{configuration.kind} {configuration.name!r} already exists")
-        self.store.put_k8s(cluster_id, configuration)
+        self.store.put_k8s(cluster_id, configuration, limit=self._limit(request))
         return _json(dict(configuration.document), 201)
 
     def _k8s_item(self, request: Request, cluster_id: str, kind: str, name: str) -> Response:
@@ -269,13 +279,15 @@ class ClusterDefinitionsAPI:
     :param store_for: the definition store of one cluster's own bcs definitions.
     :param engine: passed to each cluster's :class:`AdmissionWebhookAPI`.
     :param max_clusters: how many clusters' APIs are kept built.
+    :param quotas: bounds each cluster's definitions (as :class:`AdmissionWebhookAPI`'s).
     """
 
     def __init__(self, store_for: Callable[[str], DefinitionStore], *, engine: AdmissionEngine | None = None,
-                 max_clusters: int = 1024) -> None:
+                 max_clusters: int = 1024, quotas: Quotas | None = None) -> None:
         self.store_for = store_for
         self.engine = engine
         self.max_clusters = max_clusters
+        self.quotas = quotas
         self._apis: dict[str, AdmissionWebhookAPI] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -287,7 +299,7 @@ class ClusterDefinitionsAPI:
             store = self.store_for(cluster.id)
             if self.engine is None:
                 self.engine = AdmissionEngine(store, client=WebhookClient())
-            api = AdmissionWebhookAPI(store, engine=self.engine, require_superuser=False)
+            api = AdmissionWebhookAPI(store, engine=self.engine, require_superuser=False, quotas=self.quotas)
             while len(self._apis) >= self.max_clusters:
                 self._apis.pop(next(iter(self._apis)))
             self._apis[cluster.id] = api

@@ -7,6 +7,14 @@ Every failure leaves it as a :class:`WebhookCallError` with a short ``cause``
 — the metric label — and a ``detail`` safe to show a client (names, addresses
 and status codes only).
 
+Who reads a failure: a webhook's address is chosen by whoever defined it — a
+cluster's ``edit`` holder, not only an operator — and which failure it was (refused,
+reset, silent, not TLS, another CA, refused by the address policy) says what listens
+at that address. So callers that are not superusers get one message for every
+failure (:data:`PUBLIC_FAILURE`, chosen by the engine) and, when ``uniform``, the
+answer no sooner than the call's timeout: a closed port, an open one and a silent
+one take the same time. The detail goes to the log and to superusers.
+
 The circuit breaker counts only faults of the webhook — no connection, TLS,
 a timeout it had its whole ``timeoutSeconds`` for, a 5xx, an unusable answer —
 never an outcome a caller's own request can cause: a 4xx (the webhook refusing
@@ -31,6 +39,8 @@ from ..upstream.failures import UpstreamFailure, UpstreamTimeout
 from ..upstream.transport import Transport, default_transport
 from .definitions import ClientConfig
 
+#: What a caller who is not a superuser reads for any failure to call a webhook.
+PUBLIC_FAILURE = "the webhook could not be called or gave no usable answer (the gateway's log has the cause)"
 #: Largest webhook answer accepted; the apiserver's own limit for a request body is 3 MiB.
 DEFAULT_MAX_RESPONSE = 3 * 1024 * 1024 + 64 * 1024
 _HEADERS = (("Content-Type", "application/json"), ("Accept", "application/json"))
@@ -151,16 +161,21 @@ class WebhookClient:
         return Target(host, port, client.path, name, client.ca_pem)
 
     def post(
-        self, target: Target, body: bytes, timeout: float, *, breaker_key: str, full_timeout: bool = True
+        self, target: Target, body: bytes, timeout: float, *, breaker_key: str, full_timeout: bool = True,
+        uniform: bool = False,
     ) -> bytes:
         """POST ``body``; return the 200 answer's bytes or raise :class:`WebhookCallError`.
 
         :param full_timeout: ``False`` when ``timeout`` is shorter than the webhook's own
             (the request's admission budget is nearly spent): a timeout is then not the
             webhook's fault.
+        :param uniform: a failed call raises no sooner than ``timeout`` after it began,
+            whatever failed, so its timing tells nothing about the address (an open
+            breaker, which makes no call, still fails at once).
         """
         if not self.breaker.allow(breaker_key):
             raise WebhookCallError("circuit_open", "circuit open after repeated failures")
+        started = time.monotonic()
         try:
             data = self._post(target, body, timeout)
         except WebhookCallError as err:
@@ -168,6 +183,8 @@ class WebhookClient:
                 err.webhook_fault = False
             if err.webhook_fault:
                 self.breaker.failure(breaker_key)
+            if uniform:
+                _sleep_until(started + timeout)
             raise
         return data
 
@@ -212,6 +229,13 @@ class WebhookClient:
 
     def close(self) -> None:
         """Nothing of its own to close: connections belong to the shared transport."""
+
+
+def _sleep_until(deadline: float) -> None:
+    # Sleeps cooperatively under the gevent worker (time.sleep is patched there).
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)
 
 
 def _split_address(value: str) -> tuple[str, int]:

@@ -8,7 +8,11 @@ itself); otherwise an :class:`Outcome` carries the final object.
 Failure semantics follow the kube-apiserver: with ``failurePolicy: Ignore`` a
 webhook that cannot be called or answers badly is skipped and logged; with
 ``Fail`` the request is rejected with ``500 InternalError`` and the message
-``failed calling webhook "<name>": <cause>``. A denial carries the webhook's
+``failed calling webhook "<name>": <cause>`` — the cause for superusers only: any
+other caller reads :data:`~.client.PUBLIC_FAILURE` whatever failed, and an
+authenticated one gets the failure no sooner than the call's timeout (a webhook's
+address is chosen by whoever defined it, and must not make the gateway a port
+scanner; see :mod:`.client`). A denial carries the webhook's
 ``status.code`` (403 when it gives none) and message. Every call is bounded by
 the webhook's timeout and by what is left of the request's total budget.
 
@@ -39,7 +43,7 @@ from ..bodies import parse_json
 from ..environ import AdmissionResult, User
 from ..errors import BadRequest, BcsCode, BCSError, ValidationError
 from ..lru import LoadingCache
-from .client import WebhookCallError, WebhookClient
+from .client import PUBLIC_FAILURE, WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
 from .equivalence import convertible, equivalents
 from .review import (
@@ -131,10 +135,14 @@ class Outcome:
 class _Run:
     """Mutable state of one admission: the object so far, the deadline, what was done."""
 
-    def __init__(self, obj: Any, deadline: float, trace: bool) -> None:
+    def __init__(self, obj: Any, deadline: float, trace: bool, user: User | None = None) -> None:
         self.obj = obj
         self.deadline = deadline
         self.trace = trace
+        # Why a call failed is told to superusers only; an authenticated caller who is not
+        # one waits out a failed call's timeout (see the module docstring).
+        self.detailed = user is not None and user.is_superuser
+        self.uniform = user is not None and not user.is_superuser
         self.patched = False
         self.called: list[str] = []
         self.warnings: list[str] = []
@@ -232,7 +240,7 @@ class AdmissionEngine:
         if definition is None:
             return Outcome(obj)
         namespace = str(_meta(obj).get("namespace") or "")
-        run = _Run(obj, self._clock() + self.total_budget, trace)
+        run = _Run(obj, self._clock() + self.total_budget, trace, user)
         for webhook in definition.webhooks:
             if webhook.selects_namespace(namespace):
                 self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run)
@@ -340,7 +348,7 @@ class AdmissionEngine:
         """Run the matching mutating webhooks, then the validating ones on the final object."""
         if webhooks is None:
             webhooks = self.k8s_matching(cluster_id, operation, attrs)
-        run = _Run(obj, self._clock() + self.total_budget, trace)
+        run = _Run(obj, self._clock() + self.total_budget, trace, user)
         name = attrs.name or str(_meta(obj).get("name") or "")
         for webhook in webhooks:
             try:
@@ -540,7 +548,7 @@ class AdmissionEngine:
         try:
             return self.client.post(
                 self.client.target(client), body, min(timeout, remaining), breaker_key=breaker_key,
-                full_timeout=timeout <= remaining,
+                full_timeout=timeout <= remaining, uniform=run.uniform,
             )
         finally:
             metrics.WEBHOOK_LATENCY.labels(metrics.webhook_label(label)).observe(time.perf_counter() - started)
@@ -592,7 +600,7 @@ class AdmissionEngine:
         )
         run.steps.append(Step(label, protocol, "failed", err.cause, err.detail))
         raise AdmissionRejected(
-            f'failed calling webhook "{label}": {err.detail}',
+            f'failed calling webhook "{label}": {err.detail if run.detailed else PUBLIC_FAILURE}',
             status=500,
             code_name="ADMISSION_WEBHOOK_FAILED",
             steps=run.steps,
@@ -747,17 +755,26 @@ def review(engine: AdmissionEngine, document: Any, user: User | None) -> dict[st
         return {
             "allowed": False,
             "status": {"code": rejected.status, "message": rejected.message},
-            "webhooks": [s.as_dict() for s in rejected.steps],
+            "webhooks": [_step_for(s, user) for s in rejected.steps],
             "final_object": None,
         }
     return {
         "allowed": True,
-        "webhooks": [s.as_dict() for s in outcome.steps],
+        "webhooks": [_step_for(s, user) for s in outcome.steps],
         "patched": outcome.patched,
         "warnings": list(outcome.warnings),
         "audit_annotations": dict(outcome.audit_annotations),
         "final_object": outcome.object,
     }
+
+
+def _step_for(step: Step, user: User | None) -> dict[str, Any]:
+    """A step as ``user`` may read it: why a call failed is for superusers (see :mod:`.client`)."""
+    data = step.as_dict()
+    if (step.outcome in ("skipped", "failed") and step.cause != "patch"
+            and not (user is not None and user.is_superuser)):
+        data["cause"], data["detail"] = "failed", PUBLIC_FAILURE
+    return data
 
 
 def _review_attributes(document: Mapping[str, Any], obj: Mapping[str, Any]) -> RequestAttributes:

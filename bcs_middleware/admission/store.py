@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..bodies import parse_json, parse_yaml
 from ..environ import Upstream
 from ..errors import BadRequest, ConfigError, Conflict, ValidationError
+from ..quotas import QuotaExceeded
 from .definitions import (
     BcsDefinition,
     K8sConfiguration,
@@ -39,11 +40,13 @@ class DefinitionStore(Protocol):
 
     def get_bcs(self, name: str) -> BcsDefinition | None: ...
 
-    def put_bcs(self, definition: BcsDefinition) -> bool:
+    def put_bcs(self, definition: BcsDefinition, *, limit: int | None = None) -> bool:
         """Create or replace by name; ``True`` if created.
 
         Raises :class:`~bcs_middleware.errors.Conflict` when another definition
-        already covers the same (operation, kind).
+        already covers the same (operation, kind), and
+        :class:`~bcs_middleware.quotas.QuotaExceeded` when creating would make the
+        cluster's definitions and configurations more than ``limit``.
         """
 
     def delete_bcs(self, name: str) -> bool: ...
@@ -52,8 +55,8 @@ class DefinitionStore(Protocol):
 
     def get_k8s(self, cluster_id: str, kind: str, name: str) -> K8sConfiguration | None: ...
 
-    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration) -> bool:
-        """Create or replace by (kind, name); ``True`` if created."""
+    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration, *, limit: int | None = None) -> bool:
+        """Create or replace by (kind, name); ``True`` if created. ``limit``: as for :meth:`put_bcs`."""
 
     def delete_k8s(self, cluster_id: str, kind: str, name: str) -> bool: ...
 
@@ -86,8 +89,10 @@ class MemoryDefinitionStore:
     def get_bcs(self, name: str) -> BcsDefinition | None:
         return self._bcs.get(name)
 
-    def put_bcs(self, definition: BcsDefinition) -> bool:
+    def put_bcs(self, definition: BcsDefinition, *, limit: int | None = None) -> bool:
         with self._lock:
+            if definition.name not in self._bcs:
+                self._check_limit(limit, len(self._bcs), "bcs definitions")
             for other in self._bcs.values():
                 if other.name != definition.name and other.key == definition.key:
                     raise Conflict(
@@ -113,14 +118,21 @@ class MemoryDefinitionStore:
     def get_k8s(self, cluster_id: str, kind: str, name: str) -> K8sConfiguration | None:
         return self._k8s.get(cluster_id, {}).get((kind, name))
 
-    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration) -> bool:
+    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration, *, limit: int | None = None) -> bool:
         with self._lock:
             items = self._k8s.setdefault(cluster_id, {})
             key = (configuration.kind, configuration.name)
             created = key not in items
+            if created:
+                self._check_limit(limit, len(items), f"cluster {cluster_id!r}")
             items[key] = configuration
             self._version += 1
             return created
+
+    @staticmethod
+    def _check_limit(limit: int | None, used: int, holder: str) -> None:
+        if limit is not None and used >= limit:
+            raise QuotaExceeded("webhook_configurations_per_cluster", limit, holder, used)
 
     def delete_k8s(self, cluster_id: str, kind: str, name: str) -> bool:
         with self._lock:

@@ -20,7 +20,8 @@ from werkzeug.wrappers import Request
 
 from .. import converters as conv
 from ..errors import BCSError, InternalError, MethodNotAllowed, NotFound
-from ..permissions import ClusterAccess, ClusterAuthorizer
+from ..permissions import ClusterAccess, ClusterAuthorizer, ClusterCreators, DriverDirectory
+from ..quotas import Quotas, limit_value
 from ..store import SQLStore
 from . import endpoints as ep
 from . import inventory
@@ -76,6 +77,8 @@ class ManagementAPI:
         permission table, asked on every request.
     :param fallback: a WSGI app for paths this API has no route for (the admission
         definitions API, for example); ``None`` answers 404.
+    :param drivers: the gateway's discovery of mesos-drivers: an id they serve can
+        only be registered by a superuser (:func:`~bcs_middleware.permissions.reserved_cluster_id`).
     """
 
     def __init__(
@@ -85,11 +88,13 @@ class ManagementAPI:
         settings: APISettings | None = None,
         access: ClusterAccess | None = None,
         fallback: Any = None,
+        drivers: DriverDirectory | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or APISettings()
         self.access = access or ClusterAuthorizer(store)
         self.fallback = fallback
+        self.drivers = drivers
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         request = Request(environ)
@@ -103,7 +108,7 @@ class ManagementAPI:
                 if exc.code == 405:
                     raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}") from None
                 raise NotFound(f"no such API route: {request.path}") from None
-            response = endpoint(Ctx(request, self.store, self.settings, self.access), **values)
+            response = endpoint(Ctx(request, self.store, self.settings, self.access, self.drivers), **values)
         except BCSError as exc:
             return exc(environ, start_response)
         except Exception:
@@ -121,6 +126,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "gateway_cert_file": conv.text,
     "public_url": conv.url,
     "max_body": conv.size,
+    "cluster_creators": ClusterCreators.parse,
+    **{f"quota_{name}": limit_value for name in Quotas.names()},
 }
 
 
@@ -132,7 +139,15 @@ def settings_from(opts: Mapping[str, Any]) -> APISettings:
         gateway_cert_pem=Path(cert_file).read_bytes() if cert_file else None,
         public_url=opts.get("public_url"),
         max_body=opts.get("max_body", 1024 * 1024),
+        quotas=quotas_from(opts),
+        cluster_creators=opts.get("cluster_creators", ClusterCreators()),
     )
+
+
+def quotas_from(opts: Mapping[str, Any]) -> Quotas:
+    """The ``quota_*`` options (already converted) as :class:`Quotas`; absent ones keep their defaults."""
+    prefix = "quota_"
+    return Quotas(**{k[len(prefix):]: v for k, v in opts.items() if k.startswith(prefix)})
 
 
 def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> ManagementAPI:
@@ -143,6 +158,13 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Management
         database_url = postgresql://bcs@db/bcs
         gateway_ca_file = /etc/bcs/ca.crt
         max_body = 1MiB
+        # who may register clusters: everyone | superusers | user:NAME group:NAME ...
+        cluster_creators = everyone
+        # per-user quotas (a number, or unlimited; superusers are exempt)
+        quota_clusters_per_user = 50
+        quota_tokens_per_user = 20
+        quota_webhook_configurations_per_cluster = 20
+        quota_permissions_per_cluster = 200
     """
     from ..store import open_store
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from werkzeug.wrappers import Request, Response
@@ -11,7 +11,8 @@ from werkzeug.wrappers import Request, Response
 from .. import environ as env
 from ..bodies import parse_json, read_bounded
 from ..errors import BadRequest, Forbidden, Unauthorized
-from ..permissions import ClusterAccess
+from ..permissions import ClusterAccess, ClusterCreators, DriverDirectory
+from ..quotas import Quotas
 from ..store import ClusterRecord, SQLStore
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ class APISettings:
     :param max_body: the largest request body accepted, in bytes.
     :param address_policy: refuses reported apiserver addresses that are IP addresses the
         upstream address policy refuses (connecting checks again, names included).
+    :param quotas: what a user may create (:mod:`bcs_middleware.quotas`).
+    :param cluster_creators: who may register clusters.
     """
 
     gateway_ca_pem: str | None = None
@@ -33,6 +36,8 @@ class APISettings:
     gateway_cert_pem: bytes | None = None
     max_body: int = 1024 * 1024
     address_policy: AddressPolicy | None = None
+    quotas: Quotas = field(default_factory=Quotas)
+    cluster_creators: ClusterCreators = field(default_factory=ClusterCreators)
 
 
 @dataclass
@@ -41,6 +46,8 @@ class Ctx:
     store: SQLStore
     settings: APISettings
     access: ClusterAccess
+    #: where mesos-drivers are found: the ids they serve are registered by superusers only
+    drivers: DriverDirectory | None = None
 
     @property
     def environ(self) -> dict[str, Any]:

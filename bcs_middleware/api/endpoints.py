@@ -17,7 +17,7 @@ from werkzeug.wrappers import Response
 from .. import environ as env
 from ..errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationError
 from ..middleware.auth import bearer_token
-from ..permissions import EDIT, VIEW
+from ..permissions import EDIT, VIEW, reserved_cluster_id
 from ..schemas import validate
 from ..store import ClusterRecord, PermissionRecord, PlacementRecord, TokenRecord, UserRecord
 from ..tunnel.registry import PLACEMENT_STALE_AFTER
@@ -85,8 +85,10 @@ def create_token(ctx: Ctx, user_id: int) -> Response:
     expires_at = None
     if "expires_in" in body:
         expires_at = datetime.now(UTC) + timedelta(seconds=body["expires_in"])
+    # The quota bounds the tokens a user holds, whoever issues them (superusers hold any number).
     token, value = ctx.store.create_token(
-        user_id, token_type=body.get("token_type", "user"), expires_at=expires_at
+        user_id, token_type=body.get("token_type", "user"), expires_at=expires_at,
+        limit=ctx.settings.quotas.tokens_per_user,
     )
     ctx.store.record_audit(actor.name, "token.create", f"user:{user_id}", {"token_id": token.id})
     # The only time the value is ever shown.
@@ -105,15 +107,25 @@ def revoke_token(ctx: Ctx, user_id: int, token_id: int) -> Response:
     return json_response(_token_json(token))
 
 
-# -- clusters (any user creates; view to read, edit to manage: see permissions.py) ------
+# -- clusters (who creates: cluster_creators; view to read, edit to manage: see permissions.py)
 
 
 def create_cluster(ctx: Ctx) -> Response:
     actor = ctx.require_user()
+    creators = ctx.settings.cluster_creators
+    if not creators.allows(actor):
+        raise Forbidden(f"user {actor.name!r} may not register clusters: this gateway lets {creators.describe()} "
+                        "register them (ask a superuser to register it and grant you edit)",
+                        code_name="CLUSTER_CREATION_FORBIDDEN")
     body = ctx.body()
     validate("cluster_create", body)
+    if not actor.is_superuser:
+        reserved = reserved_cluster_id(body["id"], body["cluster_type"], ctx.drivers)
+        if reserved:
+            raise Forbidden(reserved, code_name="CLUSTER_ID_RESERVED")
     cluster = ctx.store.create_cluster(
-        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"], creator_id=actor.id
+        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"], creator_id=actor.id,
+        limit=ctx.settings.quotas.limit("clusters_per_user", actor),
     )
     ctx.store.record_audit(
         actor.name, "cluster.create", f"cluster:{cluster.id}",
@@ -224,7 +236,8 @@ def put_permission(ctx: Ctx, cluster_id: str, user_name: str) -> Response:
     validate("cluster_permission_put", body)
     target = _permission_target(ctx, user_name)
     previous = ctx.store.set_cluster_permission(
-        cluster.id, target.id, body["permission"], keep_an_editor=not actor.is_superuser
+        cluster.id, target.id, body["permission"], keep_an_editor=not actor.is_superuser,
+        limit=ctx.settings.quotas.limit("permissions_per_cluster", actor),
     )
     ctx.store.record_audit(
         actor.name, "cluster_permission.put", f"cluster:{cluster.id}",

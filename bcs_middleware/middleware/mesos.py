@@ -18,11 +18,21 @@ Errors are the source's bcs envelope (``bcs.error_style = "bcs"``:
 with real HTTP statuses: no ``bcs.user`` → 401 (403 for a register token);
 missing ``BCS-ClusterID`` → 400 (1405007); given ``access``, a user without
 ``view`` on the cluster (:mod:`bcs_middleware.permissions`) → the 404 of a cluster
-that does not exist, before anything else is said about it; a cluster no driver
+that does not exist, before anything else is said about it; given
+``cluster_types``, an id whose record is not a ``mesos`` cluster → that same 404,
+whoever asks (see below); a cluster no driver
 ever registered (:meth:`~bcs_middleware.discovery.Discovery.registered`) → that
 same 404 (1405051, bcs-api's "mesos cluster not found"); registered drivers all
 gone → 503 ``NO_LIVE_DRIVER`` (1405051); a YAML body that does not convert → 400
 (1405065); an unsafe path (``..``, encoded ``/``) → 400.
+
+Security: drivers serve the id they were started with, and a user who registers
+that id as a ``k8s`` cluster (before the drivers appeared, or under another type)
+holds ``edit`` on the record — so routing by ``view`` alone would hand them someone
+else's Mesos cluster. Only a ``mesos`` record routes to drivers, and only superusers
+register those (:func:`~bcs_middleware.permissions.reserved_cluster_id`); an id with
+no record at all is reached only by whom the operator gave it to (superusers, the
+permission subscription's grants), as before records existed.
 
 Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``,
 ``HTTP_BCS_CLUSTERID``, ``bcs.user``; sets ``bcs.error_style``, ``bcs.cluster``
@@ -44,15 +54,25 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import converters as conv
 from .. import environ as env
 from ..bodies import parse_yaml, read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
-from ..errors import BadRequest, BcsCode, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
+from ..errors import (
+    BadRequest,
+    BcsCode,
+    BCSError,
+    ConfigError,
+    Forbidden,
+    NotFound,
+    ServiceUnavailable,
+    Unauthorized,
+)
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
+from ..store import ClusterRecord
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +82,26 @@ DRIVER_PATH = "/mesosdriver/v4/"
 #: driver), never admitted or forwarded to a scheduler.
 DEFINITION_PATHS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 _YAML_TYPES = frozenset({"application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"})
+
+
+class ClusterRecords(Protocol):
+    """Where the route reads a cluster's record (the gateway's cached directory has it)."""
+
+    def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, Any]: ...
+
+
+def refuse_unless_mesos(user: env.User, cluster_id: str, record: ClusterRecord | None) -> None:
+    """The one rule for sending an id to drivers: its record, if any, is a ``mesos`` cluster.
+
+    A record of another type answers the 404 of an unknown cluster; a superuser (who can
+    fix it) is told why.
+    """
+    if record is None or record.cluster_type == "mesos":
+        return
+    if user.is_superuser:
+        raise NotFound(f"cluster {cluster_id!r} is registered as a {record.cluster_type} cluster: "
+                       "it is not routed to mesos-drivers", code_name="CLUSTER_NOT_FOUND")
+    raise cluster_not_found(cluster_id)
 
 
 def safe_subpath(path_info: str, prefix: str, raw_uri: str | None) -> str:
@@ -124,6 +164,9 @@ class MesosRoutingMiddleware:
         the path under ``driver_path``, after this layer checked that the caller
         is a superuser or holds ``edit`` on the cluster (``view`` only: 403; less:
         the 404 of an unknown cluster). ``None``: those paths go to a driver too.
+    :param cluster_types: the clusters' records: an id recorded as anything but a
+        ``mesos`` cluster is never routed (:func:`refuse_unless_mesos`). ``None``: no
+        records are consulted (a gateway without a store).
     """
 
     def __init__(
@@ -139,6 +182,7 @@ class MesosRoutingMiddleware:
         verify: bool = True,
         access: ClusterAccess | None = None,
         definitions: Any = None,
+        cluster_types: ClusterRecords | None = None,
     ) -> None:
         if not prefix.startswith("/") or not driver_path.startswith("/"):
             raise ValueError("prefix and driver_path must start with '/'")
@@ -154,6 +198,7 @@ class MesosRoutingMiddleware:
         self.verify = verify
         self.access = access
         self.definitions = definitions
+        self.cluster_types = cluster_types
         # Round-robin start offsets: a process-wide counter is enough to spread
         # load evenly, and next() on itertools.count is atomic under the GIL.
         self._turn = itertools.count()
@@ -180,6 +225,8 @@ class MesosRoutingMiddleware:
         cluster_id = cluster_header(environ)
         if self.access is not None and not self.access.allows(user, cluster_id, VIEW):
             raise cluster_not_found(cluster_id)
+        if self.cluster_types is not None:
+            refuse_unless_mesos(user, cluster_id, self.cluster_types.lookup(cluster_id)[0])
         if self.definitions is not None and DEFINITION_PATHS.match(uri):
             if self.access is not None:
                 if self.access.require(user, cluster_id, EDIT).cluster_type != "mesos":

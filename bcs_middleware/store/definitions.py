@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..admission.definitions import (
@@ -24,6 +24,7 @@ from ..admission.definitions import (
     parse_k8s_configuration,
 )
 from ..errors import Conflict
+from ..quotas import QuotaExceeded
 from . import models as m
 from .sql import WEBHOOKS_TOPIC as TOPIC
 from .sql import SQLStore
@@ -91,7 +92,8 @@ class SQLDefinitionStore:
                 self._cache[key] = parsed
         return list(parsed)
 
-    def _put(self, flavor: str, cluster_id: str, kind: str, name: str, match_key: str, document: Any) -> bool:
+    def _put(self, flavor: str, cluster_id: str, kind: str, name: str, match_key: str, document: Any,
+             limit: int | None = None) -> bool:
         table = m.webhook_definitions
         now = datetime.now(UTC)
         where = (table.c.flavor == flavor, table.c.cluster_id == cluster_id, table.c.kind == kind,
@@ -102,6 +104,8 @@ class SQLDefinitionStore:
                     update(table).where(*where).values(match_key=match_key, document=document, updated_at=now)
                 ).rowcount
                 if not changed:
+                    if limit is not None:
+                        self._check_quota(conn, cluster_id, limit)
                     conn.execute(
                         insert(table).values(flavor=flavor, cluster_id=cluster_id, kind=kind, name=name,
                                              match_key=match_key, document=document, updated_at=now)
@@ -113,6 +117,17 @@ class SQLDefinitionStore:
         finally:
             self._changed()
         return not changed
+
+    @staticmethod
+    def _check_quota(conn: Any, cluster_id: str, limit: int) -> None:
+        """Refuse one more of the cluster's definitions past ``limit``, under the cluster's row lock
+        (two processes creating at once are serialised: the second counts the first's row)."""
+        table = m.webhook_definitions
+        conn.execute(select(m.clusters.c.id).where(m.clusters.c.id == cluster_id).with_for_update())
+        used = int(conn.execute(select(func.count()).select_from(table)
+                                .where(table.c.cluster_id == cluster_id)).scalar() or 0)
+        if used >= limit:
+            raise QuotaExceeded("webhook_configurations_per_cluster", limit, f"cluster {cluster_id!r}", used)
 
     def _delete(self, flavor: str, cluster_id: str, kind: str, name: str) -> bool:
         table = m.webhook_definitions
@@ -139,13 +154,13 @@ class SQLDefinitionStore:
     def get_bcs(self, name: str) -> BcsDefinition | None:
         return next((d for d in self.list_bcs() if d.name == name), None)
 
-    def put_bcs(self, definition: BcsDefinition) -> bool:
+    def put_bcs(self, definition: BcsDefinition, *, limit: int | None = None) -> bool:
         match_key = f"{definition.operation}/{definition.kind}"
         if self.bcs_cluster and any(d.key == definition.key for d in self._rows(_BCS, "")):
             # A cluster's editors may add admission, never replace a superuser's for their cluster.
             raise Conflict(f"a gateway-wide admission definition already covers {match_key.replace('/', ' ')}")
         return self._put(_BCS, self.bcs_cluster, "admissionwebhook", definition.name, match_key,
-                         dict(definition.document))
+                         dict(definition.document), limit if self.bcs_cluster else None)
 
     def delete_bcs(self, name: str) -> bool:
         return self._delete(_BCS, self.bcs_cluster, "admissionwebhook", name)
@@ -158,9 +173,9 @@ class SQLDefinitionStore:
     def get_k8s(self, cluster_id: str, kind: str, name: str) -> K8sConfiguration | None:
         return next((c for c in self.list_k8s(cluster_id) if c.kind == kind and c.name == name), None)
 
-    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration) -> bool:
+    def put_k8s(self, cluster_id: str, configuration: K8sConfiguration, *, limit: int | None = None) -> bool:
         return self._put(_K8S, cluster_id, configuration.kind, configuration.name,
-                         f"{configuration.kind}/{configuration.name}", dict(configuration.document))
+                         f"{configuration.kind}/{configuration.name}", dict(configuration.document), limit)
 
     def delete_k8s(self, cluster_id: str, kind: str, name: str) -> bool:
         return self._delete(_K8S, cluster_id, kind, name)

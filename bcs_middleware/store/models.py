@@ -55,6 +55,12 @@ clusters = Table(
     Column("project_id", String(128), nullable=False),
     Column("cluster_type", String(16), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # Who registered it (a users.id): what the clusters_per_user quota counts
+    # (bcs_middleware.quotas). Kept when edit passes to others, so nobody can hand their
+    # clusters to another user's quota; cleared by the store when that user is deleted.
+    # No foreign key: adding one to this table makes SQLite rebuild it, and dropping the
+    # old table would cascade to every table referencing clusters.
+    Column("created_by", Integer, nullable=True, index=True),
 )
 
 register_tokens = Table(

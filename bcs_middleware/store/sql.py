@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.sql import ColumnElement
 
 from ..errors import Conflict, NotFound, ServiceUnavailable
+from ..quotas import QuotaExceeded
 from . import models as m
 from .crypto import SecretBox, digests_equal, new_token, token_digest
 from .records import (
@@ -80,6 +81,10 @@ def _require_driver(url: str) -> None:
             f"the database URL needs the {module} driver, which is not installed: "
             f"pip install 'bcs-middleware[{extra}]'"
         ) from None
+
+
+# What a ClusterRecord holds (created_by is the quota's business, read where it counts).
+_CLUSTER_COLUMNS = (m.clusters.c.id, m.clusters.c.project_id, m.clusters.c.cluster_type, m.clusters.c.created_at)
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -361,16 +366,33 @@ class SQLStore:
             # only with its foreign_keys pragma on.
             conn.execute(delete(perms).where(perms.c.user_id == user.id))
             conn.execute(delete(tokens).where(tokens.c.user_id == user.id))
+            conn.execute(update(m.clusters).where(m.clusters.c.created_by == user.id).values(created_by=None))
             conn.execute(delete(m.users).where(m.users.c.id == user.id))
         return user, removed, usable
 
     def create_token(
-        self, user_id: int, *, token_type: str = "user", expires_at: datetime | None = None
+        self, user_id: int, *, token_type: str = "user", expires_at: datetime | None = None,
+        limit: int | None = None,
     ) -> tuple[TokenRecord, str]:
-        """Issue a token; the value is returned here and never again."""
-        self.get_user(user_id)
+        """Issue a token; the value is returned here and never again.
+
+        :param limit: the ``tokens_per_user`` quota: refused (:class:`QuotaExceeded`) when the
+            user already has that many usable tokens. Counted under the user's row lock, so
+            tokens issued at once by several processes cannot pass it. Superusers have no limit.
+        """
         value = new_token()
         with self.transaction() as conn:
+            user = self._lock_user(conn, user_id)
+            if limit is not None and not user.is_superuser:
+                tokens = m.user_tokens.c
+                now = _now()
+                used = int(conn.execute(
+                    select(func.count()).select_from(m.user_tokens).where(
+                        tokens.user_id == user_id, tokens.revoked_at.is_(None),
+                        or_(tokens.expires_at.is_(None), tokens.expires_at > now))
+                ).scalar() or 0)
+                if used >= limit:
+                    raise QuotaExceeded("tokens_per_user", limit, f"user {user.name!r}", used)
             result = conn.execute(
                 insert(m.user_tokens).values(
                     user_id=user_id,
@@ -411,6 +433,13 @@ class SQLStore:
                            tokens.token_hash != digest, tokens.revoked_at.is_(None))
                     .values(revoked_at=_now())
                 )
+
+    def _lock_user(self, conn: Connection, user_id: int) -> UserRecord:
+        """The user, its row locked until the transaction ends (what per-user quotas count under)."""
+        row = conn.execute(select(m.users).where(m.users.c.id == user_id).with_for_update()).first()
+        if row is None:
+            raise NotFound(f"user {user_id} not found", code_name="USER_NOT_FOUND")
+        return self._user(row)
 
     def list_tokens(self, user_id: int) -> list[TokenRecord]:
         self.get_user(user_id)
@@ -468,31 +497,45 @@ class SQLStore:
         return ClusterRecord(row.id, row.project_id, row.cluster_type, _aware(row.created_at))  # type: ignore[arg-type]
 
     def create_cluster(
-        self, cluster_id: str, *, project_id: str, cluster_type: str, creator_id: int | None = None
+        self, cluster_id: str, *, project_id: str, cluster_type: str, creator_id: int | None = None,
+        limit: int | None = None,
     ) -> ClusterRecord:
-        """Create a cluster; its creator (a user id) gets ``edit`` in the same transaction."""
+        """Create a cluster; its creator (a user id) gets ``edit`` in the same transaction.
+
+        :param limit: the ``clusters_per_user`` quota: refused (:class:`QuotaExceeded`) when the
+            creator already registered that many clusters that still exist — counted under the
+            creator's row lock, so creates racing in several processes cannot pass it.
+        """
         try:
             with self.transaction() as conn:
                 now = _now()
-                conn.execute(
-                    insert(m.clusters).values(
-                        id=cluster_id, project_id=project_id, cluster_type=cluster_type, created_at=now
-                    )
-                )
+                if creator_id is not None:
+                    creator = self._lock_user(conn, creator_id)
+                    if limit is not None:
+                        used = int(conn.execute(
+                            select(func.count()).select_from(m.clusters).where(m.clusters.c.created_by == creator_id)
+                        ).scalar() or 0)
+                        if used >= limit:
+                            raise QuotaExceeded("clusters_per_user", limit, f"user {creator.name!r}", used)
+                values: dict[str, Any] = {"id": cluster_id, "project_id": project_id,
+                                          "cluster_type": cluster_type, "created_at": now}
+                if creator_id is not None:
+                    values["created_by"] = creator_id
+                conn.execute(insert(m.clusters).values(**values))
                 if creator_id is not None:
                     conn.execute(
                         insert(m.cluster_permissions).values(
                             cluster_id=cluster_id, user_id=creator_id, permission="edit", updated_at=now
                         )
                     )
-                row = conn.execute(select(m.clusters).where(m.clusters.c.id == cluster_id)).one()
+                row = conn.execute(select(*_CLUSTER_COLUMNS).where(m.clusters.c.id == cluster_id)).one()
         except IntegrityError:
             raise Conflict(f"cluster {cluster_id!r} already exists", code_name="CLUSTER_EXISTS") from None
         return self._cluster(row)
 
     def list_clusters(self) -> list[ClusterRecord]:
         with self.connection() as conn:
-            rows = conn.execute(select(m.clusters).order_by(m.clusters.c.id)).all()
+            rows = conn.execute(select(*_CLUSTER_COLUMNS).order_by(m.clusters.c.id)).all()
         return [self._cluster(r) for r in rows]
 
     def delete_cluster(self, cluster_id: str) -> dict[str, Any]:
@@ -514,11 +557,14 @@ class SQLStore:
                     .where(perms.c.cluster_id == cluster_id)
                 )
             }
+            # Its own admission: Kubernetes configurations and, for a Mesos cluster, the bcs
+            # definitions its editors made (its drivers read them by cluster id): an id
+            # registered again, by anyone, starts with none.
             configurations = [
                 f"{r.kind}/{r.name}"
                 for r in conn.execute(
                     select(webhooks.c.kind, webhooks.c.name)
-                    .where(webhooks.c.flavor == "k8s", webhooks.c.cluster_id == cluster_id)
+                    .where(webhooks.c.cluster_id == cluster_id)
                     .order_by(webhooks.c.kind, webhooks.c.name)
                 )
             ]
@@ -531,9 +577,7 @@ class SQLStore:
             conn.execute(delete(perms).where(perms.c.cluster_id == cluster_id))
             conn.execute(delete(m.agent_placements).where(m.agent_placements.c.cluster_id == cluster_id))
             if configurations:
-                conn.execute(
-                    delete(webhooks).where(webhooks.c.flavor == "k8s", webhooks.c.cluster_id == cluster_id)
-                )
+                conn.execute(delete(webhooks).where(webhooks.c.cluster_id == cluster_id))
                 self.bump_revision(conn, WEBHOOKS_TOPIC)
             conn.execute(delete(m.clusters).where(m.clusters.c.id == cluster_id))
         return {
@@ -545,7 +589,7 @@ class SQLStore:
 
     def find_cluster(self, cluster_id: str) -> ClusterRecord | None:
         with self.connection() as conn:
-            row = conn.execute(select(m.clusters).where(m.clusters.c.id == cluster_id)).first()
+            row = conn.execute(select(*_CLUSTER_COLUMNS).where(m.clusters.c.id == cluster_id)).first()
         return self._cluster(row) if row else None
 
     def get_cluster(self, cluster_id: str) -> ClusterRecord:
@@ -837,17 +881,25 @@ class SQLStore:
             return {str(r.cluster_id): str(r.permission) for r in rows}
 
     def set_cluster_permission(
-        self, cluster_id: str, user_id: int, permission: str | None, *, keep_an_editor: bool = True
+        self, cluster_id: str, user_id: int, permission: str | None, *, keep_an_editor: bool = True,
+        limit: int | None = None,
     ) -> str | None:
         """Give ``user_id`` ``permission`` on the cluster (``None`` removes it); the previous one.
 
         With ``keep_an_editor`` a change that would leave the cluster without any
         ``edit`` holder is refused (409 ``LAST_EDIT_HOLDER``); the check and the
         change are one transaction, so two holders removing each other cannot both win.
+        ``limit`` is the ``permissions_per_cluster`` quota: a grant to one more user past it
+        is refused (:class:`QuotaExceeded`); changing or removing a grant never is.
         """
-        self.get_cluster(cluster_id)
         table = m.cluster_permissions
         with self.transaction() as conn:
+            # The cluster's row lock serialises every change of its permissions: rows inserted
+            # by another process meanwhile are counted, not only the rows that existed.
+            if conn.execute(
+                select(m.clusters.c.id).where(m.clusters.c.id == cluster_id).with_for_update()
+            ).first() is None:
+                raise NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
             editors = {
                 row.user_id: row.permission
                 for row in conn.execute(
@@ -857,6 +909,8 @@ class SQLStore:
                 )
             }
             previous = editors.get(user_id)
+            if previous is None and permission is not None and limit is not None and len(editors) >= limit:
+                raise QuotaExceeded("permissions_per_cluster", limit, f"cluster {cluster_id!r}", len(editors))
             if (
                 keep_an_editor
                 and previous == "edit"

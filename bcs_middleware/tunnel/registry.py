@@ -341,6 +341,7 @@ class LocalAgents:
                     else:
                         continue
                 self._retire(cluster_id, old, old.superseded if authorized else _REVOKED)
+        kept: list[str] = []
         for cluster_id, attached in held:
             if attached.session.closed:
                 self.detach(cluster_id, attached.session, "the agent connection closed")
@@ -349,14 +350,16 @@ class LocalAgents:
                 self.detach(cluster_id, attached.session, _REVOKED)
                 continue
             self._report(attached)
-        if held and self.placements is not None:
+            kept.append(cluster_id)
+        if kept and self.placements is not None:
             try:
-                if self.placements.touch_placements(self.holder.id) < len(held):
+                if self.placements.touch_placements(self.holder.id) < len(kept):
                     # Some held cluster's placement names another process (which holds a
                     # connection of the same agent) or none (that process's connection left
-                    # and cleared it): record this one where nobody live is recorded.
-                    self.placements.adopt_placements([cluster_id for cluster_id, _ in held], self.holder,
-                                                     stale_after=PLACEMENT_STALE_AFTER)
+                    # and cleared it): record this one where nobody live is recorded. Only
+                    # for agents still held: one just dropped (its cluster deleted and its id
+                    # registered again by someone else) must leave no placement behind.
+                    self.placements.adopt_placements(kept, self.holder, stale_after=PLACEMENT_STALE_AFTER)
             except Exception:
                 log.warning("could not write the agent placements' heartbeat")
 

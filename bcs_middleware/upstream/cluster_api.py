@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from .. import environ as env
 from ..bodies import parse_json
 from ..clusters import CachedDirectory, upstream_for
-from ..errors import BadGateway, BadRequest, BCSError, ServiceUnavailable
+from ..errors import BadGateway, BadRequest, BCSError, ServiceUnavailable, UpstreamUnreachable
 from ..store import CredentialRecord
 from .transport import Transport
+
+log = logging.getLogger(__name__)
 
 MAX_OBJECT = 3 * 1024 * 1024
 
@@ -130,7 +133,15 @@ class TunnelClusterReader:
         answer other than 200 or 404 (403 above all) is raised as the cluster gave it.
         """
         target = dataclasses.replace(upstream, path=api_path, query="")
-        status, reason, document = upstream_request(self.transport, target, "GET")
+        try:
+            status, reason, document = upstream_request(self.transport, target, "GET")
+        except BCSError as exc:
+            if exc.status not in (502, 504):
+                raise
+            # The addresses are the cluster owner's: what failed is for superusers and the
+            # log only, as for the tunnel itself (upstream.proxy).
+            log.warning("admission: cannot read %s from %s: %s", api_path, upstream.name or "?", exc.message)
+            raise UpstreamUnreachable(exc, "cannot reach the cluster's apiserver") from None
         if status == 404:
             return None
         if status == 200 and isinstance(document, dict):

@@ -116,7 +116,7 @@ def test_a_deleted_users_tokens_stop_working(world: World) -> None:
 
 def test_a_user_without_view_does_not_see_a_cluster_in_the_list(world: World) -> None:
     status, _ = world.gw.call("POST", "/rest/clusters/bcs", token=world.tokens["alice"],
-                              body={"id": "alice-listed", "project_id": "p", "cluster_type": "mesos"})
+                              body={"id": "alice-listed", "project_id": "p", "cluster_type": "k8s"})
     assert status == 201
     for name in ("bob", "mallory"):
         listed = world.gw.json("GET", "/rest/clusters/", token=world.tokens[name])

@@ -25,7 +25,7 @@ import websocket
 from tests.support.fake_console import FakeConsole
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.gateway import Gateway, served_gateway
-from tests.support.servers import BIN, ServerProcess, free_port
+from tests.support.servers import BIN, ServerProcess, TrapListener, free_port
 
 MESOS = "BCS-MESOS-CONSOLE"
 PATH = "/bcsapi/v1/webconsole"
@@ -62,8 +62,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 "--static-driver", f"{MESOS}=https://127.0.0.1:{driver_port}",
                 "--driver-ca-file", str(driver_data / "tls" / "ca.crt")]) as gw:
             alice, mallory = gw.user("alice"), gw.user("mallory")
-            gw.json("POST", "/rest/clusters/bcs", token=alice,
-                    body={"id": MESOS, "project_id": "p1", "cluster_type": "mesos"})
+            # Mesos clusters are registered by superusers (issue 25); Alice manages hers.
+            gw.json("POST", "/rest/clusters/bcs", body={"id": MESOS, "project_id": "p1", "cluster_type": "mesos"})
+            gw.grant("alice", "edit", cluster=MESOS)
             yield World(gw, console, denied, alice, mallory, driver_port)
             output = gw.server.output() + driver.output()
             assert alice not in output and mallory not in output
@@ -188,3 +189,21 @@ def test_driver_paths_need_the_drivers_cluster_id(world: World) -> None:
         urllib.request.urlopen(request, timeout=15, context=context)
     refused.value.close()
     assert refused.value.code == 400
+
+
+def test_a_user_reads_one_answer_whatever_listens_at_the_console_host(world: World) -> None:
+    """``host_ip`` is the caller's choice (an IP literal, the port the operator's): nothing listening,
+    a plain-TCP service, an address the driver's policy refuses, a TLS server of another CA — one answer."""
+    speaking = TrapListener("127.0.0.5", answer=b"SSH-2.0-OpenSSH_9.2\r\n", port=world.console.port)
+    stranger = FakeConsole("stranger", trustme.CA().issue_cert("127.0.0.6"), host="127.0.0.6",
+                           port=world.console.port)
+    try:
+        answers = {host: _refused(world, world.alice, f"host_ip={host}")
+                   for host in ("127.0.0.4", "127.0.0.5", "127.0.0.2", "127.0.0.6")}
+    finally:
+        speaking.close()
+        stranger.stop()
+    assert len({json.dumps(answer, sort_keys=True) for answer in answers.values()}) == 1, answers
+    status, body = answers["127.0.0.4"]
+    assert status == 502 and body["message"] == "cannot reach the upstream", body
+    assert not stranger.seen

@@ -207,11 +207,12 @@ class TrapListener:
 
     Each accepted connection is answered ``answer`` after the first read (if given), held open
     until :meth:`close` (``hold=True``: a peer that accepts and says nothing), or closed at once.
+    ``port``: listen on this one (default: a free one).
     """
 
-    def __init__(self, host: str = "127.0.0.1", *, answer: bytes = b"", hold: bool = False) -> None:
+    def __init__(self, host: str = "127.0.0.1", *, answer: bytes = b"", hold: bool = False, port: int = 0) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, 0), family=family)
+        self.sock = socket.create_server((host, port), family=family)
         self.sock.settimeout(0.1)
         self.port = int(self.sock.getsockname()[1])
         self.answer = answer
