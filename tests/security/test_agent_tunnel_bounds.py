@@ -155,7 +155,7 @@ def test_a_sync_flood_never_reading_is_cut_with_bounded_memory(
     gateway: Gateway, apiserver: FakeAPIServer, worker: int,
 ) -> None:
     """SyncConnections listing a million streams, again and again: the gateway holds none of them."""
-    cluster, agent = hostile_agent(gateway, apiserver)
+    _cluster, agent = hostile_agent(gateway, apiserver)
     try:
         before = vm_bytes(worker, "VmRSS")
         reset_peak(worker)

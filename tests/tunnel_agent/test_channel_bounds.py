@@ -104,7 +104,7 @@ def test_a_burst_of_pings_read_at_once_is_cut(tls: TLS) -> None:
 
 
 def test_answers_a_peer_leaves_unread_are_bounded_then_it_is_cut(tls: TLS) -> None:
-    with hostile_pair(tls, high_water=16 * 1024, max_queue=64 * 1024) as (peer, channel):
+    with hostile_pair(tls, high_water=16 * 1024, max_queue=64 * 1024) as (_peer, channel):
         _serve(channel)
         # A sender that waits is held, never cut: it is the peer's pace.
         released: list[str] = []
