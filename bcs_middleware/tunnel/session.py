@@ -264,8 +264,9 @@ class Session:
             self._streams[stream.conn_id] = stream
             self._highest_id = max(self._highest_id, stream.conn_id)
         try:
-            # Waits while the channel is full, as data does: Connects are the opener's, not owed to the peer.
-            self._send(Message.connect(stream.conn_id, proto, address, timeout), wait=True)
+            # Queued without waiting (an opener is never held here; the dial has its own timeouts):
+            # at most max_streams Connects, which the channel's max_queue leaves room for.
+            self._send(Message.connect(stream.conn_id, proto, address, timeout))
         except TunnelClosed:
             with self._lock:
                 self._streams.pop(stream.conn_id, None)

@@ -77,8 +77,9 @@ log = logging.getLogger("bcs_middleware.tunnel.wschannel")
 MAX_MESSAGE = 1 << 20
 HIGH_WATER = 512 * 1024
 #: Bytes the send queue may hold at most (see the module docstring): the senders that wait
-#: keep it under ``high_water`` plus a message; the rest is what a reader owes the peer.
-MAX_QUEUE = 4 * 1024 * 1024
+#: keep it under ``high_water`` plus a message; the rest is what is queued without waiting — a
+#: session's Connect, Pause, Resume and end of each of its (at most 10,000) streams, ~3.3 MB.
+MAX_QUEUE = 8 * 1024 * 1024
 #: Pings a peer may send while the pong of an earlier one still waits to be sent.
 MAX_PONGS_OWED = 32
 MAX_HANDSHAKE = 64 * 1024
