@@ -82,6 +82,9 @@ def assert_disconnected(gateway: Gateway, cluster: str, agent: HostileAgent, *, 
     assert wait_until(lambda: f"tunnel agent:{cluster}: " in gateway.server.output(), 10)
     assert wait_until(lambda: limit_closes(gateway, cluster, bound) == 1.0, 10)
     assert not gateway.json("GET", f"/rest/clusters/{cluster}")["agent"]["tunnel_connected"]
+    # A request for the cluster says why its agent is gone.
+    status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/version")
+    assert status == 503 and b"gone (cut: " in body, body
 
 
 @pytest.mark.parametrize("payload", [b"", b"p" * 125], ids=["empty", "125-bytes"])
