@@ -21,7 +21,7 @@ import pytest
 from bcs_middleware.clusters import NOT_READY_TTL, CachedDirectory
 from bcs_middleware.store import ClusterRecord, CredentialRecord
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
+from tests.support.gateway import Gateway, served_gateway
 from tests.support.polling import wait_until
 
 from .conftest import DENY_LOOPBACK, Agent, create_cluster
@@ -31,12 +31,7 @@ CLUSTER = "BCS-K8S-LATEAGENT"
 STALE_BOUND = 0.5
 
 
-@pytest.fixture(scope="module")
-def apiserver() -> Iterator[FakeAPIServer]:
-    with FakeAPIServer(token=SA_TOKEN) as api:
-        yield api
-
-
+# Two workers (this directory's conftest serves one): the agent's connection lands in one of them.
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with served_gateway(tmp_path_factory.mktemp("gateway"), args=DENY_LOOPBACK, workers=2) as gw:
