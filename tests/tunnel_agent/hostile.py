@@ -11,7 +11,6 @@ import base64
 import os
 import socket
 import ssl
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +171,3 @@ class HostileAgent:
             self.sock.close()
         except OSError:
             pass
-
-
-def close_payload(code: int, reason: str = "") -> bytes:
-    return struct.pack("!H", code) + reason.encode()
