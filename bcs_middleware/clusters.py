@@ -5,7 +5,9 @@ layer's reads, the RBAC sync — starts here:
 
 * :class:`CachedDirectory` — clusters and the credentials their kube-agent reported,
   cached per process for ``ttl`` seconds (how long a worker may keep using rotated
-  credentials, and how long a new cluster takes to appear);
+  credentials); a cluster that is not ready — unknown, or no credentials reported
+  yet — only for ``not_ready_ttl`` (how long a new cluster, or one whose agent just
+  connected to another worker or instance, takes to be usable here);
 * :func:`upstream_for` — the :class:`~bcs_middleware.environ.Upstream` for a cluster:
   its apiserver addresses, the reported CA, the TLS server name, the service-account
   token, and — for a non-superuser with RBAC on — the impersonation headers that let
@@ -19,10 +21,11 @@ The cluster id itself is parsed once per request, by the routing layer
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Protocol
 
 from . import environ as env
-from .lru import LoadingCache
+from .lru import LRUCache
 from .store import ClusterRecord, CredentialRecord
 
 __all__ = ["CachedDirectory", "ClusterDirectory", "impersonating", "upstream_for"]
@@ -36,26 +39,56 @@ class ClusterDirectory(Protocol):
     def get_credentials(self, cluster_id: str) -> CredentialRecord | None: ...
 
 
+Answer = tuple[ClusterRecord | None, CredentialRecord | None]
+
+#: How long "no such cluster" or "no credentials yet" is kept (seconds): a worker that
+#: answered so goes on answering so this long at most once the agent has reported — to
+#: any worker of any instance — while a client asking again and again costs the store
+#: a few reads a second per cluster, not one per request.
+NOT_READY_TTL = 0.25
+
+
 class CachedDirectory:
     """A per-process TTL cache over a :class:`ClusterDirectory`.
 
     ``ttl`` bounds how long a worker keeps using credentials after the kube-agent
-    reported new ones (and how long a new cluster takes to appear).
+    reported new ones; ``not_ready_ttl`` how long it keeps an answer that is not
+    ready — no such cluster, or no credentials reported yet — so that a cluster
+    becomes usable everywhere within it once its agent has reported (the process the
+    agent reported to also :meth:`forget` s at once). ``ttl <= 0`` caches nothing.
     """
 
-    def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0) -> None:
+    def __init__(self, inner: ClusterDirectory, *, ttl: float = 5.0, not_ready_ttl: float = NOT_READY_TTL,
+                 max_entries: int = 10_000) -> None:
         self.inner = inner
         self.ttl = ttl
-        self._cache: LoadingCache[str, tuple[ClusterRecord | None, CredentialRecord | None]] = LoadingCache(ttl=ttl)
+        self.not_ready_ttl = min(not_ready_ttl, ttl)
+        self._lock = threading.Lock()
+        self._ready: LRUCache[str, Answer] = LRUCache(max_entries=max_entries, max_age=max(ttl, 0.0))
+        self._not_ready: LRUCache[str, Answer] = LRUCache(max_entries=max_entries,
+                                                          max_age=max(self.not_ready_ttl, 0.0))
 
-    def lookup(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
-        return self._cache.get(cluster_id, self._load)
+    def lookup(self, cluster_id: str) -> Answer:
+        if self.ttl > 0:
+            # One dict read each, no lock: the hit path of every tunnel request.
+            hit = self._ready.fresh(cluster_id) or self._not_ready.fresh(cluster_id)
+            if hit is not None:
+                return hit[0]
+        answer = self._load(cluster_id)
+        if self.ttl > 0:
+            ready = answer[1] is not None and bool(answer[1].server_addresses)
+            with self._lock:
+                (self._ready if ready else self._not_ready).put(cluster_id, answer)
+                (self._not_ready if ready else self._ready).pop(cluster_id)
+        return answer
 
     def forget(self, cluster_id: str) -> None:
         """Load ``cluster_id`` afresh on its next lookup (this process just changed its credentials)."""
-        self._cache.forget(cluster_id)
+        with self._lock:
+            self._ready.pop(cluster_id)
+            self._not_ready.pop(cluster_id)
 
-    def _load(self, cluster_id: str) -> tuple[ClusterRecord | None, CredentialRecord | None]:
+    def _load(self, cluster_id: str) -> Answer:
         cluster = self.inner.find_cluster(cluster_id)
         return cluster, self.inner.get_credentials(cluster_id) if cluster is not None else None
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import logging
 import os
 import random
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 import yaml
 
 from .tunnel.agent import MAX_CONNECTIONS, REPLACED_BACKOFF, TunnelAgent
@@ -58,6 +60,11 @@ ENVIRONMENT = """environment:
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TIMEOUT = (5.0, 20.0)
+#: The most of a gateway's refusal read (its JSON error is a few hundred bytes; a hostile or
+#: broken gateway may send any amount).
+MAX_ANSWER = 64 * 1024
+#: The most of the gateway's error message logged.
+MAX_DETAIL = 300
 
 
 @dataclass(frozen=True)
@@ -246,20 +253,29 @@ class Reporter:
                 "user_token": access.token}
         try:
             headers = {"Authorization": f"Bearer {self.register_token}"} if self.register_token else {}
+            # Streamed: only the start of an answer is read (MAX_ANSWER), whatever its length.
             resp = self.session.put(self.url, json=body, timeout=TIMEOUT, verify=self.verify, headers=headers,
-                                    allow_redirects=False)
+                                    allow_redirects=False, stream=True)
         except requests.exceptions.SSLError:
             raise AgentError("the gateway's certificate did not verify against SERVER_CERT") from None
         except requests.RequestException as exc:
             raise AgentError(f"cannot reach the gateway: {type(exc).__name__}") from None
-        if resp.status_code != 200:
-            try:
-                err = resp.json()
-                detail = f"{err.get('code_name')}: {err.get('message')}"
-            except ValueError:
-                detail = resp.reason or "no details"
-            raise AgentError(f"gateway refused the report (HTTP {resp.status_code}) {detail}")
+        with resp:
+            if resp.status_code != 200:
+                raise AgentError(f"gateway refused the report (HTTP {resp.status_code}) {_refusal(resp)}")
         log.info("reported %d apiserver address(es) for the cluster", len(access.addresses))
+
+
+def _refusal(resp: requests.Response) -> str:
+    """``code_name: message`` of the gateway's JSON error, from at most :data:`MAX_ANSWER` bytes of it."""
+    try:
+        start = resp.raw.read(MAX_ANSWER, decode_content=True)
+        err = json.loads(start)
+        detail = f"{err.get('code_name')}: {err.get('message')}"
+    except (ValueError, AttributeError, OSError, urllib3.exceptions.HTTPError):
+        # Not JSON, cut short at MAX_ANSWER, or not an object; or the connection failed.
+        return resp.reason or "no details"
+    return detail[:MAX_DETAIL]
 
 
 def gather_tunnel(args: argparse.Namespace) -> TunnelParams:

@@ -115,6 +115,12 @@ AGENT_BYTES = Counter(
     "Bytes carried over a cluster's kube-agent tunnel, by direction (in: from the agent).",
     ["cluster", "direction"],
 )
+AGENT_LIMIT_CLOSES = Counter(
+    "bcs_agent_tunnel_limit_closes",
+    "kube-agent tunnel connections cut because the agent broke a bound or a rule of the protocol, by "
+    "cluster and bound (pongs, send_queue, message_size, fragments, unknown_stream, connect, protocol).",
+    ["cluster", "bound"],
+)
 
 # The item MetricBatch.request queues: both per-request metrics for one ``put``.
 _REQUEST = object()

@@ -42,6 +42,12 @@ What happens, in order — nothing is stored until every check passed:
    until it ends. The register token is re-checked every few seconds: rotating or
    revoking it drops the tunnel.
 
+Whatever the agent sends is bounded (pongs, unread answers, message sizes, stream
+buffers, messages for streams the gateway never opened, Connects): an agent that breaks a
+bound is cut with the WebSocket close code 1008 (1009 for a message too big), logged with
+the cluster id and counted in ``bcs_agent_tunnel_limit_closes{cluster,bound}`` — see
+:mod:`.wschannel` and :mod:`.session` for each bound and its default.
+
 The address the agent reports is not checked against the gateway's upstream
 address policy: the gateway never connects to it, the agent does, inside its own
 cluster. The session never dials anything on the gateway's side: an agent's
@@ -62,6 +68,7 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 
+from .. import metrics
 from ..clusters import CachedDirectory
 from ..errors import BadRequest, BCSError, Conflict, NotImplementedByServer, Unauthorized
 from ..lifecycle import serving_workers
@@ -116,17 +123,22 @@ class AgentTunnelMiddleware:
     :param directory: this process's cluster cache, told when credentials change here
         (so the tunnel is used at once rather than after the cache's ttl).
     :param session_options: keyword arguments for each
-        :class:`~bcs_middleware.tunnel.session.Session` (window, ping interval ...).
+        :class:`~bcs_middleware.tunnel.session.Session` (window, ping interval, its bounds ...).
+    :param channel_options: keyword arguments for each agent's
+        :class:`~bcs_middleware.tunnel.wschannel.WebSocketChannel` (its bounds: ``max_message``,
+        ``max_queue``, ``max_pongs_owed``, ``high_water``).
     """
 
     def __init__(self, app: Any, *, store: SQLStore, agents: LocalAgents,
                  directory: CachedDirectory | None = None,
-                 session_options: dict[str, Any] | None = None) -> None:
+                 session_options: dict[str, Any] | None = None,
+                 channel_options: dict[str, Any] | None = None) -> None:
         self.app = app
         self.store = store
         self.agents = agents
         self.directory = directory
         self.session_options = dict(session_options or {})
+        self.channel_options = dict(channel_options or {})
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != CONNECT_PATH:
@@ -204,7 +216,7 @@ class AgentTunnelMiddleware:
         workers = serving_workers()
         # An agent that identifies itself holds a connection per worker (see HEADER_WORKERS).
         extra = [(HEADER_WORKERS, str(workers))] if agent_id is not None and workers else []
-        channel = WebSocketChannel.accept(client, head, extra_headers=extra)
+        channel = WebSocketChannel.accept(client, head, extra_headers=extra, **self.channel_options)
         session = Session(channel, name=f"agent:{cluster_id}", **self.session_options)
 
         self.agents.attach(cluster_id, session, token_digest=token_digest(token), agent_id=agent_id)
@@ -215,9 +227,13 @@ class AgentTunnelMiddleware:
             reason = "the agent connection failed"
             log.exception("the tunnel session of cluster %s failed", cluster_id)
         finally:
+            if session.broken_bound is not None:
+                reason = f"cut: {session.close_reason}"
             self.agents.detach(cluster_id, session, reason)
             if not session.closed:
                 session.close(reason)
+            if session.broken_bound is not None:
+                metrics.AGENT_LIMIT_CLOSES.labels(metrics.cluster_label(cluster_id), session.broken_bound).inc()
 
 
 class _AgentConnection:

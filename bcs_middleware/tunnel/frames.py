@@ -34,6 +34,7 @@ import enum
 import itertools
 import random
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 #: What current remotedialer writes in the deadline field (15 s in milliseconds).
@@ -257,7 +258,12 @@ def encode_connection_ids(conn_ids: list[int]) -> bytes:
     return b"".join(struct.pack("<q", conn_id) for conn_id in conn_ids)
 
 
-def decode_connection_ids(payload: bytes) -> list[int]:
+def iter_connection_ids(payload: bytes) -> Iterator[int]:
+    """The ids of a SyncConnections payload, one at a time (a message may list 131072)."""
     if len(payload) % 8:
         raise TunnelProtocolError("sync payload is not a whole number of 8-byte ids")
-    return [value for (value,) in struct.iter_unpack("<q", payload)]
+    return (value for (value,) in struct.iter_unpack("<q", payload))
+
+
+def decode_connection_ids(payload: bytes) -> list[int]:
+    return list(iter_connection_ids(payload))

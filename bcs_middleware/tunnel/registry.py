@@ -15,7 +15,10 @@ other workers and instances can find it (the peers helper's router).
   (at once when idle), so an ``exec`` session open over it during an agent's
   rolling update is not cut; if the newer one leaves first, the older one, still
   open, serves again. Two agents kept running for one cluster therefore take
-  turns; run one. An agent of this project holds a connection in *every* worker
+  turns; run one. At most ``max_draining`` replaced connections per cluster are
+  kept draining (the oldest beyond them is closed at once): whoever holds the
+  register token cannot pile up connections by reconnecting while they carry
+  streams. An agent of this project holds a connection in *every* worker
   (:mod:`bcs_middleware.tunnel.agent`); the endpoint refuses a second one of the
   same agent in one process (:meth:`LocalAgents.holds`), and one that races past
   that check is closed as redundant (``CLOSE_DUPLICATE``), not as replaced.
@@ -73,6 +76,8 @@ _DUPLICATE = "the same kube-agent connected to this worker again"
 _REVOKED = "the cluster's register token was rotated or revoked"
 # Why recently departed agents left, kept a while so a 503 can say "gone" rather than "never here".
 _GONE_KEPT = 600.0
+#: Replaced connections of one cluster kept open while they carry streams.
+MAX_DRAINING = 4
 
 
 class AgentSession(Protocol):
@@ -141,12 +146,15 @@ class LocalAgents:
         token (and heartbeats).
     :param on_replaced: called with the cluster id when a newer connection replaces a
         held one (``PooledTransport.retire_tunnel``).
+    :param max_draining: replaced connections of one cluster kept while they carry streams
+        (default :data:`MAX_DRAINING`); the oldest beyond are closed.
     """
 
     def __init__(self, *, holder: Holder, placements: PlacementStore | None, tokens: RegisterTokens | None = None,
                  check_every: float = DEFAULT_CHECK_EVERY,
-                 on_replaced: Callable[[str], None] | None = None) -> None:
+                 on_replaced: Callable[[str], None] | None = None, max_draining: int = MAX_DRAINING) -> None:
         self.holder = holder
+        self.max_draining = max_draining
         # Told when a newer connection takes a cluster over: the transport then stops
         # reusing its pooled connections over the older one, so the older one drains.
         self.on_replaced = on_replaced
@@ -183,11 +191,16 @@ class LocalAgents:
                 old.superseded = _DUPLICATE
             if self.on_replaced is not None:
                 self.on_replaced(cluster_id)
+            surplus: list[tuple[str, _Attached]] = [(cluster_id, old)]
             if old.session.streams and not old.session.closed:
                 with self._lock:
                     self._draining.append((cluster_id, old))
-            else:
-                self._retire(cluster_id, old, old.superseded)
+                    mine = [entry for entry in self._draining if entry[0] == cluster_id]
+                    surplus = mine[:max(0, len(mine) - self.max_draining)]
+                    for entry in surplus:
+                        self._draining.remove(entry)
+            for _cluster, retired in surplus:
+                self._retire(cluster_id, retired, retired.superseded)
         if old is not None or was_gone:
             metrics.AGENT_RECONNECTS.labels(attached.label).inc()
         metrics.AGENTS_CONNECTED.inc()

@@ -29,8 +29,9 @@ Threads. Whatever the number of streams, a session runs
   once per read lets them go out together (bench/README.md, session 9);
 * a **pump**: one selector loop over every stream's local socket — reads what the
   local side sends and forwards it as Data, writes what the peer sent, and pings;
-* the channel's writer (see :mod:`.wschannel`); and on the agent, one short-lived
-  thread per Connect being dialled (at most :data:`MAX_CONCURRENT_DIALS` dial at once).
+* the channel's writer (see :mod:`.wschannel`); and on the agent, up to
+  :data:`MAX_CONCURRENT_DIALS` dialler threads that take the Connects in turn (a flood
+  of Connects queues, one stream each, within ``max_streams``).
 
 Flow control is remotedialer's Pause/Resume, per stream. When a stream's buffer
 of bytes from the peer (not yet taken by the local side) exceeds ``window``, the
@@ -44,8 +45,26 @@ Pause left — bounded by the connection's TCP buffers, shared by all streams. S
 the session counts the bytes its streams hold past their windows together: when
 that total exceeds ``overflow``, the peer is ignoring Pause (bk-bcs's fork of
 remotedialer predates it) and the stream the data is for is reset with an Error.
-Memory per session stays below ``streams * window + overflow``, and per stream
-below ``window + overflow``.
+Besides, when all streams together hold more than ``buffer_limit`` bytes, every
+stream the peer sends to is paused at once, whatever its own window; and beyond
+``buffer_limit + overflow`` the stream the data is for is reset. Memory per session
+so stays below ``buffer_limit + overflow`` however many streams there are, and per
+stream below ``window + overflow``.
+
+What else the peer can send is bounded too (the channel bounds pongs, unread answers and
+message sizes: :mod:`.wschannel`). A peer that breaks a rule the session enforces is
+**cut** — the channel closes with 1008 (:data:`~.wsframes.POLICY_VIOLATION`), the reason
+naming the rule, :attr:`Session.broken_bound` saying which — rather than answered:
+
+* ``unknown_stream`` — on the gateway's end, a message for a stream the gateway never
+  opened (its ids are its own counter; the Go agent only ever names those). Messages for
+  a stream that has ended are dropped without an answer: the peer was told when it ended;
+* ``connect`` — a Connect sent to the gateway's end, which opens nothing for a peer (as
+  remotedialer's server, which ends the session on a Connect it does not allow);
+* ``protocol`` — a malformed message, or a second Connect for a stream (the agent's end).
+
+SyncConnections is acted on at most once per :data:`SYNC_MIN_INTERVAL` seconds, and only
+the ids of streams this end holds are kept from it.
 
 End of a stream, as remotedialer: an Error message ends it in both directions
 (``EOF`` is the clean end); the bytes received before it are still delivered to
@@ -77,11 +96,12 @@ from .frames import (
     TunnelProtocolError,
     UnknownMessageType,
     decode,
-    decode_connection_ids,
     encode,
     encode_data,
+    iter_connection_ids,
 )
 from .wschannel import ChannelClosed, WebSocketChannel
+from .wsframes import POLICY_VIOLATION
 
 log = logging.getLogger("bcs_middleware.tunnel.session")
 
@@ -89,6 +109,8 @@ log = logging.getLogger("bcs_middleware.tunnel.session")
 CHUNK = 32 * 1024
 #: Bytes all streams of a session may hold past their windows together (see the module docstring).
 OVERFLOW = 32 * 1024 * 1024
+#: Bytes all streams of a session may hold before every stream the peer sends to is paused.
+BUFFER_LIMIT = 16 * 1024 * 1024
 MAX_STREAMS = 10_000
 MAX_CONCURRENT_DIALS = 64
 #: Dial timeout on the agent when the Connect's deadline is absent or absurd (Go's default).
@@ -96,6 +118,8 @@ DEFAULT_DIAL_TIMEOUT = 15.0
 MAX_DIAL_TIMEOUT = 60.0
 #: A SyncConnections message does not close streams younger than this (their Connect may be in flight).
 SYNC_GRACE_SECONDS = 30.0
+#: SyncConnections messages closer together than this are ignored (remotedialer sends one a minute).
+SYNC_MIN_INTERVAL = 1.0
 
 Dial = Callable[[str, str, float], socket.socket]
 
@@ -136,32 +160,49 @@ class Session:
     :param ping_interval: seconds between WebSocket pings.
     :param dead_after: seconds without a byte from the peer after which it is gone.
     :param name: for log lines (e.g. the cluster id); never a secret.
+    :param overflow: bytes the streams may hold past their windows (and past ``buffer_limit``)
+        together before the stream data arrives for is reset (default :data:`OVERFLOW`).
+    :param buffer_limit: bytes all streams may hold before each one the peer sends to is
+        paused (default :data:`BUFFER_LIMIT`).
+    :param max_streams: streams open at once (default :data:`MAX_STREAMS`); on the agent's
+        end, Connects beyond it are refused with an Error.
 
     Read by metrics: :attr:`closed`, :attr:`streams`, :attr:`bytes_in` (stream bytes
-    received from the peer), :attr:`bytes_out` (stream bytes sent to it).
+    received from the peer), :attr:`bytes_out` (stream bytes sent to it),
+    :attr:`broken_bound` (the bound or rule the peer broke, if that ended the session).
     """
 
     def __init__(self, channel: WebSocketChannel, *, dial: Dial | None = None, window: int = 256 * 1024,
                  ping_interval: float = 30.0, dead_after: float = 90.0, name: str = "",
-                 overflow: int = OVERFLOW, max_streams: int = MAX_STREAMS) -> None:
+                 overflow: int = OVERFLOW, buffer_limit: int = BUFFER_LIMIT, max_streams: int = MAX_STREAMS) -> None:
         if window < CHUNK:
             raise ValueError(f"window must be at least {CHUNK} bytes")
+        if buffer_limit < window:
+            raise ValueError("buffer_limit must be at least one window")
         self.channel = channel
         self.name = name
         self.window = window
         self.resume_at = window // 4
         self.overflow = overflow
+        self.buffer_limit = buffer_limit
         self._excess = 0  # bytes held past their windows, all streams together
+        self._buffered = 0  # bytes held, all streams together
         self.max_streams = max_streams
+        #: The bound or rule the peer broke, when that is why the session ended (see the module docstring).
+        self.broken_bound: str | None = None
         self.ping_interval = ping_interval
         self.dead_after = dead_after
         self.bytes_in = 0
         self.bytes_out = 0
         self.close_reason = ""
         self._dial = dial
-        self._dial_slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIALS)
+        # Connects waiting for a dialler, and how many dialler threads run.
+        self._pending_dials: collections.deque[tuple[_Stream, str, str, float]] = collections.deque()
+        self._dialers = 0
+        self._next_sync = 0.0
         self._lock = threading.Lock()
         self._streams: dict[int, _Stream] = {}
+        self._highest_id = 0  # the gateway's end: the last stream id it gave out
         # Streams that ended lately: the peer's Data still in flight for them is dropped quietly
         # rather than answered one Error per message.
         self._ended_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -221,7 +262,10 @@ class Session:
             if len(self._streams) >= self.max_streams:
                 raise TooManyStreams(f"the tunnel carries {self.max_streams} streams already")
             self._streams[stream.conn_id] = stream
+            self._highest_id = max(self._highest_id, stream.conn_id)
         try:
+            # Queued without waiting (an opener is never held here; the dial has its own timeouts):
+            # at most max_streams Connects, which the channel's max_queue leaves room for.
             self._send(Message.connect(stream.conn_id, proto, address, timeout))
         except TunnelClosed:
             with self._lock:
@@ -242,12 +286,19 @@ class Session:
                 except UnknownMessageType:
                     continue  # remotedialer ignores the types it does not know
                 except TunnelProtocolError as exc:
-                    reason = f"protocol error: {exc}"
-                    log.warning("tunnel %s: %s; closing it", self.name, reason)
+                    self._violation("protocol", f"protocol error: {exc}")
+                else:
+                    self._dispatch(message)
+                if self._closing:
+                    reason = self.close_reason
                     break
-                self._dispatch(message)
         finally:
             self.close(reason)
+            bound = self.broken_bound or self.channel.broken_bound
+            if bound is not None:
+                self.broken_bound = bound
+                log.warning("tunnel %s: %s; the connection is cut (WebSocket close %s)", self.name,
+                            self.channel.close_reason or reason, self.channel.close_code)
             self._pump_done.wait(5.0)
 
     def close(self, reason: str = "", *, code: int = 1000) -> None:
@@ -267,6 +318,14 @@ class Session:
         self.channel.close(code, reason[:100])
         self._wake()
 
+    def _violation(self, bound: str, reason: str) -> None:
+        """The peer broke ``bound``: cut the channel (1008) and end the session."""
+        with self._lock:
+            if self.broken_bound is None:
+                self.broken_bound = bound
+        self.channel.violated(bound, reason)
+        self.close(reason, code=POLICY_VIOLATION)
+
     # -- the reader ------------------------------------------------------------------------
 
     def _dispatch(self, message: Message) -> None:
@@ -276,13 +335,16 @@ class Session:
         elif mtype is MessageType.CONNECT:
             self._on_connect(message)
         elif mtype is MessageType.ERROR:
-            self._end_stream(message.conn_id, message.error_text)
+            if not self._end_stream(message.conn_id, message.error_text):
+                self._unknown_stream(message)
         elif mtype in (MessageType.PAUSE, MessageType.RESUME):
             with self._lock:
                 stream = self._streams.get(message.conn_id)
-                if stream is None:
-                    return
-                stream.peer_paused = mtype is MessageType.PAUSE
+                if stream is not None:
+                    stream.peer_paused = mtype is MessageType.PAUSE
+            if stream is None:
+                self._unknown_stream(message)
+                return
             self._mark(stream)
         elif mtype is MessageType.SYNC_CONNECTIONS:
             self._on_sync(message.payload)
@@ -309,11 +371,12 @@ class Session:
                 before = len(stream.out)
                 stream.out += payload
                 buffered = len(stream.out)
+                self._buffered += len(payload)
                 self._excess += self._past_window(buffered) - self._past_window(before)
-                if self._excess > self.overflow:
+                if self._excess > self.overflow or self._buffered > self.buffer_limit + self.overflow:
                     overflowed = True
                     self._drop_buffer_locked(stream)
-                elif buffered > self.window and not stream.sent_pause:
+                elif (buffered > self.window or self._buffered > self.buffer_limit) and not stream.sent_pause:
                     # Decided and queued under the lock, so a Resume from the pump cannot overtake it.
                     stream.sent_pause = True
                     self._send(Message.pause(stream.conn_id), quiet=True, urgent=True)
@@ -322,57 +385,84 @@ class Session:
                     if not overflowed:
                         return
         if stream is None:
-            with self._lock:
-                recently_ended = message.conn_id in self._ended_ids
-            if recently_ended:
-                return
-            # As remotedialer: tell the peer, which then ends its side.
-            self._send(Message.error(message.conn_id, f"connection not found {message.conn_id}"), quiet=True)
+            if self._unknown_stream(message):
+                # As remotedialer: tell the peer, which then ends its side.
+                self._send(Message.error(message.conn_id, f"connection not found {message.conn_id}"), quiet=True)
             return
         if overflowed:
-            log.warning("tunnel %s: streams hold more than %d bytes past their windows (the peer ignores "
-                        "Pause); resetting stream %d", self.name, self.overflow, stream.conn_id)
+            log.warning("tunnel %s: streams hold more than %d bytes past their windows or the session's "
+                        "buffer limit (the peer ignores Pause); resetting stream %d", self.name, self.overflow,
+                        stream.conn_id)
             self._send(Message.error(stream.conn_id, "buffer overflow"), quiet=True)
             self._end_stream(stream.conn_id, "buffer overflow")
             return
         if not stream.done:
             self._mark(stream)
 
+    def _unknown_stream(self, message: Message) -> bool:
+        """A message for a stream this end does not hold: cuts a peer naming a stream the gateway
+        never opened; ``True`` when an answer is owed (Data for a stream the agent's end does not
+        know and has not ended lately)."""
+        conn_id = message.conn_id
+        if self._dial is None:  # the gateway's end: stream ids are its own
+            if not 0 < conn_id <= self._highest_id:
+                self._violation("unknown_stream", f"the peer sent {message.type.name} for stream {conn_id}, "
+                                "which the gateway never opened")
+            return False  # one that ended: the peer was told then
+        if message.type is not MessageType.DATA:
+            return False
+        with self._lock:
+            return conn_id not in self._ended_ids
+
     def _on_connect(self, message: Message) -> None:
         conn_id = message.conn_id
         if self._dial is None:
             self._send(Message.error(conn_id, "connect not allowed"), quiet=True)
+            self._violation("connect", "the peer sent a Connect: the gateway opens no connection for a peer")
             return
         proto, address = message.target
         stream = _Stream(conn_id, None)
-        with self._lock:
-            if conn_id in self._streams:
-                log.warning("tunnel %s: a second Connect for stream %d ignored", self.name, conn_id)
-                return
-            refuse = len(self._streams) >= self.max_streams
-            if not refuse:
-                self._streams[conn_id] = stream
-        if refuse:
-            self._send(Message.error(conn_id, "too many connections"), quiet=True)
-            return
         deadline = message.deadline / 1000.0
         timeout = deadline if 0 < deadline <= MAX_DIAL_TIMEOUT else DEFAULT_DIAL_TIMEOUT
-        threading.Thread(target=self._dial_stream, args=(stream, proto, address, timeout),
-                         name=f"bcs-tunnel-dial-{conn_id}", daemon=True).start()
+        with self._lock:
+            duplicate = conn_id in self._streams
+            refuse = len(self._streams) >= self.max_streams
+            start = False
+            if not duplicate and not refuse:
+                self._streams[conn_id] = stream
+                self._pending_dials.append((stream, proto, address, timeout))
+                start = self._dialers < MAX_CONCURRENT_DIALS
+                self._dialers += start
+        if duplicate:
+            self._violation("protocol", f"the peer sent a second Connect for stream {conn_id}")
+        elif refuse:
+            self._send(Message.error(conn_id, "too many connections"), quiet=True)
+        elif start:
+            threading.Thread(target=self._dial_loop, name=f"bcs-tunnel-dial-{self.name}", daemon=True).start()
+
+    def _dial_loop(self) -> None:
+        """A dialler thread: dial the pending Connects in turn, until none is left."""
+        while True:
+            with self._lock:
+                if not self._pending_dials or self._closing:
+                    self._dialers -= 1
+                    return
+                pending = self._pending_dials.popleft()
+            self._dial_stream(*pending)
 
     def _dial_stream(self, stream: _Stream, proto: str, address: str, timeout: float) -> None:
         assert self._dial is not None
-        with self._dial_slots:
-            try:
-                sock = self._dial(proto, address, timeout)
-            except Exception as exc:  # the dialer's refusal or failure, whatever its type, goes to the peer
-                text = str(exc) or type(exc).__name__
-                log.info("tunnel %s: stream %d to %s/%s refused or failed: %s", self.name, stream.conn_id,
-                         proto, address, text)
-                with self._lock:
-                    self._forget_locked(stream)
-                self._send(Message.error(stream.conn_id, text), quiet=True)
-                return
+        try:
+            sock = self._dial(proto, address, timeout)
+        except Exception as exc:  # the dialer's refusal or failure, whatever its type, goes to the peer
+            text = str(exc) or type(exc).__name__
+            # The address is the peer's text: quoted, so that it cannot forge a line.
+            log.info("tunnel %s: stream %d to %r refused or failed: %s", self.name, stream.conn_id,
+                     f"{proto}/{address}", text)
+            with self._lock:
+                self._forget_locked(stream)
+            self._send(Message.error(stream.conn_id, text), quiet=True)
+            return
         sock.setblocking(False)
         with self._lock:
             if self._closing or stream.done or self._streams.get(stream.conn_id) is not stream:
@@ -382,28 +472,36 @@ class Session:
                 stream.sock = sock
         if not keep:
             with self._lock:
-                if self._streams.get(stream.conn_id) is stream:
-                    del self._streams[stream.conn_id]
+                self._forget_locked(stream)
             sock.close()
             return
         self._mark(stream)
 
-    def _end_stream(self, conn_id: int, error: str) -> None:
-        """The peer ended ``conn_id``: deliver what is buffered, then close (in the pump)."""
+    def _end_stream(self, conn_id: int, error: str) -> bool:
+        """The peer ended ``conn_id``: deliver what is buffered, then close (in the pump); ``False``
+        if there is no such stream."""
         with self._lock:
             stream = self._streams.get(conn_id)
             if stream is None:
-                return
+                return False
             stream.done = True
             stream.error = error
         self._mark(stream)
+        return True
 
     def _on_sync(self, payload: bytes) -> None:
-        live = set(decode_connection_ids(payload))
-        cutoff = time.monotonic() - SYNC_GRACE_SECONDS
+        now = time.monotonic()
+        if now < self._next_sync:
+            return
+        self._next_sync = now + SYNC_MIN_INTERVAL
+        cutoff = now - SYNC_GRACE_SECONDS
         with self._lock:
-            stale = [s.conn_id for s in self._streams.values() if s.conn_id not in live and s.opened < cutoff]
-        for conn_id in stale:
+            held = {s.conn_id for s in self._streams.values() if s.opened < cutoff}
+        if not held:
+            return
+        # Only the ids this end holds are kept: the peer may list as many as a message holds.
+        live = {conn_id for conn_id in iter_connection_ids(payload) if conn_id in held}
+        for conn_id in held - live:
             self._end_stream(conn_id, "sync from peer")
 
     # -- sending ---------------------------------------------------------------------------
@@ -503,6 +601,7 @@ class Session:
                 gone = None
                 before = len(stream.out)
                 del stream.out[:sent]
+                self._buffered -= sent
                 self._excess += self._past_window(len(stream.out)) - self._past_window(before)
                 if stream.sent_pause and len(stream.out) <= self.resume_at and not stream.done:
                     stream.sent_pause = False
@@ -577,6 +676,7 @@ class Session:
         else:
             data = bytes(stream.out[:limit])
             del stream.out[:limit]
+        self._buffered -= len(data)
         self._excess += self._past_window(len(stream.out)) - self._past_window(before)
         if stream.sent_pause and len(stream.out) <= self.resume_at and not stream.done:
             stream.sent_pause = False
@@ -632,9 +732,11 @@ class Session:
 
     def _drop_buffer_locked(self, stream: _Stream) -> None:
         self._excess -= self._past_window(len(stream.out))
+        self._buffered -= len(stream.out)
         stream.out.clear()
 
     def _forget_locked(self, stream: _Stream) -> None:
+        self._drop_buffer_locked(stream)  # what the peer sent while it was dialled, say
         if self._streams.get(stream.conn_id) is stream:
             del self._streams[stream.conn_id]
             self._ended_ids[stream.conn_id] = None

@@ -15,9 +15,9 @@ writer thread per channel from a queue, so
   (pongs, the closing frame) and the messages sent with ``wait=False`` (the
   session's Pause/Resume/Error) are queued without waiting. Two peers whose
   readers both waited to write into full TCP buffers would deadlock each other.
-* :meth:`~WebSocketChannel.send` applies back-pressure: it returns once the queue
-  holds less than ``high_water`` bytes, so a fast producer is held at the speed
-  of the connection and the queue stays bounded.
+* :meth:`~WebSocketChannel.send` applies back-pressure: it queues once the queue
+  holds at most ``high_water`` bytes, so a fast producer is held at the speed of
+  the connection and the queue stays bounded.
 
 An SSL object must not be used by two threads at once (OpenSSL's rule; breaking
 it loses bytes under load), so the socket is non-blocking and every TLS call is
@@ -26,10 +26,22 @@ standard library's ``socket``, ``selectors`` and ``threading`` are used (gevent
 patches them), so the channel works the same under threads and under gevent; no
 loop polls.
 
-Bounds: a received message larger than ``max_message`` closes the channel (1009);
-a text message closes it (1003: remotedialer speaks binary only); a peer silent
-for ``idle_timeout`` seconds (see :meth:`~WebSocketChannel.set_idle_timeout`) is
-taken as gone. The handshake answer is read up to 64 KiB within ``timeout``.
+Bounds — what the peer can make this end hold, and what happens when it tries for more:
+
+* a received message larger than ``max_message``, or in more than
+  :data:`~.wsframes.MAX_FRAGMENTS` fragments, closes the channel (1009); a text message
+  closes it (1003: remotedialer speaks binary only);
+* **pongs**: one at most waits to be sent — RFC 6455 §5.5.3 lets a pong answer only the
+  latest ping — and a peer that sends more than ``max_pongs_owed`` pings while that
+  pong cannot leave (it does not read) is cut (1008);
+* **the send queue**: what is queued without waiting (the answers and flow-control
+  messages a reader owes the peer, ``send(wait=False)``) may take the queue to
+  ``max_queue`` bytes; a peer that leaves more unread is cut (1008), the queue dropped;
+* a peer silent for ``idle_timeout`` seconds (see :meth:`~WebSocketChannel.set_idle_timeout`),
+  or that takes nothing for as long while there is something to send, is taken as gone.
+
+A channel cut for a bound says which in :attr:`~WebSocketChannel.broken_bound`. The
+handshake answer is read up to 64 KiB within ``timeout``.
 """
 
 from __future__ import annotations
@@ -47,19 +59,37 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, RejectConnection, RejectData, Request
 from wsproto.utilities import RemoteProtocolError
 
-from .wsframes import OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, FrameError, Frames, parse_close
+from .wsframes import (
+    MESSAGE_TOO_BIG,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+    POLICY_VIOLATION,
+    FrameError,
+    Frames,
+    parse_close,
+)
 
 log = logging.getLogger("bcs_middleware.tunnel.wschannel")
 
 MAX_MESSAGE = 1 << 20
 HIGH_WATER = 512 * 1024
+#: Bytes the send queue may hold at most (see the module docstring): the senders that wait
+#: keep it under ``high_water`` plus a message; the rest is what is queued without waiting — a
+#: session's Connect, Pause, Resume and end of each of its (at most 10,000) streams, ~3.3 MB.
+MAX_QUEUE = 8 * 1024 * 1024
+#: Pings a peer may send while the pong of an earlier one still waits to be sent.
+MAX_PONGS_OWED = 32
 MAX_HANDSHAKE = 64 * 1024
 MAX_REJECT_BODY = 4096
 RECV_SIZE = 64 * 1024
 #: The reader lets the others run after this many bytes read without waiting (see :meth:`WebSocketChannel.receive`).
 YIELD_EVERY = 64 * 1024
-#: How long :meth:`WebSocketChannel.close` lets the writer flush before it cuts the socket.
-CLOSE_FLUSH_SECONDS = 2.0
+#: How long a closing channel's writer flushes what is queued (and waits for a peer that takes
+#: nothing) before it cuts the socket.
+CLOSE_FLUSH_SECONDS = 5.0
 _ENDED = object()
 
 
@@ -91,10 +121,16 @@ class WebSocketChannel:
     :param client: this is the end that opened the connection (it masks what it sends).
     :param max_message: the largest message :meth:`receive` accepts.
     :param high_water: :meth:`send` waits while more than this many bytes are queued.
+    :param max_queue: the most bytes queued at once; a message queued without waiting that
+        would go beyond it cuts the channel (the peer does not read).
+    :param max_pongs_owed: pings the peer may send while a pong waits; one more cuts the channel.
     """
 
     def __init__(self, sock: socket.socket, *, client: bool, max_message: int = MAX_MESSAGE,
-                 high_water: int = HIGH_WATER) -> None:
+                 high_water: int = HIGH_WATER, max_queue: int = MAX_QUEUE,
+                 max_pongs_owed: int = MAX_PONGS_OWED) -> None:
+        if max_queue <= high_water:
+            raise ValueError("max_queue must be above high_water")
         self._sock = sock
         self._frames = Frames(client=client, max_message=max_message)
         self._sent_close = False  # our close frame is queued: nothing may follow it
@@ -107,10 +143,14 @@ class WebSocketChannel:
         sock.settimeout(0.0)
         self.max_message = max_message
         self.high_water = high_water
+        self.max_queue = max_queue
+        self.max_pongs_owed = max_pongs_owed
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[bytes] = deque()
         self._urgent: deque[bytes] = deque()  # control frames that overtake queued data, in their own order
-        self._queued = 0
+        self._pong: bytes | None = None  # the one pong waiting to be sent
+        self._pongs_owed = 0  # pings received while it waited
+        self._queued = 0  # bytes queued or being written
         # Who waits on _cond: a notify under gevent costs ~2 µs even with nobody waiting, and
         # there is one per message otherwise.
         self._writer_waiting = False
@@ -123,6 +163,11 @@ class WebSocketChannel:
         self.handshake_headers: dict[str, str] = {}
         #: The code of the peer's close frame, once it sent one.
         self.peer_close_code: int | None = None
+        #: The bound the peer broke (``pongs``, ``send_queue``, ``message_size``, ``fragments``), or
+        #: ``protocol`` for a broken framing rule, when that is why the channel was cut.
+        self.broken_bound: str | None = None
+        #: The close code this end sent, once it sent one.
+        self.close_code: int | None = None
         self.last_received = time.monotonic()
         self.bytes_received = 0
         self._unyielded = 0
@@ -200,7 +245,7 @@ class WebSocketChannel:
     @classmethod
     def accept(cls, sock: socket.socket, request_head: bytes, *, leftover: bytes = b"",
                max_message: int = MAX_MESSAGE,
-               extra_headers: Sequence[tuple[str, str]] = ()) -> WebSocketChannel:
+               extra_headers: Sequence[tuple[str, str]] = (), **options: int) -> WebSocketChannel:
         """Answer the client's upgrade request ``request_head`` with 101 on ``sock``.
 
         :param request_head: the raw HTTP/1.1 request head the client sent, ending in
@@ -209,6 +254,7 @@ class WebSocketChannel:
         :param leftover: bytes the client sent after the head and the server already
             read (the start of the WebSocket stream).
         :param extra_headers: headers to add to the ``101``.
+        :param options: the channel's other bounds (``high_water``, ``max_queue``, ``max_pongs_owed``).
 
         Raises :class:`ChannelError` if the head is not a valid WebSocket upgrade
         request; nothing has been written to ``sock`` then.
@@ -227,7 +273,7 @@ class WebSocketChannel:
             sock.sendall(answer)
         except OSError as exc:
             raise ChannelError(f"cannot answer the WebSocket upgrade: {type(exc).__name__}") from None
-        channel = cls(sock, client=False, max_message=max_message)
+        channel = cls(sock, client=False, max_message=max_message, **options)
         if leftover:
             channel._frames.feed(leftover)
         return channel
@@ -251,7 +297,8 @@ class WebSocketChannel:
         try:
             while True:
                 with self._cond:
-                    outcome = self._next_event()
+                    # Cut for a bound (by a sender, or the session): nothing more of the peer is read.
+                    outcome = _ENDED if self.broken_bound is not None else self._next_event()
                 if outcome is _ENDED:
                     return None
                 if isinstance(outcome, bytes):
@@ -321,16 +368,20 @@ class WebSocketChannel:
             stalls += 1
             if stalls > 3:
                 time.sleep(0.005)
-            self._wait(selector, wait_for)
+            timeout = self._idle_timeout
+            if self._closing:  # a peer that takes nothing does not hold a closing channel long
+                timeout = CLOSE_FLUSH_SECONDS if timeout is None else min(timeout, CLOSE_FLUSH_SECONDS)
+            self._wait(selector, wait_for, timeout)
 
-    def _wait(self, selector: selectors.BaseSelector, events: int) -> None:
-        """Wait (outside the TLS lock) until the socket is ready for ``events``; TimeoutError after the idle timeout."""
+    def _wait(self, selector: selectors.BaseSelector, events: int, timeout: float | None = None) -> None:
+        """Wait (outside the TLS lock) until the socket is ready for ``events``; TimeoutError after
+        ``timeout`` (default: the idle timeout)."""
         key = selector.get_map().get(self._sock.fileno())
         if key is None:
             selector.register(self._sock, events)
         elif key.events != events:
             selector.modify(self._sock, events)
-        if not selector.select(self._idle_timeout):
+        if not selector.select(self._idle_timeout if timeout is None else timeout):
             raise TimeoutError
 
     def _next_event(self) -> bytes | object | None:
@@ -345,8 +396,8 @@ class WebSocketChannel:
                 if opcode == OP_BINARY:
                     return payload
                 if opcode == OP_PING:
-                    if not self._sent_close:
-                        self._enqueue_locked(frames.frame(OP_PONG, payload), urgent=True)
+                    if not self._sent_close and not self._answer_ping_locked(frames.frame(OP_PONG, payload)):
+                        return _ENDED
                 elif opcode == OP_PONG:
                     pass  # last_received is already fresh
                 elif opcode == OP_TEXT:
@@ -367,10 +418,46 @@ class WebSocketChannel:
                     return _ENDED
             except FrameError as exc:
                 if not self.close_reason:
-                    self.close_reason = (f"the peer sent a message over {self.max_message} bytes"
-                                         if exc.code == 1009 else f"the peer broke the WebSocket framing: {exc.reason}")
-                self._close_locked(exc.code, "message too big" if exc.code == 1009 else "protocol error")
+                    self.close_reason = (f"the peer sent {exc.reason}" if exc.code == MESSAGE_TOO_BIG
+                                         else f"the peer broke the WebSocket framing: {exc.reason}")
+                self.broken_bound = exc.bound or "protocol"
+                self._close_locked(exc.code, "message too big" if exc.code == MESSAGE_TOO_BIG else "protocol error")
                 return _ENDED
+
+    def _answer_ping_locked(self, pong: bytes) -> bool:
+        """Hold ``pong`` as the one to send (replacing a waiting one); ``False`` if the peer owes too many."""
+        if self._pong is not None:
+            # RFC 6455 §5.5.3: a pong for the latest ping only is enough.
+            self._pongs_owed += 1
+            if self._pongs_owed > self.max_pongs_owed:
+                self._violated_locked("pongs", f"the peer sent {self._pongs_owed} pings without reading the pongs")
+                return False
+            self._queued -= len(self._pong)
+        self._pong = pong
+        self._queued += len(pong)
+        if self._writer_waiting:
+            self._cond.notify_all()
+        return True
+
+    def _violated_locked(self, bound: str, reason: str, *, unread: bool = True) -> None:
+        """The peer broke ``bound``: close with 1008 (the reader ends), dropping what is queued when
+        it is what the peer does not read."""
+        if self._closing or self._ended:
+            return
+        self.broken_bound = bound
+        self.close_reason = reason
+        if unread:
+            self._queued -= sum(map(len, self._queue)) + sum(map(len, self._urgent)) + len(self._pong or b"")
+            self._queue.clear()
+            self._urgent.clear()
+            self._pong = None
+        self._close_locked(POLICY_VIOLATION, reason)
+
+    def violated(self, bound: str, reason: str) -> None:
+        """Cut the channel because the peer broke ``bound`` (one the session keeps): close code 1008,
+        after what is queued (bounded) — the answer to what broke it, say."""
+        with self._cond:
+            self._violated_locked(bound, reason, unread=False)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -383,20 +470,23 @@ class WebSocketChannel:
         flow-control messages must not wait behind the data they are about.
         Raises :class:`ChannelClosed` once the channel is closing.
         """
+        frame = self._frames.frame(OP_BINARY, data)
         with self._cond:
+            if wait and not urgent:
+                # Waiting before queueing (not after): however many senders there are, the queue
+                # holds at most high_water bytes and one message of theirs.
+                while self._queued > self.high_water and not self._closing and not self._ended:
+                    self._senders_waiting += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._senders_waiting -= 1
             if self._closing or self._ended:
                 raise ChannelClosed(self.close_reason or "the channel is closed")
-            self._enqueue_locked(self._frames.frame(OP_BINARY, data), urgent=urgent)
-            if not wait or urgent:
-                return
-            while self._queued > self.high_water and not self._ended:
-                self._senders_waiting += 1
-                try:
-                    self._cond.wait()
-                finally:
-                    self._senders_waiting -= 1
-            if self._ended:
-                raise ChannelClosed(self.close_reason or "the channel is closed")
+            if self._queued + len(frame) > self.max_queue:
+                self._violated_locked("send_queue", f"the peer left more than {self.max_queue} bytes unread")
+                raise ChannelClosed(self.close_reason)
+            self._enqueue_locked(frame, urgent=urgent)
 
     def ping(self) -> None:
         """Queue a ping (the peer's pong, like any byte from it, refreshes :attr:`last_received`)."""
@@ -429,6 +519,7 @@ class WebSocketChannel:
         if not self._sent_close:
             self._enqueue_locked(self._frames.close_frame(code, reason))
             self._sent_close = True
+            self.close_code = code
         self._closing = True
         self._close_deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
         self._cond.notify_all()
@@ -446,7 +537,8 @@ class WebSocketChannel:
             selector.register(self._sock, selectors.EVENT_WRITE)
             while True:
                 with self._cond:
-                    while not self._queue and not self._urgent and not self._closing and not self._ended:
+                    while (not self._queue and not self._urgent and self._pong is None and not self._closing
+                           and not self._ended):
                         self._writer_waiting = True
                         try:
                             self._cond.wait()
@@ -458,10 +550,15 @@ class WebSocketChannel:
                 with self._cond:
                     if self._ended:
                         return
-                    if not self._queue and not self._urgent:  # closing and flushed
+                    if not self._queue and not self._urgent and self._pong is None:  # closing and flushed
                         break
                     chunks: list[bytes] = []
                     size = 0
+                    if self._pong is not None:
+                        chunks.append(self._pong)
+                        size += len(self._pong)
+                        self._pong = None
+                        self._pongs_owed = 0
                     while self._urgent:
                         chunk = self._urgent.popleft()
                         chunks.append(chunk)
@@ -487,7 +584,8 @@ class WebSocketChannel:
                     self.bytes_sent += size
                     if self._senders_waiting:
                         self._cond.notify_all()
-                    if self._closing and time.monotonic() > self._close_deadline and (self._queue or self._urgent):
+                    if (self._closing and time.monotonic() > self._close_deadline
+                            and (self._queue or self._urgent or self._pong is not None)):
                         break
             self._end(self.close_reason or "closed")
         finally:
@@ -506,6 +604,7 @@ class WebSocketChannel:
                 self.close_reason = reason
             self._queue.clear()
             self._urgent.clear()
+            self._pong = None
             self._queued = 0
             self._cond.notify_all()
         with self._io_lock:

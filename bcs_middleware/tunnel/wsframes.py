@@ -13,8 +13,9 @@ none where there must be one: clients mask, servers do not), a length not in its
 shortest form, a control frame that is fragmented or longer than 125 bytes, a
 continuation without a start or a new message inside a fragmented one (1002); a
 message whose declared size would exceed ``max_message`` (1009, before any of it
-is buffered); a close frame with a malformed code (1002) or a reason that is not
-UTF-8 (1007).
+is buffered) or that comes in more than ``max_fragments`` frames (1009: empty
+fragments would otherwise keep a message open for ever); a close frame with a
+malformed code (1002) or a reason that is not UTF-8 (1007).
 """
 
 from __future__ import annotations
@@ -33,16 +34,25 @@ _CONTROL_OPCODES = (OP_CLOSE, OP_PING, OP_PONG)
 
 #: The close code of a close frame without one (RFC 6455 §7.1.5); never sent.
 NO_STATUS = 1005
+#: RFC 6455 §7.4.1: "a message that violates its policy" — here, a peer that broke a bound.
+POLICY_VIOLATION = 1008
+#: RFC 6455 §7.4.1: "a message that is too big for it to process".
+MESSAGE_TOO_BIG = 1009
+#: Fragments of one message at most: Go's gorilla/websocket writes a message in frames of its
+#: write buffer (4 KiB by default), 256 for a 1 MiB message.
+MAX_FRAGMENTS = 4096
 _MAX_CONTROL = 125
 
 
 class FrameError(ValueError):
-    """The peer broke the framing rules; ``code`` is the close code to answer with."""
+    """The peer broke the framing rules; ``code`` is the close code to answer with, ``bound`` the
+    bound it broke (``message_size``, ``fragments``), if it broke one rather than a rule."""
 
-    def __init__(self, code: int, reason: str) -> None:
+    def __init__(self, code: int, reason: str, bound: str | None = None) -> None:
         super().__init__(reason)
         self.code = code
         self.reason = reason
+        self.bound = bound
 
 
 def mask(payload: bytes, key: bytes) -> bytes:
@@ -61,12 +71,15 @@ class Frames:
     ``None``; :meth:`frame` builds what to send.
     """
 
-    def __init__(self, *, client: bool, max_message: int) -> None:
+    def __init__(self, *, client: bool, max_message: int, max_fragments: int = MAX_FRAGMENTS) -> None:
         self.client = client
         self.max_message = max_message
+        self.max_fragments = max_fragments
         self._buffer = bytearray()
-        self._fragments: list[bytes] | None = None  # the pieces of a fragmented message so far
-        self._fragments_size = 0
+        # A fragmented message so far, joined as it comes: its memory is its size, whatever the
+        # number of (empty) fragments.
+        self._fragments: bytearray | None = None
+        self._fragments_count = 0
         self._fragments_opcode = OP_BINARY
 
     def feed(self, data: bytes) -> None:
@@ -113,8 +126,8 @@ class Frames:
             if opcode >= OP_CLOSE:
                 if not fin or length > _MAX_CONTROL:
                     raise FrameError(1002, "a control frame fragmented or over 125 bytes")
-            elif self._fragments_size + length > self.max_message:
-                raise FrameError(1009, f"a message over {self.max_message} bytes")
+            elif length + (len(self._fragments) if self._fragments is not None else 0) > self.max_message:
+                raise FrameError(MESSAGE_TOO_BIG, f"a message over {self.max_message} bytes", "message_size")
             key = b""
             if not self.client:
                 key = bytes(buffer[offset:offset + 4])
@@ -131,21 +144,23 @@ class Frames:
             if opcode == OP_CONTINUATION:
                 if self._fragments is None:
                     raise FrameError(1002, "a continuation frame without a message to continue")
-                self._fragments.append(payload)
-                self._fragments_size += length
+                self._fragments += payload
+                self._fragments_count += 1
                 if not fin:
+                    if self._fragments_count >= self.max_fragments:
+                        raise FrameError(MESSAGE_TOO_BIG, f"a message in more than {self.max_fragments} fragments",
+                                         "fragments")
                     continue
-                message = b"".join(self._fragments)
+                message = bytes(self._fragments)
                 opcode = self._fragments_opcode
                 self._fragments = None
-                self._fragments_size = 0
                 return opcode, message
             if self._fragments is not None:
                 raise FrameError(1002, "a new message inside a fragmented one")
             if fin:
                 return opcode, payload
-            self._fragments = [payload]
-            self._fragments_size = length
+            self._fragments = bytearray(payload)
+            self._fragments_count = 1
             self._fragments_opcode = opcode
 
     def frame(self, opcode: int, payload: bytes = b"") -> bytes:

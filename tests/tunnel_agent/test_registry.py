@@ -366,6 +366,28 @@ def test_a_replaced_agent_carrying_streams_is_closed_once_they_end() -> None:
     assert not second.closed
 
 
+def test_replaced_connections_kept_draining_are_bounded_per_cluster() -> None:
+    """Whoever holds a register token reconnects again and again, a stream open on each connection:
+    at most ``max_draining`` older ones stay; the oldest beyond are closed at once."""
+    agents = LocalAgents(holder=Holder("test/1"), placements=None, check_every=3600, max_draining=2)
+    other = FakeSession(("127.0.0.1", 1))
+    other.streams = 1
+    agents.attach("c2", other)
+    sessions = []
+    for _ in range(6):
+        session = FakeSession(("127.0.0.1", 1))
+        session.streams = 1  # a watch open on it
+        agents.attach("c1", session)
+        sessions.append(session)
+    *older, newest = sessions
+    assert agents.session("c1") is newest
+    assert [s.closed for s in older] == [True, True, True, False, False]
+    assert all("replaced" in s.close_reason for s in older[:3])
+    agents.attach("c2", FakeSession(("127.0.0.1", 1)))  # another cluster's draining is its own
+    assert not other.closed
+    assert not any(s.closed for s in older[3:])
+
+
 def test_when_the_newer_agent_leaves_the_older_open_one_serves_again() -> None:
     placements = RecordingPlacements()
     agents = LocalAgents(holder=Holder("test/1"), placements=placements, check_every=3600)
