@@ -30,11 +30,16 @@ def refuse_encoded_separators(raw_uri: str | None) -> None:
         raise BadRequest("encoded '/' or '\\' is not allowed in the path", code_name="BAD_PATH")
 
 
+def encode_path(path: str) -> str:
+    """A decoded path (or one segment of it) percent-encoded for a request line."""
+    return path if _PLAIN.fullmatch(path) else quote(path, safe=_SAFE)
+
+
 def safe_rest(rest: str) -> str:
     """``rest`` (decoded, relative to a route prefix) checked and percent-encoded; 400 when unsafe."""
     if any(seg in (".", "..") for seg in rest.split("/")) or "\\" in rest or "\x00" in rest:
         raise BadRequest("the path may not contain '.' or '..' segments", code_name="BAD_PATH")
-    return rest if _PLAIN.fullmatch(rest) else quote(rest, safe=_SAFE)
+    return encode_path(rest)
 
 
 @dataclass(frozen=True)
