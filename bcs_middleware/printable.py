@@ -9,8 +9,9 @@ characters such as bidirectional overrides, unassigned code points) become ``\\x
 ``\\uNNNN`` or ``\\UNNNNNNNN``; printable text, non-ASCII letters included, stays as it
 is.
 
-JSON lines (the access log, audit events) are escaped by the JSON encoder, except DEL,
-which ``json.dumps`` leaves raw: :func:`json_line` encodes with that one fixed too.
+JSON lines (the access log, audit events) go through :func:`json_line`: an ASCII-only
+encoder, which writes every control character (DEL and C1 included) and every
+non-ASCII one as a ``\\uNNNN`` escape.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ def escape(text: Any) -> str:
     return "".join(ch if ch.isprintable() else _escaped(ch) for ch in value)
 
 
-# One encoder for every line: json.dumps would configure a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+# One encoder for every line (json.dumps would configure a new one per call); ensure_ascii
+# is what keeps every control and format character out of the line as raw text.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 
 
 def json_line(document: Any) -> str:
     """``document`` as one line of JSON in which no control character is left raw."""
-    text = _encode(document)
-    return text.replace("\x7f", "\\u007f") if "\x7f" in text else text
+    return _encode(document)
