@@ -1,26 +1,37 @@
-"""Admission interception: create/update requests pass through webhook chains first.
+"""Admission interception: writes, deletions and connections pass through webhook chains first.
 
-:class:`AdmissionMiddleware` buffers the (bounded) JSON body of a POST, PUT or
-PATCH that a definition matches, runs the webhooks (mutating first, validating
-after), and hands the downstream app the admitted body as a fresh ``wsgi.input``
-with the right ``Content-Length``. Anything else — other methods, requests no
-definition matches — passes through untouched and unread.
+:class:`AdmissionMiddleware` runs the webhooks a definition matches (mutating first,
+validating after) and hands the downstream app what they admitted: the admitted body
+of a create or update (a fresh ``wsgi.input`` with the right ``Content-Length``), the
+admitted ``DeleteOptions`` of a DELETE, the path and query of the admitted options of
+a CONNECT. Anything else — reads, requests no definition matches — passes through
+untouched and unread.
 
 Which definitions apply:
 
 * ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
-  webhook configurations of that cluster, matched on the Kubernetes API path
-  (``bcs.upstream.path``, else ``PATH_INFO`` without ``/tunnels/clusters/{id}``);
+  webhook configurations of that cluster, matched on the request as kube-apiserver
+  classifies it (:func:`bcs_middleware.requestinfo.of`, ``bcs.request_info``: the
+  tunnel path after ``/tunnels/clusters/{id}``, else ``PATH_INFO``);
 * otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
   POST = Create / PUT = Update and the body's ``kind``.
 
-The operation is the one the apiserver will perform: ``POST`` is CREATE, a ``PUT``
-is UPDATE when the object exists and CREATE when it does not (asked of the cluster,
-as the caller), ``PATCH`` is UPDATE, and the ``exec``/``attach``/``portforward``/
-``proxy`` subresources are CONNECT whatever the method or headers. Whether a
-request is a connection upgrade is decided once, by
-:func:`~bcs_middleware.upgrade_request.upgrade_protocol`, the function the proxy
-obeys; a request that is not one is admitted like any other.
+The operation is the one the apiserver admits (:mod:`bcs_middleware.requestinfo`):
+``POST`` is CREATE, a ``PUT`` is UPDATE when the object exists and CREATE when it does
+not (asked of the cluster, as the caller), ``PATCH`` is UPDATE, ``DELETE`` is DELETE,
+and **every method** on the ``exec``/``attach``/``portforward``/``proxy`` subresources
+of pods (``proxy`` of nodes and services) is CONNECT — headers change none of this.
+
+A CONNECT is admitted as ``ConnectResource`` admits it (:mod:`bcs_middleware.admission.options`):
+the review's object is the connect options decoded from the query (and the proxied
+path), and what goes on is the request rebuilt from the options the webhooks admitted —
+never the client's own query. A DELETE of one object is reviewed with the object read
+as the caller (``oldObject``) and its ``DeleteOptions`` (``options``), and goes on with
+those options as its body, preconditioned on the ``uid`` and ``resourceVersion`` the
+webhooks saw: an object swapped under its name meanwhile is not deleted (409). A
+deletecollection, which the apiserver admits item by item, is refused (501, naming the
+webhook) when a ``Fail`` webhook matches it, and passes with a ``Warning`` when only
+``Ignore`` ones do.
 
 A matched ``PATCH`` (JSON Patch or merge patch) is resolved against the current
 object read **as the caller** (with ``bcs.upstream``'s credential and impersonation:
@@ -31,7 +42,7 @@ cluster's RBAC checks the ``patch`` verb the caller used. An UPDATE by ``PUT`` i
 sent guarded by the ``resourceVersion`` read, so it cannot turn into an unadmitted
 create. (The reverse cannot be guarded in a PUT: an object created by someone else
 between the gateway's read and the write is updated by a body admitted as CREATE.)
-Resolving a PUT or PATCH needs the caller to be allowed to ``get`` the object.
+Resolving a PUT, PATCH or DELETE needs the caller to be allowed to ``get`` the object.
 Strategic-merge and apply patches cannot be resolved without the resource's schema
 and are refused (415) rather than let through unadmitted.
 
@@ -40,9 +51,12 @@ Exempt are only the webhook-definition routes of the gateway and the mesos-drive
 configurations (``admissionregistration.k8s.io``, judged on the parsed API path),
 which the kube-apiserver does not send to webhooks either.
 
-Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.upgrade``;
-sets ``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites
-``wsgi.input``, ``CONTENT_LENGTH`` (and, for a resolved PATCH, ``CONTENT_TYPE``).
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.request_info``
+(classifying the request when no layer did); sets ``bcs.admission``
+(:class:`~bcs_middleware.environ.AdmissionResult`); rewrites ``wsgi.input``,
+``CONTENT_LENGTH`` (and, for a resolved PATCH or a DELETE, ``CONTENT_TYPE``), and for
+an admitted CONNECT ``bcs.upstream``'s path and query (without routing in front:
+``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``.
 Webhook ``warnings`` become ``Warning: 299`` response headers.
 
 Security: webhooks are only reached over HTTPS verified against their
