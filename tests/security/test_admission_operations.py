@@ -19,7 +19,6 @@ looks at it.
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import ssl
 import threading
@@ -32,6 +31,7 @@ import trustme
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
+from tests.security.test_admission_bypass import send as send_as
 from tests.support.fake_apiserver import ApiError, FakeAPIServer
 from tests.support.gateway import ADMIN, CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
 from tests.support.polling import wait_until
@@ -135,27 +135,10 @@ def gateway(apiserver: FakeAPIServer, reviews: Reviews, tmp_path_factory: pytest
         yield gw
 
 
-def send(gw: Gateway, method: str, path: str, body: bytes | None = None,
+def send(gw: Gateway, method: str, path: str, body: dict[str, Any] | None = None,
          headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """One request with exactly these headers, as the admin."""
-    context = ssl.create_default_context(cafile=gw.ca_file)
-    conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
-    try:
-        conn.putrequest(method, path, skip_accept_encoding=True)
-        conn.putheader("Authorization", f"Bearer {ADMIN}")
-        for name, value in (headers or {}).items():
-            conn.putheader(name, value)
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            conn.putheader("Content-Length", str(len(body or b"")))
-        conn.endheaders(body)
-        resp = conn.getresponse()
-        raw = resp.read()
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(raw)
-    except ValueError:
-        return resp.status, raw
+    return send_as(gw, method, path, ADMIN, body, headers)
 
 
 # --------------------------------------------------------------------------- CONNECT, every subresource and method
@@ -308,9 +291,8 @@ def test_a_delete_is_admitted_with_the_object_and_its_options(gateway: Gateway, 
 def test_kubectl_delete_options_in_the_body_are_what_the_webhook_sees(gateway: Gateway, apiserver: FakeAPIServer,
                                                                      reviews: Reviews) -> None:
     apiserver.store.create("pods", _pod("del-body"), "default")
-    body = json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}).encode()
-    status, _ = send(gateway, "DELETE", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods/del-body",
-                     body, {"Content-Type": "application/json"})
+    body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    status, _ = send(gateway, "DELETE", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods/del-body", body)
     assert status == 200
     assert reviews.of("del-body")[0]["options"]["propagationPolicy"] == "Background"
 
