@@ -52,7 +52,7 @@ _STREAM_FLAGS = ("stdin", "stdout", "stderr", "tty")
 
 def _flag(values: list[str] | None) -> bool:
     """``runtime.Convert_Slice_string_To_bool``: false only for a first value of 0/false."""
-    return bool(values) and values[0].lower() not in ("0", "false")  # type: ignore[index]
+    return bool(values) and (values or [""])[0].lower() not in ("0", "false")
 
 
 def _ports(values: list[str]) -> list[int]:
@@ -60,11 +60,10 @@ def _ports(values: list[str]) -> list[int]:
     ports = []
     for value in values:
         for piece in value.split(","):
-            digits = piece[1:] if piece.startswith("+") else piece
-            if not (digits.isascii() and digits.isdigit()) or int(digits) > 0xFFFF:
+            if not (piece.isascii() and piece.isdigit()) or int(piece) > 0xFFFF:
                 raise BadRequest(f'cannot convert to []int32: strconv.ParseUint: parsing "{piece}": '
                                  "invalid syntax", code_name="BAD_CONNECT_OPTIONS")
-            ports.append(int(digits))
+            ports.append(int(piece))
     return ports
 
 
@@ -130,8 +129,9 @@ def connect_target(info: RequestInfo, options: dict[str, Any], query: str) -> tu
     Refuses (500) options that the apiserver would not decode back to the same object —
     only a webhook's patch can make such options.
     """
+    options = _as_decoded(options)
     prefix = _object_prefix(info)
-    if info.connect_subresource == "proxy" or "path" in options:
+    if info.connect_subresource == "proxy":
         path = options.get("path") or ""
         if not isinstance(path, str):
             raise _not_forwardable("path is not a string")
@@ -147,9 +147,22 @@ def connect_target(info: RequestInfo, options: dict[str, Any], query: str) -> tu
         target_path, target_query = f"{prefix}/{info.subresource}", _options_query(options)
     # The apiserver classifies the decoded path; every method on a connecter is the same CONNECT.
     again = classify("GET", unquote(target_path), target_query)
-    if connect_options(again, target_query) != options:
+    try:
+        same = again.connect and connect_options(again, target_query) == options
+    except BadRequest:
+        same = False
+    if not same:
         raise _not_forwardable("the apiserver would read other options from the request that carries them")
     return target_path, target_query
+
+
+def _as_decoded(options: dict[str, Any]) -> dict[str, Any]:
+    """Admitted options as the apiserver decodes a webhook's patched JSON of them: its zero
+    values (``false``, ``""``, ``[]``, null) are fields left out (``omitempty``)."""
+    decoded = {key: value for key, value in options.items() if value not in (False, "", None, [])}
+    if options.get("kind") == "PodExecOptions":
+        decoded.setdefault("command", None)  # written even when empty: null
+    return decoded
 
 
 def _not_forwardable(why: str) -> BCSError:

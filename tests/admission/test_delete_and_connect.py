@@ -104,13 +104,27 @@ def test_a_mutating_webhook_changes_where_a_proxy_goes(hooks, ca) -> None:  # ty
     assert forwarded["query"] == "confirm=1"  # a proxy's query is the proxied server's, passed on as sent
 
 
-def test_a_patch_the_apiserver_would_not_read_back_is_refused(hooks, ca) -> None:  # type: ignore[no-untyped-def]
-    patch = [{"op": "replace", "path": "/path", "value": "/a/../../nodes"}]
-    client, _ = _layer(hooks, ca, ("CONNECT",), ("pods/proxy",),
-                       behaviour=lambda body: review_answer(body, patch=patch))
-    response = _send(client, "GET", POD + "/proxy/x")
+@pytest.mark.parametrize(("subresource", "patch"), [
+    pytest.param("proxy/x", [{"op": "replace", "path": "/path", "value": "/a/../../nodes"}], id="dot-dot-path"),
+    pytest.param("proxy/x", [{"op": "replace", "path": "/path", "value": "no-leading-slash"}], id="relative-path"),
+    pytest.param("exec?command=id", [{"op": "add", "path": "/privileged", "value": True}], id="unknown-field"),
+    pytest.param("portforward?ports=80", [{"op": "replace", "path": "/ports", "value": [70000]}], id="port-range"),
+    pytest.param("exec?command=id", [{"op": "replace", "path": "/command", "value": "id"}], id="command-type"),
+])
+def test_a_patch_the_apiserver_would_not_read_back_is_refused(hooks, ca, subresource, patch) -> None:  # type: ignore[no-untyped-def]
+    client, _ = _layer(hooks, ca, ("CONNECT",), ("pods/*",), behaviour=lambda body: review_answer(body, patch=patch))
+    response = _send(client, "GET", f"{POD}/{subresource}")
     assert response.status_code == 500 and response.get_json()["reason"] == "InternalError"
     assert "cannot be sent on" in response.get_json()["message"]
+
+
+def test_a_patch_to_a_zero_value_is_the_field_left_out(hooks, ca) -> None:  # type: ignore[no-untyped-def]
+    """The apiserver decodes ``stdin: false`` as no stdin (omitempty): so does what goes on."""
+    patch = [{"op": "replace", "path": "/stdin", "value": False}, {"op": "remove", "path": "/container"}]
+    client, _ = _layer(hooks, ca, ("CONNECT",), ("pods/attach",),
+                       behaviour=lambda body: review_answer(body, patch=patch))
+    response = _send(client, "GET", POD + "/attach?stdin=true&stdout=true&container=app")
+    assert response.status_code == 200 and response.get_json()["query"] == "stdout=true"
 
 
 def test_a_denied_connect_is_the_webhooks_answer_and_nothing_goes_on(hooks, ca) -> None:  # type: ignore[no-untyped-def]
