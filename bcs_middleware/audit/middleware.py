@@ -77,7 +77,8 @@ def classified(environ: dict[str, Any]) -> tuple[RequestInfo, str]:
     """The request's classification and its ``requestURI`` (the path as routing re-encodes it).
 
     A tunnel path routing refuses (400) is audited as a non-resource request whose
-    path is percent-encoded here; nothing a client sent reaches an event undecoded.
+    path is percent-encoded here; nothing a client sent reaches an event raw. (WSGI
+    strings carry the request's bytes as latin-1: they are encoded back to those bytes.)
     """
     query = str(environ.get("QUERY_STRING", ""))
     try:
@@ -85,9 +86,9 @@ def classified(environ: dict[str, Any]) -> tuple[RequestInfo, str]:
         path = encode_path(info.path)
     except BCSError:
         raw = str(environ.get("PATH_INFO", ""))[len(TUNNEL_PREFIX):].partition("/")[2]
-        path = quote("/" + raw, safe="/")
+        path = quote(("/" + raw).encode("latin-1", "replace"), safe="/")
         info = RequestInfo(is_resource=False, path=path, verb=str(environ.get("REQUEST_METHOD", "GET")).lower())
-    safe_query = quote(_safe_query(query), safe=_QUERY_SAFE)
+    safe_query = quote(_safe_query(query).encode("latin-1", "replace"), safe=_QUERY_SAFE)
     return info, path + (f"?{safe_query}" if safe_query else "")
 
 
