@@ -1,12 +1,10 @@
 """Kubernetes label and field selector strings, checked as apimachinery parses them.
 
-Pure functions, no imports beyond the standard library. Two readers need them:
-
-* :mod:`bcs_middleware.requestinfo`: a ``list``/``watch`` whose ``fieldSelector`` requires
-  ``metadata.name=X`` is a request for the object ``X`` — but only when the whole
-  ``ListOptions`` decodes, and a label selector that does not parse makes it fail;
-* nothing else yet: matching is done by the structured selectors of
-  :mod:`bcs_middleware.admission.definitions`.
+Pure functions, no imports beyond the standard library. :mod:`bcs_middleware.requestinfo`
+needs them: a ``list``/``watch`` whose ``fieldSelector`` requires ``metadata.name=X`` is a
+request for the object ``X`` — but only when the whole ``ListOptions`` decodes, and a label
+selector that does not parse makes that decode fail. (Matching objects is the structured
+selectors' job, :mod:`bcs_middleware.admission.definitions`.)
 
 Ported from ``k8s.io/apimachinery/pkg/fields/selector.go`` (``ParseSelector``:
 ``splitTerms``, ``splitTerm``, ``UnescapeValue``, ``RequiresExactMatch``) and
@@ -18,6 +16,7 @@ Ported from ``k8s.io/apimachinery/pkg/fields/selector.go`` (``ParseSelector``:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 __all__ = ["SelectorError", "field_selector_exact", "parse_label_selector"]
 
@@ -244,7 +243,7 @@ def parse_label_selector(selector: str) -> None:
             raise SelectorError(f"found {peek()[1]!r}, expected: identifier after ','")
 
 
-def _parse_set(take, peek) -> set[str]:  # type: ignore[no-untyped-def]
+def _parse_set(take: Callable[..., tuple[int, str]], peek: Callable[[], tuple[int, str]]) -> set[str]:
     """``( a, b, )`` — parseValues and parseIdentifiersList."""
     token, literal = take()
     if token != _OPEN:
