@@ -15,6 +15,9 @@ key                       value
 ``bcs.error_style``       ``"json"``, ``"kubernetes"`` or ``"bcs"`` — how errors render
 ``bcs.upgrade``           ``str`` — the upgrade protocol, ``""`` for none
                           (:mod:`bcs_middleware.upgrade_request` decides)
+``bcs.request_info``      :class:`~bcs_middleware.requestinfo.RequestInfo` — the
+                          Kubernetes request as kube-apiserver classifies it
+                          (:func:`bcs_middleware.requestinfo.of` decides, once)
 ========================  ==================================================
 """
 
@@ -31,6 +34,7 @@ ADMISSION = "bcs.admission"
 REQUEST_ID = "bcs.request_id"
 ERROR_STYLE = "bcs.error_style"
 UPGRADE = "bcs.upgrade"
+REQUEST_INFO = "bcs.request_info"
 
 ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]

@@ -7,7 +7,8 @@ Request flow::
       │                                        authenticated by the register token)
       └ TokenAuthMiddleware                    bcs.user / bcs.agent
           └ GatewayDispatcher
-              ├ /healthz /readyz /metrics      health and metrics (public)
+              ├ /healthz /readyz               health (public)
+              ├ /metrics                       metrics (superusers, the metrics token)
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
               │                                → UpstreamProxy
               ├ /bcsapi/v4/scheduler/mesos/…   MesosRoutingMiddleware (driver from discovery)
@@ -23,6 +24,7 @@ factory and ``bcs-middleware serve`` only differ in where the strings come from.
 from __future__ import annotations
 
 import atexit
+import hmac
 import json
 import logging
 import os
@@ -33,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from . import converters as conv
+from . import environ as env
 from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
 from .clusters import CachedDirectory
 from .discovery import Discovery, Endpoint, StaticDiscovery
-from .errors import ConfigError, NotFound
+from .errors import ConfigError, Forbidden, NotFound, Unauthorized
 from .metrics import BATCH
-from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
+from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware, bearer_token
 from .middleware.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from .middleware.context import RequestContextMiddleware
 from .middleware.mesos import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
@@ -96,7 +99,8 @@ def parse_bootstrap_users(spec: Mapping[str, str], base: Path | None = None) -> 
     return users
 
 
-def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool) -> str | None:
+def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool,
+                      what: str = "bootstrap user") -> str | None:
     """The digest from one source; ``None`` when it is absent and another may follow."""
     kind, _, value = source.partition(":")
     if kind == "env":
@@ -104,7 +108,7 @@ def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool) 
         if token:
             return token_digest(token)
         if last:
-            raise ConfigError(f"bootstrap user {name!r}: environment variable {value} is not set")
+            raise ConfigError(f"{what} {name!r}: environment variable {value} is not set")
         return None
     if kind == "file":
         path = Path(value)
@@ -115,9 +119,9 @@ def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool) 
         try:
             token = path.read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"bootstrap user {name!r}: cannot read {path}: {exc.strerror}") from None
+            raise ConfigError(f"{what} {name!r}: cannot read {path}: {exc.strerror}") from None
         if not token:
-            raise ConfigError(f"bootstrap user {name!r}: {path} is empty")
+            raise ConfigError(f"{what} {name!r}: {path} is empty")
         return token_digest(token)
     if kind == "sha256" and len(value) == 64:
         return value.lower()
@@ -196,6 +200,8 @@ class GatewayConfig:
     # (ini cluster_creators, quota_<name>; bcs_middleware/permissions.py, quotas.py).
     cluster_creators: ClusterCreators = field(default_factory=ClusterCreators)
     quotas: Quotas = field(default_factory=Quotas)
+    # The digest of the token a Prometheus scraper presents for /metrics (superusers need none).
+    metrics_token: str | None = field(default=None, repr=False)
 
 
 def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
@@ -217,8 +223,10 @@ class GatewayDispatcher:
         mesos: Any = None,
         discovery: Discovery | None = None,
         webconsole: Any = None,
+        metrics_token: str | None = None,
     ) -> None:
         self.webconsole = webconsole
+        self.metrics_token = metrics_token
         self.api = api
         self.tunnel = tunnel
         self.store = store
@@ -249,12 +257,30 @@ class GatewayDispatcher:
         if path.startswith(WEBCONSOLE_PREFIX) and self.webconsole is not None:
             return self.webconsole(environ, start_response)
         if path == "/metrics":
-            return metrics_app(environ, start_response)
+            return self.metrics(environ, start_response)
         if path == "/rest/rbac/status" and self.rbac_status is not None:
             return self.rbac_status(environ, start_response)
         if path.startswith(("/rest/", "/clusters/")):
             return self.api(environ, start_response)
         return NotFound(f"no route for {path}")(environ, start_response)
+
+
+    def metrics(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        """``/metrics`` for superusers and the holder of the metrics token only.
+
+        Its labels name clusters, webhooks and upstreams — records a caller may get a 404
+        for — so, as kube-apiserver's own ``/metrics``, it is not for anyone: a scraper
+        presents ``metrics_token`` (``Authorization: Bearer``), compared in constant time.
+        """
+        user = env.get_user(environ)
+        if user is not None and user.is_superuser:
+            return metrics_app(environ, start_response)
+        token = bearer_token(environ)
+        if self.metrics_token and token and hmac.compare_digest(token_digest(token), self.metrics_token):
+            return metrics_app(environ, start_response)
+        if user is None:
+            return Unauthorized("/metrics needs a superuser's token or the metrics token")(environ, start_response)
+        return Forbidden("/metrics is for superusers and the metrics token")(environ, start_response)
 
 
 def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -447,7 +473,7 @@ def build_gateway(
             atexit.register(service.stop)
     dispatcher = GatewayDispatcher(
         api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
-        webconsole=webconsole,
+        webconsole=webconsole, metrics_token=config.metrics_token,
     )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
     peer = (
@@ -522,6 +548,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "peer_address": lambda value: None if value.strip().lower() in ("off", "none") else value.strip(),
     "cluster_creators": ClusterCreators.parse,
     **{f"quota_{name}": limit_value for name in Quotas.names()},
+    "metrics_token": conv.text,
 }
 
 
@@ -548,6 +575,11 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
             paths.setdefault("gateway_cert_file", generated / "server.crt")
     values: dict[str, Any] = {**opts, **paths}
     values["bootstrap_users"] = tuple(parse_bootstrap_users(opts.get("bootstrap_users", {}), data_dir))
+    # The scraper's token: env:VAR, file:/path or sha256:HEX; by default env BCS_METRICS_TOKEN, if set.
+    metrics_source = opts.get("metrics_token") or (
+        "env:BCS_METRICS_TOKEN" if os.environ.get("BCS_METRICS_TOKEN") else "")
+    values["metrics_token"] = _bootstrap_digest("metrics_token", metrics_source, data_dir, last=True,
+                                                what="the scraper token") if metrics_source else None
     for key in ("public_paths", "trusted_proxies", "upstream_allow", "upstream_deny"):
         if key in values:
             values[key] = tuple(values[key])

@@ -24,6 +24,7 @@ import sys
 from typing import Any, TextIO
 
 from .batching import BatchQueue
+from .printable import escape
 
 _PERIOD = 0.05  # seconds a line may wait before it is written
 
@@ -92,12 +93,26 @@ class LineWriterHandler(logging.Handler):
             pass  # stdout gone (closed pipe): nothing sensible left to do with a log line
 
 
+class EscapingFormatter(logging.Formatter):
+    """A formatter whose messages carry no control character: one record, one line.
+
+    Log calls escape the client text they interpolate (:func:`bcs_middleware.printable.escape`);
+    this is the net under them for every ``bcs_middleware`` logger of ``serve``. A
+    traceback keeps its line breaks — it is the server's text — but the message above it
+    is escaped.
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.message)
+        return super().formatMessage(record)
+
+
 def configure_logging(level: str) -> None:
     """Idempotent: the ``bcs_middleware`` loggers to stderr, the access log to stdout."""
     root = logging.getLogger("bcs_middleware")
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
+        handler.setFormatter(EscapingFormatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(level.upper())
     access = logging.getLogger("bcs_middleware.access")

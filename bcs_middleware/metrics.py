@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from .batching import BatchQueue
+from .printable import escape
 
 REQUESTS = Counter(
     "bcs_api_request_count",
@@ -161,6 +162,7 @@ class BoundedValues:
     def __call__(self, value: str) -> str:
         if value in self._seen:
             return value
+        value = escape(value)  # a label is text a scraper shows: no control character in it
         with self._lock:
             if len(self._seen) < self.limit:
                 self._seen.add(value)

@@ -8,10 +8,15 @@ rest is re-encoded for the upstream request line.
 
 from __future__ import annotations
 
+import functools
 import re
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from .errors import BadRequest
+
+#: Kubernetes requests to a registered cluster: ``/tunnels/clusters/{cluster_id}/{rest}``.
+TUNNEL_PREFIX = "/tunnels/clusters/"
 
 _UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
 _SAFE = "/:@!$&'()*+,;=-._~"
@@ -25,8 +30,45 @@ def refuse_encoded_separators(raw_uri: str | None) -> None:
         raise BadRequest("encoded '/' or '\\' is not allowed in the path", code_name="BAD_PATH")
 
 
+def encode_path(path: str) -> str:
+    """A decoded path (or one segment of it) percent-encoded for a request line."""
+    return path if _PLAIN.fullmatch(path) else quote(path, safe=_SAFE)
+
+
 def safe_rest(rest: str) -> str:
     """``rest`` (decoded, relative to a route prefix) checked and percent-encoded; 400 when unsafe."""
     if any(seg in (".", "..") for seg in rest.split("/")) or "\\" in rest or "\x00" in rest:
         raise BadRequest("the path may not contain '.' or '..' segments", code_name="BAD_PATH")
-    return rest if _PLAIN.fullmatch(rest) else quote(rest, safe=_SAFE)
+    return encode_path(rest)
+
+
+@dataclass(frozen=True)
+class TunnelPath:
+    cluster_id: str
+    rest: str  # percent-encoded path upstream, always starting with "/"
+
+
+def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
+    """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
+    if not path_info.startswith(TUNNEL_PREFIX):
+        return None
+    if len(path_info) + len(raw_uri or "") <= _CACHED_PATH:
+        return _parse_tunnel_path(path_info, raw_uri)
+    return _parse_tunnel_path.__wrapped__(path_info, raw_uri)
+
+
+# A client repeats its paths (list, watch, get the same objects): checking and re-encoding
+# one is a regex, a split and a quote, done once per path. Refusals raise and are never
+# cached; memory stays bounded (1024 entries of at most _CACHED_PATH characters).
+_CACHED_PATH = 512
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath:
+    refuse_encoded_separators(raw_uri)
+    cluster_id, sep, rest = path_info[len(TUNNEL_PREFIX):].partition("/")
+    if not cluster_id or cluster_id in (".", ".."):
+        raise BadRequest("missing cluster id in the tunnel path", code_name="BAD_PATH")
+    # "{server_address}/version" yields "//version": a doubled slash right after the
+    # cluster prefix is one slash (the source's own docs write it that way).
+    return TunnelPath(cluster_id, "/" + safe_rest(rest.lstrip("/")) if sep else "/")

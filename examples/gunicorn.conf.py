@@ -128,7 +128,9 @@ logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"},
+        # Escapes control characters in messages: a client's text in a log line forges no line.
+        "plain": {"class": "bcs_middleware.logsetup.EscapingFormatter",
+                  "format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"},
         "json": {"format": "%(message)s"},
     },
     "handlers": {

@@ -133,7 +133,8 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
         # none of the requests above, the family is not there yet: ask again.
         deadline = time.monotonic() + 5
         while True:
-            status, _, metrics = http_get(f"https://localhost:{port}/metrics", cafile=cafile)
+            scraper = {"Authorization": auth["Authorization"]}  # /metrics is for superusers (and the metrics token)
+            status, _, metrics = http_get(f"https://localhost:{port}/metrics", headers=scraper, cafile=cafile)
             assert status == 200
             families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
             family = families.get("bcs_api_request_count")

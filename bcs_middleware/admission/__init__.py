@@ -20,7 +20,7 @@ from .definitions import (
     parse_k8s_configuration,
 )
 from .engine import AdmissionEngine, AdmissionRejected, Outcome, Step, review
-from .review import RequestAttributes, parse_api_path
+from .review import RequestAttributes, admission_attributes
 from .store import ClusterReader, DefinitionStore, MemoryDefinitionStore, load_definitions_file
 
 __all__ = [
@@ -44,8 +44,8 @@ __all__ = [
     "Target",
     "WebhookCallError",
     "WebhookClient",
+    "admission_attributes",
     "load_definitions_file",
-    "parse_api_path",
     "parse_bcs_definition",
     "parse_k8s_configuration",
     "review",

@@ -43,6 +43,7 @@ from ..bodies import parse_json
 from ..environ import AdmissionResult, User
 from ..errors import BadRequest, BcsCode, BCSError, ValidationError
 from ..lru import LoadingCache
+from ..printable import escape
 from .client import PUBLIC_FAILURE, WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
 from .equivalence import convertible, equivalents
@@ -58,7 +59,8 @@ from .store import ClusterReader, DefinitionStore
 log = logging.getLogger("bcs_middleware.admission")
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
-Operation = Literal["CREATE", "UPDATE"]
+#: The admission operations of Kubernetes webhooks (``admissionregistration.k8s.io/v1`` rules).
+Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 
 
 class _PatchRefused(Exception):
@@ -389,8 +391,11 @@ class AdmissionEngine:
         self, cluster_id: str, webhook: K8sWebhook, attrs: RequestAttributes, obj: Any, old_obj: Any
     ) -> bool:
         selector = webhook.object_selector
+        # The apiserver's object matcher: an object without metadata (the options of a
+        # CONNECT) matches no objectSelector, not even one that empty labels would satisfy.
         if not selector.is_empty and not any(
-            o is not None and selector.matches(_labels(o)) for o in (obj, old_obj)
+            isinstance(o, dict) and isinstance(o.get("metadata"), dict) and selector.matches(_labels(o))
+            for o in (obj, old_obj)
         ):
             return False
         selector = webhook.namespace_selector
@@ -421,7 +426,7 @@ class AdmissionEngine:
             except Exception:
                 log.warning(
                     "admission: cannot read labels of namespace %s in cluster %s",
-                    namespace,
+                    escape(namespace),
                     cluster_id,
                     exc_info=True,
                 )
@@ -457,20 +462,22 @@ class AdmissionEngine:
         asked = request_attrs or attrs
         # matchPolicy Equivalent: the webhook gets the object in its rule's version.
         sent = _in_version(run.obj, attrs) if asked is not attrs else run.obj
+        sent_old = _in_version(old_obj, attrs) if asked is not attrs else old_obj
         body = build_review(
             version=version,
             uid=uid,
             operation=operation,
             attrs=attrs,
-            kind=kind_of(sent, attrs),
+            # A DELETE's kind is the deleted object's (its review has no object).
+            kind=kind_of(sent if sent is not None else sent_old, attrs),
             name=name,
             user=user,
             obj=sent,
-            old_obj=_in_version(old_obj, attrs) if asked is not attrs else old_obj,
+            old_obj=sent_old,
             dry_run=dry_run,
             options=options,
             request_attrs=asked,
-            request_kind=kind_of(run.obj, asked),
+            request_kind=kind_of(run.obj if run.obj is not None else old_obj, asked),
         )
         try:
             data = self._post(run, label, breaker_key, client, timeout, json.dumps(body).encode())
@@ -567,7 +574,7 @@ class AdmissionEngine:
         self, run: _Run, label: str, protocol: Literal["bcs", "kubernetes"], refused: _PatchRefused
     ) -> NoReturn:
         metrics.WEBHOOK_CALLS.labels(metrics.webhook_label(label), "error").inc()
-        log.warning("admission webhook %s: change refused: %s", label, refused.detail)
+        log.warning("admission webhook %s: change refused: %s", label, escape(refused.detail))
         run.steps.append(Step(label, protocol, "failed", "patch", refused.detail))
         raise AdmissionRejected(
             f'admission webhook "{label}" {refused.detail}',
@@ -591,12 +598,12 @@ class AdmissionEngine:
                 "admission webhook %s skipped (failurePolicy Ignore): %s: %s",
                 label,
                 err.cause,
-                err.detail,
+                escape(err.detail),
             )
             run.steps.append(Step(label, protocol, "skipped", err.cause, err.detail))
             return
         log.warning(
-            "admission webhook %s failed (failurePolicy Fail): %s: %s", label, err.cause, err.detail
+            "admission webhook %s failed (failurePolicy Fail): %s: %s", label, err.cause, escape(err.detail)
         )
         run.steps.append(Step(label, protocol, "failed", err.cause, err.detail))
         raise AdmissionRejected(
@@ -629,6 +636,10 @@ def _refuse_bcs_move(before: Mapping[str, Any], answer: Mapping[str, Any]) -> No
 
 def _patched(obj: Any, patch: Sequence[Mapping[str, Any]], attrs: RequestAttributes) -> dict[str, Any]:
     """``obj`` with a webhook's patch applied; :class:`_PatchRefused` if it does not apply or moves it."""
+    if obj is None:
+        # A DELETE has no object to patch (handlers' mutating dispatcher answers the same).
+        raise _PatchRefused("attempted to modify the object, which is not supported for this operation",
+                            status=500, code_name="ADMISSION_PATCH_FAILED")
     try:
         patched = apply_json_patch(obj, patch)
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""The Kubernetes admission protocol: request attributes, AdmissionReview in and out.
+"""The Kubernetes admission protocol: admission attributes, AdmissionReview in and out.
 
 Responses are checked the way the kube-apiserver checks them
 (``k8s.io/apiserver/pkg/admission/plugin/webhook/request``): the envelope's
@@ -22,16 +22,16 @@ import jsonpointer
 from ..bodies import parse_json
 from ..environ import User
 from ..errors import BadRequest
+from ..paths import encode_path
+from ..requestinfo import RequestInfo
 from .client import WebhookCallError
 
 ADMISSION_GROUP = "admission.k8s.io"
-#: Subresources of a namespace (``/api/v1/namespaces/{name}/status``), not resources in it.
-_NAMESPACE_SUBRESOURCES = {"status", "finalize"}
 
 
 @dataclass(frozen=True)
 class RequestAttributes:
-    """What a Kubernetes API path says about a request (the apiserver's RequestInfo)."""
+    """The admission attributes of a request: what a webhook's rules match and its review names."""
 
     group: str
     version: str
@@ -46,42 +46,31 @@ class RequestAttributes:
 
     @property
     def api_path(self) -> str:
-        """The object's own path (no subresource), for reading it from the cluster."""
+        """The object's own path (no subresource), percent-encoded, for reading it from the cluster."""
         prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        name = encode_path(self.name)
         if self.resource == "namespaces":
-            return f"{prefix}/namespaces/{self.name}"
-        scope = f"/namespaces/{self.namespace}" if self.namespace else ""
-        return f"{prefix}{scope}/{self.resource}/{self.name}"
+            return f"{prefix}/namespaces/{name}"
+        scope = f"/namespaces/{encode_path(self.namespace)}" if self.namespace else ""
+        return f"{prefix}{scope}/{encode_path(self.resource)}/{name}"
 
 
-def parse_api_path(path: str) -> RequestAttributes | None:
-    """``/api/v1/namespaces/ns/pods/x/status`` → attributes; ``None`` for non-resource paths."""
-    parts = [p for p in path.split("/") if p]
-    if len(parts) >= 2 and parts[0] == "api":
-        group, version, rest = "", parts[1], parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, version, rest = parts[1], parts[2], parts[3:]
-    else:
-        return None
-    if not rest or rest[0] == "watch":
-        return None
-    namespace = ""
-    if rest[0] == "namespaces" and len(rest) >= 2:
-        namespace = rest[1]
-        # /namespaces/{name}[/status] is the namespace itself; deeper is a resource in it.
-        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
-            rest = rest[2:]
-    if len(rest) > 3 and rest[0] != "namespaces":
-        rest = rest[:3]  # pods/x/proxy/more/path: the subresource is "proxy"
-    if len(rest) > 3:
+def admission_attributes(info: RequestInfo) -> RequestAttributes | None:
+    """The admission attributes of a classified request; ``None`` when it is not admitted.
+
+    The resource, subresource, name and namespace are the ``RequestInfo``'s, except that
+    the deprecated ``/proxy/`` verb prefix is admitted as the ``proxy`` subresource it
+    reaches (:mod:`bcs_middleware.requestinfo`).
+    """
+    if not info.is_resource or info.admission_operation is None:
         return None
     return RequestAttributes(
-        group=group,
-        version=version,
-        resource=rest[0],
-        name=rest[1] if len(rest) > 1 else "",
-        subresource=rest[2] if len(rest) > 2 else "",
-        namespace=namespace,
+        group=info.api_group,
+        version=info.api_version,
+        resource=info.resource,
+        subresource=info.connect_subresource if info.connect else info.subresource,
+        name=info.name,
+        namespace=info.namespace,
     )
 
 

@@ -21,6 +21,7 @@ from werkzeug.wrappers import Request
 from .. import converters as conv
 from ..errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ..permissions import ClusterAccess, ClusterAuthorizer, ClusterCreators, DriverDirectory
+from ..printable import escape
 from ..quotas import Quotas, limit_value
 from ..store import SQLStore
 from . import endpoints as ep
@@ -113,7 +114,7 @@ class ManagementAPI:
             return exc(environ, start_response)
         except Exception:
             # Logged with the traceback for the operator; the client gets no internals.
-            log.exception("unhandled error in %s %s", request.method, request.path)
+            log.exception("unhandled error in %s %s", escape(request.method), escape(request.path))
             return InternalError("internal error; see the gateway log")(environ, start_response)
         return response(environ, start_response)
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from .middleware import AuditEvent, AuditMiddleware, AuditSink, request_info
-from .policy import DEFAULT_POLICY, Policy, RequestInfo, load_policy, parse_policy
+from .middleware import AuditEvent, AuditMiddleware, AuditSink
+from .policy import DEFAULT_POLICY, Attributes, Policy, load_policy, parse_policy
 
 __all__ = [
     "DEFAULT_POLICY",
+    "Attributes",
     "AuditEvent",
     "AuditMiddleware",
     "AuditSink",
     "Policy",
-    "RequestInfo",
     "load_policy",
     "parse_policy",
-    "request_info",
 ]

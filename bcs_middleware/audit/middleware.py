@@ -31,9 +31,7 @@ Events are formatted and written off the request thread
 
 from __future__ import annotations
 
-import dataclasses
 import io
-import json
 import os
 import sys
 import time
@@ -42,52 +40,25 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from .. import converters as conv
 from .. import environ as env
-from ..admission.review import parse_api_path, user_info
+from .. import requestinfo
+from ..admission.review import user_info
 from ..bodies import parse_json
 from ..errors import BCSError, ConfigError
 from ..logsetup import LineWriterHandler
-from ..middleware.routing import TUNNEL_PREFIX
-from .policy import DEFAULT_POLICY, Level, Policy, RequestInfo, load_policy
+from ..paths import TUNNEL_PREFIX, encode_path
+from ..printable import json_line
+from ..requestinfo import RequestInfo
+from .policy import DEFAULT_POLICY, Attributes, Level, Policy, load_policy
 
 MAX_CAPTURED = 1024 * 1024
-_VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-_STREAM_SUBRESOURCES = {"exec", "attach", "portforward", "proxy"}
 ANNOTATION_PREFIX = "bcs-middleware/"
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true")
-
-
-def request_info(method: str, path: str, query: str, user: env.User | None) -> RequestInfo:
-    """The Kubernetes verb and object of a request to an apiserver path, as RequestInfo derives them."""
-    name, groups = (user.name, ("system:authenticated", *user.groups)) if user else ("system:anonymous", ())
-    parts = [p for p in path.split("/") if p]
-    watch_prefix = False
-    # /api/v1/watch/... and /apis/g/v/watch/...: the deprecated watch paths.
-    index = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
-    if index is not None and len(parts) > index and parts[index] == "watch":
-        parts = parts[:index] + parts[index + 1:]
-        watch_prefix = True
-    attrs = parse_api_path("/" + "/".join(parts)) if index is not None else None
-    if attrs is None:
-        return RequestInfo(verb=method.lower(), path=path, user=name, groups=groups, is_resource=False)
-    verb = _VERBS.get(method, method.lower())
-    params = dict(parse_qsl(query, keep_blank_values=True))
-    if verb == "get" and not attrs.name:
-        verb = "list"
-    if verb == "delete" and not attrs.name:
-        verb = "deletecollection"
-    if watch_prefix or (verb == "list" and _truthy(params.get("watch"))):
-        verb = "watch"
-    return RequestInfo(verb=verb, path=path, user=name, groups=groups, is_resource=True, group=attrs.group,
-                       version=attrs.version, resource=attrs.resource, subresource=attrs.subresource,
-                       namespace=attrs.namespace, name=attrs.name)
-
+# Characters a requestURI's query keeps as they are; anything else (controls, spaces,
+# non-ASCII) is percent-encoded, as it is on the wire.
+_QUERY_SAFE = "!$&'()*+,/:;=?@-._~%"
 
 #: (group, resource, subresource) whose bodies hold credentials: audited at Metadata at most.
 _CREDENTIAL_BODIES = {
@@ -99,13 +70,26 @@ _CREDENTIAL_BODIES = {
 
 
 def _carries_credentials(info: RequestInfo) -> bool:
-    return (info.group, info.resource, info.subresource) in _CREDENTIAL_BODIES
+    return (info.api_group, info.resource, info.subresource) in _CREDENTIAL_BODIES
 
 
-def _long_running(info: RequestInfo, query: str) -> bool:
-    if info.verb == "watch" or info.subresource in _STREAM_SUBRESOURCES:
-        return True
-    return info.subresource == "log" and _truthy(dict(parse_qsl(query)).get("follow"))
+def classified(environ: dict[str, Any]) -> tuple[RequestInfo, str]:
+    """The request's classification and its ``requestURI`` (the path as routing re-encodes it).
+
+    A tunnel path routing refuses (400) is audited as a non-resource request whose
+    path is percent-encoded here; nothing a client sent reaches an event raw. (WSGI
+    strings carry the request's bytes as latin-1: they are encoded back to those bytes.)
+    """
+    query = str(environ.get("QUERY_STRING", ""))
+    try:
+        info = requestinfo.of(environ)
+        path = encode_path(info.path)
+    except BCSError:
+        raw = str(environ.get("PATH_INFO", ""))[len(TUNNEL_PREFIX):].partition("/")[2]
+        path = quote(("/" + raw).encode("latin-1", "replace"), safe="/")
+        info = RequestInfo(is_resource=False, path=path, verb=str(environ.get("REQUEST_METHOD", "GET")).lower())
+    safe_query = quote(_safe_query(query).encode("latin-1", "replace"), safe=_QUERY_SAFE)
+    return info, path + (f"?{safe_query}" if safe_query else "")
 
 
 def _safe_query(query: str) -> str:
@@ -141,7 +125,7 @@ class AuditEvent:
         return event
 
     def __str__(self) -> str:
-        return json.dumps(self.as_dict(), separators=(",", ":"))
+        return json_line(self.as_dict())
 
 
 class AuditSink:
@@ -279,20 +263,17 @@ class AuditMiddleware:
             return self.app(environ, start_response)
         received = self._clock()
         method = environ.get("REQUEST_METHOD", "GET")
-        query = environ.get("QUERY_STRING", "")
-        # The policy decides on the path as the cluster sees it (the tunnel prefix off),
-        # read now: the layers below rewrite PATH_INFO.
-        _, _, rest = path[len(TUNNEL_PREFIX):].partition("/")
-        anonymous = request_info(method, "/" + rest, query, None)
+        # Classified now, as the cluster will see the path (the tunnel prefix off): the
+        # layers below rewrite PATH_INFO, and read the same classification.
+        info, uri = classified(environ)
         tee: _TeeInput | None = None
-        if self._may_capture and method in ("POST", "PUT", "PATCH", "DELETE") \
-                and not _carries_credentials(anonymous):
+        if self._may_capture and method in ("POST", "PUT", "PATCH", "DELETE") and not _carries_credentials(info):
             tee = _TeeInput(environ["wsgi.input"], MAX_CAPTURED)
             environ["wsgi.input"] = tee
-        long_running = _long_running(anonymous, query)
+        long_running = info.long_running
         # Decided once, when the response starts (the user is known then, if there is one).
         state: dict[str, Any] = {"code": 0, "started": None, "decided": False, "level": "None",
-                                 "omit": frozenset(), "info": anonymous}
+                                 "omit": frozenset()}
 
         def decide() -> None:
             if state["decided"]:
@@ -301,12 +282,12 @@ class AuditMiddleware:
             # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
             state["audit_id"] = environ.get(env.REQUEST_ID) or str(uuid.uuid4())
             user = env.get_user(environ)
-            info = dataclasses.replace(anonymous, user=user.name, groups=("system:authenticated", *user.groups)) \
-                if user is not None else anonymous
-            level, omit = self.policy.decide(info)
+            attributes = Attributes(info, user.name, ("system:authenticated", *user.groups)) if user is not None \
+                else Attributes(info, "system:anonymous", ("system:unauthenticated",))
+            level, omit = self.policy.decide(attributes)
             if level != "Metadata" and level != "None" and _carries_credentials(info):
                 level = "Metadata"  # whatever the policy says: never a secret's data or a token
-            state.update(info=info, level=level, omit=omit)
+            state.update(level=level, omit=omit)
             body = None
             if tee is not None and tee.copy and level in ("Request", "RequestResponse"):
                 body = bytes(tee.copy)
@@ -316,8 +297,7 @@ class AuditMiddleware:
         def event(stage: str, **extra: Any) -> None:
             if state["level"] == "None" or stage in state["omit"]:
                 return
-            self.sink.emit(self._event(environ, state["info"], state["level"], stage, received, query, state,
-                                       **extra))
+            self.sink.emit(self._event(environ, info, uri, state["level"], stage, received, state, **extra))
 
         def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             state["code"] = int(status[:3])
@@ -362,14 +342,12 @@ class AuditMiddleware:
         capture = self._may_capture and not long_running
         return _Audited(body, capture, _closed)
 
-    def _event(self, environ: dict[str, Any], info: RequestInfo, level: Level, stage: str, received: float,
-               query: str, state: dict[str, Any], *, request_body: bytes | None = None,
+    def _event(self, environ: dict[str, Any], info: RequestInfo, uri: str, level: Level, stage: str,
+               received: float, state: dict[str, Any], *, request_body: bytes | None = None,
                extra_annotations: dict[str, str] | None = None, response_body: bytes | None = None,
                code: int | None = None, at: float | None = None) -> AuditEvent:
         user = env.get_user(environ)
         upstream = env.get_upstream(environ)
-        safe_query = _safe_query(query)
-        uri = info.path + (f"?{safe_query}" if safe_query else "")
         event: dict[str, Any] = {
             "kind": "Event",
             "apiVersion": "audit.k8s.io/v1",
@@ -395,7 +373,7 @@ class AuditMiddleware:
             event["userAgent"] = agent
         if info.is_resource:
             ref = {"resource": info.resource, "namespace": info.namespace, "name": info.name,
-                   "apiGroup": info.group, "apiVersion": info.version, "subresource": info.subresource}
+                   "apiGroup": info.api_group, "apiVersion": info.api_version, "subresource": info.subresource}
             event["objectRef"] = {k: v for k, v in ref.items() if v}
         status = code if code is not None else state["code"]
         if stage != "RequestReceived" and status:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from ..bodies import parse_yaml
 from ..errors import ConfigError
+from ..requestinfo import RequestInfo
 
 Level = Literal["None", "Metadata", "Request", "RequestResponse"]
 LEVELS: tuple[Level, ...] = ("None", "Metadata", "Request", "RequestResponse")
@@ -44,20 +45,12 @@ STAGES = ("RequestReceived", "ResponseStarted", "ResponseComplete", "Panic")
 
 
 @dataclass(frozen=True)
-class RequestInfo:
-    """What the audit policy and event know about one request (the apiserver's RequestInfo)."""
+class Attributes:
+    """What a policy rule is matched against: the classified request and who made it."""
 
-    verb: str
-    path: str
+    info: RequestInfo
     user: str
     groups: tuple[str, ...]
-    is_resource: bool
-    group: str = ""
-    version: str = ""
-    resource: str = ""
-    subresource: str = ""
-    namespace: str = ""
-    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ class GroupResources:
     resource_names: tuple[str, ...] = ()
 
     def matches(self, info: RequestInfo) -> bool:
-        if self.group != info.group:
+        if self.group != info.api_group:
             return False
         if not self.resources:
             return True
@@ -95,10 +88,11 @@ class Rule:
     non_resource_urls: tuple[str, ...] = ()
     omit_stages: tuple[str, ...] = ()
 
-    def matches(self, info: RequestInfo) -> bool:
-        if self.users and info.user not in self.users:
+    def matches(self, attributes: Attributes) -> bool:
+        info = attributes.info
+        if self.users and attributes.user not in self.users:
             return False
-        if self.user_groups and not set(self.user_groups) & set(info.groups):
+        if self.user_groups and not set(self.user_groups) & set(attributes.groups):
             return False
         if self.verbs and info.verb not in self.verbs:
             return False
@@ -122,10 +116,10 @@ class Policy:
     rules: tuple[Rule, ...]
     omit_stages: tuple[str, ...] = ()
 
-    def decide(self, info: RequestInfo) -> tuple[Level, frozenset[str]]:
-        """The level for ``info`` and the stages not to write."""
+    def decide(self, attributes: Attributes) -> tuple[Level, frozenset[str]]:
+        """The level for a request and the stages not to write."""
         for rule in self.rules:
-            if rule.matches(info):
+            if rule.matches(attributes):
                 return rule.level, frozenset(self.omit_stages) | frozenset(rule.omit_stages)
         return "None", frozenset()
 

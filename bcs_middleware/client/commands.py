@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import yaml
 
+from ..printable import escape
 from . import kubeconfig, settings
 from .output import FORMATS, emit
 from .rest import EXIT_USAGE, ClientError, GatewayClient
@@ -58,7 +59,7 @@ def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
             connection = settings.resolve(args.server, args.ca_file, args.token, args.timeout)
             return handler(GatewayClient(connection), args)
         except ClientError as exc:
-            print(f"bcs-middleware: error: {exc}", file=sys.stderr)
+            print(f"bcs-middleware: error: {escape(exc)}", file=sys.stderr)  # the server's words: no escapes
             return exc.exit_code
 
     return run

@@ -9,6 +9,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from ..printable import escape
+
 FORMATS = ("table", "json", "yaml")
 
 
@@ -18,8 +20,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
+        return escape(json.dumps(value, sort_keys=True))
+    return escape(value)  # the gateway's text, for a terminal: no escape sequence in it
 
 
 def emit(data: Any, fmt: str, columns: Sequence[str] = (), *, out: TextIO | None = None) -> None:

@@ -1,26 +1,37 @@
-"""Admission interception: create/update requests pass through webhook chains first.
+"""Admission interception: writes, deletions and connections pass through webhook chains first.
 
-:class:`AdmissionMiddleware` buffers the (bounded) JSON body of a POST, PUT or
-PATCH that a definition matches, runs the webhooks (mutating first, validating
-after), and hands the downstream app the admitted body as a fresh ``wsgi.input``
-with the right ``Content-Length``. Anything else — other methods, requests no
-definition matches — passes through untouched and unread.
+:class:`AdmissionMiddleware` runs the webhooks a definition matches (mutating first,
+validating after) and hands the downstream app what they admitted: the admitted body
+of a create or update (a fresh ``wsgi.input`` with the right ``Content-Length``), the
+admitted ``DeleteOptions`` of a DELETE, the path and query of the admitted options of
+a CONNECT. Anything else — reads, requests no definition matches — passes through
+untouched and unread.
 
 Which definitions apply:
 
 * ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
-  webhook configurations of that cluster, matched on the Kubernetes API path
-  (``bcs.upstream.path``, else ``PATH_INFO`` without ``/tunnels/clusters/{id}``);
+  webhook configurations of that cluster, matched on the request as kube-apiserver
+  classifies it (:func:`bcs_middleware.requestinfo.of`, ``bcs.request_info``: the
+  tunnel path after ``/tunnels/clusters/{id}``, else ``PATH_INFO``);
 * otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
   POST = Create / PUT = Update and the body's ``kind``.
 
-The operation is the one the apiserver will perform: ``POST`` is CREATE, a ``PUT``
-is UPDATE when the object exists and CREATE when it does not (asked of the cluster,
-as the caller), ``PATCH`` is UPDATE, and the ``exec``/``attach``/``portforward``/
-``proxy`` subresources are CONNECT whatever the method or headers. Whether a
-request is a connection upgrade is decided once, by
-:func:`~bcs_middleware.upgrade_request.upgrade_protocol`, the function the proxy
-obeys; a request that is not one is admitted like any other.
+The operation is the one the apiserver admits (:mod:`bcs_middleware.requestinfo`):
+``POST`` is CREATE, a ``PUT`` is UPDATE when the object exists and CREATE when it does
+not (asked of the cluster, as the caller), ``PATCH`` is UPDATE, ``DELETE`` is DELETE,
+and **every method** on the ``exec``/``attach``/``portforward``/``proxy`` subresources
+of pods (``proxy`` of nodes and services) is CONNECT — headers change none of this.
+
+A CONNECT is admitted as ``ConnectResource`` admits it (:mod:`bcs_middleware.admission.options`):
+the review's object is the connect options decoded from the query (and the proxied
+path), and what goes on is the request rebuilt from the options the webhooks admitted —
+never the client's own query. A DELETE of one object is reviewed with the object read
+as the caller (``oldObject``) and its ``DeleteOptions`` (``options``), and goes on with
+those options as its body, preconditioned on the ``uid`` and ``resourceVersion`` the
+webhooks saw: an object swapped under its name meanwhile is not deleted (409). A
+deletecollection, which the apiserver admits item by item, is refused (501, naming the
+webhook) when a ``Fail`` webhook matches it, and passes with a ``Warning`` when only
+``Ignore`` ones do.
 
 A matched ``PATCH`` (JSON Patch or merge patch) is resolved against the current
 object read **as the caller** (with ``bcs.upstream``'s credential and impersonation:
@@ -31,7 +42,7 @@ cluster's RBAC checks the ``patch`` verb the caller used. An UPDATE by ``PUT`` i
 sent guarded by the ``resourceVersion`` read, so it cannot turn into an unadmitted
 create. (The reverse cannot be guarded in a PUT: an object created by someone else
 between the gateway's read and the write is updated by a body admitted as CREATE.)
-Resolving a PUT or PATCH needs the caller to be allowed to ``get`` the object.
+Resolving a PUT, PATCH or DELETE needs the caller to be allowed to ``get`` the object.
 Strategic-merge and apply patches cannot be resolved without the resource's schema
 and are refused (415) rather than let through unadmitted.
 
@@ -40,9 +51,12 @@ Exempt are only the webhook-definition routes of the gateway and the mesos-drive
 configurations (``admissionregistration.k8s.io``, judged on the parsed API path),
 which the kube-apiserver does not send to webhooks either.
 
-Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.upgrade``;
-sets ``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites
-``wsgi.input``, ``CONTENT_LENGTH`` (and, for a resolved PATCH, ``CONTENT_TYPE``).
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.request_info``
+(classifying the request when no layer did); sets ``bcs.admission``
+(:class:`~bcs_middleware.environ.AdmissionResult`); rewrites ``wsgi.input``,
+``CONTENT_LENGTH`` (and, for a resolved PATCH or a DELETE, ``CONTENT_TYPE``), and for
+an admitted CONNECT ``bcs.upstream``'s path and query (without routing in front:
+``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``.
 Webhook ``warnings`` become ``Warning: 299`` response headers.
 
 Security: webhooks are only reached over HTTPS verified against their
@@ -73,23 +87,26 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 import jsonpatch
 
 from .. import environ as env
+from .. import requestinfo
 from ..admission.client import CircuitBreaker, WebhookClient
 from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
+from ..admission.options import connect_options, connect_target, delete_body, delete_options
 from ..admission.review import (
     RequestAttributes,
+    admission_attributes,
     apply_json_patch,
     apply_merge_patch,
-    parse_api_path,
 )
 from ..admission.store import (
     ClusterReader,
@@ -108,18 +125,16 @@ from ..errors import (
     NotFound,
     UnsupportedMediaType,
 )
-from ..upgrade_request import upgrade_protocol
+from ..paths import TUNNEL_PREFIX, parse_tunnel_path
+from ..printable import escape
+from ..requestinfo import RequestInfo, parse_query
 from ..upstream.transport import Transport
-from .routing import parse_tunnel_path
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["bcs", "kubernetes", "auto"]
-# Subresources the apiserver admits as CONNECT (streaming: exec, attach, port-forward, proxy).
-_CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
 StartResponse = Callable[..., Any]
 
-_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The gateway's and the mesos-driver's own webhook-definition routes, matched on the whole
 # path: no webhook intercepts changes to webhook definitions (a webhook that refused them
 # could never be removed). Nothing else is exempt — above all nothing under /tunnels/, where
@@ -186,22 +201,21 @@ class AdmissionMiddleware:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
-        # The one decision the proxy acts on too: an upgrade is what the proxy will splice
-        # (kubectl exec/attach/port-forward); any other request is admitted by its method.
-        if method not in _WRITES and upgrade_protocol(environ) is None:
-            return self.app(environ, start_response)
         try:
-            kubernetes = self._kubernetes(environ)
+            cluster_id = self._kubernetes_cluster(environ)
+            # The request as kube-apiserver classifies it, decided once (audit may have asked first).
+            info = requestinfo.of(environ) if cluster_id is not None else None
         except BCSError as exc:  # an unsafe tunnel path, refused as routing refuses it
             return exc(environ, start_response)
-        if kubernetes is None and (
-            method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", ""))
-        ):
+        if info is not None:
+            if info.admission_operation is None:
+                return self.app(environ, start_response)  # get, list, watch, logs: nothing to admit
+        elif method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)  # bcs definitions know Create and Update only
-        style: env.ErrorStyle = "kubernetes" if kubernetes else env.get_error_style(environ)
+        style: env.ErrorStyle = "kubernetes" if info is not None else env.get_error_style(environ)
         try:
-            if kubernetes is not None:
-                outcome = self._admit_kubernetes(environ, method, *kubernetes)
+            if info is not None and cluster_id is not None:
+                outcome = self._admit_kubernetes(environ, method, cluster_id, info)
             else:
                 outcome = self._admit_bcs(environ, method)
         except BCSError as exc:
@@ -257,44 +271,37 @@ class AdmissionMiddleware:
 
     # -- Kubernetes -------------------------------------------------------------------
 
-    def _kubernetes(self, environ: dict[str, Any]) -> tuple[str, str] | None:
-        """``(cluster_id, api_path)`` when Kubernetes definitions apply, else ``None``.
+    def _kubernetes_cluster(self, environ: dict[str, Any]) -> str | None:
+        """The cluster whose Kubernetes definitions apply (``""``: none named), else ``None``.
 
-        The routing layer parsed the tunnel path once: the cluster is ``bcs.cluster`` and
-        the path upstream ``bcs.upstream.path``. Without routing in front (a pipeline in
-        ``kubernetes`` mode), the path is split by the same parser, never by one of ours.
+        Behind routing the cluster is ``bcs.cluster``; without routing in front (a pipeline
+        in ``kubernetes`` mode) it is the tunnel path's, split by the routing layer's parser.
         """
         cluster = env.get_cluster(environ)
         if self.mode == "bcs" or (
             self.mode == "auto" and (cluster is None or cluster.cluster_type != "k8s")
         ):
             return None
-        upstream = env.get_upstream(environ)
-        if cluster is not None and upstream is not None:
-            return cluster.id, upstream.path
-        path = environ.get("PATH_INFO", "")
-        tunnel = parse_tunnel_path(path, environ.get("RAW_URI") or environ.get("REQUEST_URI"))
         if cluster is not None:
-            return cluster.id, tunnel.rest if tunnel else path
-        return (tunnel.cluster_id, tunnel.rest) if tunnel else ("", path)
+            return cluster.id
+        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+        tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
+        return tunnel.cluster_id if tunnel else ""
 
     def _admit_kubernetes(
-        self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str
+        self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo
     ) -> Outcome | None:
-        attrs = parse_api_path(api_path)
+        attrs = admission_attributes(info)
         if attrs is None or (
             attrs.group == _REGISTRATION_GROUP and attrs.resource in _EXEMPT_REGISTRATION_RESOURCES
         ):
             return None
-        if attrs.subresource in _CONNECT_SUBRESOURCES:
-            # The apiserver admits these as CONNECT whatever the method or headers.
-            self._not_admitted(cluster_id, "CONNECT", attrs)
-            return None
-        if method == "DELETE":
-            self._not_admitted(cluster_id, "DELETE", attrs)
-            return None
+        if info.admission_operation == "CONNECT":
+            return self._admit_connect(environ, cluster_id, info, attrs)
+        if info.admission_operation == "DELETE":
+            return self._admit_delete(environ, cluster_id, info, attrs)
         if method not in ("POST", "PUT", "PATCH"):
-            return None
+            return None  # a create or update verb only these methods carry
         # The operation the apiserver will perform: POST creates, PATCH updates, and PUT
         # updates an object that exists but creates one that does not.
         candidates: tuple[Operation, ...] = (
@@ -380,24 +387,86 @@ class AdmissionMiddleware:
         replace_body(environ, body)
         return outcome
 
-    def _not_admitted(self, cluster_id: str, operation: str, attrs: RequestAttributes) -> None:
-        """DELETE and CONNECT are not sent to webhooks by the gateway (yet).
+    def _admit_connect(
+        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
+    ) -> Outcome | None:
+        """CONNECT (exec, attach, port-forward, proxy) as ``ConnectResource`` admits it.
 
-        A matching webhook must not be bypassed silently: with ``failurePolicy: Fail``
-        the request is refused, naming the webhook; with ``Ignore`` it passes, logged —
-        exactly what the policy says should happen when a webhook cannot be called.
+        The webhooks get the connect options decoded from the query and path; what goes on
+        is the request rebuilt from the options they admitted (a mutating webhook may
+        change them, as it may on the apiserver), never the client's own query.
         """
-        webhooks = self.engine.k8s_matching(cluster_id, operation, attrs)
-        failing = [w.name for w in webhooks if w.failure_policy == "Fail"]
-        if failing:
-            raise BCSError(
-                f'the gateway does not send {operation} requests to admission webhooks, and webhook '
-                f'"{failing[0]}" (failurePolicy: Fail) matches this request',
-                status=501,
-                code_name="ADMISSION_OPERATION_UNSUPPORTED",
+        webhooks = self.engine.k8s_matching(cluster_id, "CONNECT", attrs)
+        if not webhooks:
+            return None
+        query = str(environ.get("QUERY_STRING", ""))
+        if "dryRun" in parse_query(query):
+            raise BadRequest("dryRun is not supported", code_name="DRY_RUN_UNSUPPORTED")
+        options = connect_options(info, query)
+        outcome = self.engine.admit_k8s(
+            cluster_id, "CONNECT", attrs, options, None, env.get_user(environ),
+            dry_run=False, options=None, webhooks=webhooks,
+        )
+        admitted = outcome.object if isinstance(outcome.object, dict) else options
+        path, forwarded_query = connect_target(info, admitted, query)
+        upstream = env.get_upstream(environ)
+        if upstream is not None:
+            environ[env.UPSTREAM] = dataclasses.replace(upstream, path=path, query=forwarded_query)
+        else:  # no routing in front: the next layer reads the request itself
+            raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+            tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
+            environ["PATH_INFO"] = (TUNNEL_PREFIX + tunnel.cluster_id if tunnel else "") + unquote(path)
+            environ["QUERY_STRING"] = forwarded_query
+            for key in ("RAW_URI", "REQUEST_URI"):
+                environ.pop(key, None)
+        environ[env.REQUEST_INFO] = requestinfo.classify(
+            environ.get("REQUEST_METHOD", "GET"), unquote(path), forwarded_query)
+        return outcome
+
+    def _admit_delete(
+        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
+    ) -> Outcome | None:
+        """DELETE as ``handlers/delete.go`` admits it: ``oldObject`` the object, ``options`` its DeleteOptions.
+
+        The object is read as the caller. The DELETE goes on carrying the admitted options
+        as its body, with preconditions on the uid and resourceVersion read, so only the
+        object the webhooks saw can be deleted. A deletecollection is admitted by the
+        apiserver once per item it deletes, which the gateway cannot do: refused when a
+        ``Fail`` webhook matches it, passed with a ``Warning`` (and logged) for ``Ignore``.
+        """
+        webhooks = self.engine.k8s_matching(cluster_id, "DELETE", attrs)
+        if not webhooks:
+            return None
+        if info.verb == "deletecollection" or not attrs.name:
+            failing = [w.name for w in webhooks if w.failure_policy == "Fail"]
+            if failing:
+                raise BCSError(
+                    f'webhook "{failing[0]}" (failurePolicy: Fail) admits the DELETE of {attrs.resource}, and the '
+                    "gateway cannot send a deletecollection to admission item by item: delete the objects one "
+                    "by one",
+                    status=501,
+                    code_name="ADMISSION_OPERATION_UNSUPPORTED",
+                )
+            for webhook in webhooks:
+                log.warning("admission: a deletecollection of %s is not sent to webhook %s (failurePolicy: Ignore)",
+                            escape(attrs.resource), webhook.name)
+            return Outcome(None, webhooks=(), warnings=tuple(
+                f'deletecollection not sent to admission webhook "{w.name}" (failurePolicy: Ignore)' for w in webhooks))
+        content_type = _mime(environ)
+        body = self._read_body(environ)
+        if body and content_type not in ("application/json", ""):
+            raise UnsupportedMediaType(
+                f'a {content_type} DeleteOptions body cannot be admitted by webhook "{webhooks[0].name}": '
+                "send application/json"
             )
-        for webhook in webhooks:
-            log.warning("admission: %s not sent to webhook %r (failurePolicy: Ignore)", operation, webhook.name)
+        options = delete_options(body, str(environ.get("QUERY_STRING", "")))
+        old = self._current(environ, cluster_id, attrs, required=True)
+        outcome = self.engine.admit_k8s(
+            cluster_id, "DELETE", attrs, None, old, env.get_user(environ),
+            dry_run=bool(options.get("dryRun")), options=options, webhooks=webhooks,
+        )
+        replace_body(environ, json.dumps(delete_body(options, old)).encode(), content_type="application/json")
+        return outcome
 
     def _current(
         self, environ: dict[str, Any], cluster_id: str, attrs: RequestAttributes, *, required: bool

@@ -13,7 +13,8 @@ is finished (closed)::
      "bytes": 5120, "duration_ms": 12.3, "kind": "tunnel", "webhooks": ["sidecar.example.com"]}
 
 It never logs a query string, a header or a body, so no token or credential can
-reach the log through it.
+reach the log through it; what it logs of the request (path, user, cluster) is JSON
+with every control character escaped, so no client forges a line or a terminal escape.
 
 Reads ``bcs.user``, ``bcs.cluster``, ``bcs.admission`` (set by the layers inside,
 read when the response is closed); sets ``bcs.request_id`` and ``bcs.error_style``.
@@ -21,7 +22,6 @@ read when the response is closed); sets ``bcs.request_id`` and ``bcs.error_style
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -33,12 +33,11 @@ from .. import converters as conv
 from .. import environ as env
 from ..logsetup import LineWriterHandler
 from ..metrics import BATCH
+from ..printable import json_line
 from ..tunnel.handshake import CONNECT_PATH
 from .routing import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
-# One encoder for every line: json.dumps would configure a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class AccessLine(NamedTuple):
@@ -72,7 +71,8 @@ class AccessLine(NamedTuple):
         else:
             user_name = None
         admission = self.admission
-        return _encode({
+        # JSON escapes every control character a client put in a path or a name (DEL too).
+        return json_line({
             "time": _timestamp(self.when), "request_id": self.request_id,
             "remote_addr": self.remote_addr, "user": user_name,
             "cluster": self.cluster.id if isinstance(self.cluster, env.Cluster) else None,

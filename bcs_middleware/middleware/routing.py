@@ -29,52 +29,16 @@ sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream) and
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .. import converters as conv
 from .. import environ as env
 from ..clusters import CachedDirectory, ClusterDirectory, upstream_for
 from ..errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
-from ..paths import refuse_encoded_separators, safe_rest
+from ..paths import TUNNEL_PREFIX, parse_tunnel_path
 from ..permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..shapes import ShapeCache
-
-TUNNEL_PREFIX = "/tunnels/clusters/"
-
-
-@dataclass(frozen=True)
-class TunnelPath:
-    cluster_id: str
-    rest: str  # percent-encoded path upstream, always starting with "/"
-
-
-def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
-    """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
-    if not path_info.startswith(TUNNEL_PREFIX):
-        return None
-    if len(path_info) + len(raw_uri or "") <= _CACHED_PATH:
-        return _parse_tunnel_path(path_info, raw_uri)
-    return _parse_tunnel_path.__wrapped__(path_info, raw_uri)
-
-
-# A client repeats its paths (list, watch, get the same objects): checking and re-encoding
-# one is a regex, a split and a quote, done once per path. Refusals raise and are never
-# cached; memory stays bounded (1024 entries of at most _CACHED_PATH characters).
-_CACHED_PATH = 512
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath:
-    refuse_encoded_separators(raw_uri)
-    cluster_id, sep, rest = path_info[len(TUNNEL_PREFIX):].partition("/")
-    if not cluster_id or cluster_id in (".", ".."):
-        raise BadRequest("missing cluster id in the tunnel path", code_name="BAD_PATH")
-    # "{server_address}/version" yields "//version": a doubled slash right after the
-    # cluster prefix is one slash (the source's own docs write it that way).
-    return TunnelPath(cluster_id, "/" + safe_rest(rest.lstrip("/")) if sep else "/")
 
 
 def impersonation_headers(environ: Mapping[str, Any]) -> tuple[str, ...]:

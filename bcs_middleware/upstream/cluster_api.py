@@ -22,6 +22,7 @@ from .. import environ as env
 from ..bodies import parse_json
 from ..clusters import CachedDirectory, upstream_for
 from ..errors import BadGateway, BadRequest, BCSError, ServiceUnavailable, UpstreamUnreachable
+from ..paths import encode_path
 from ..store import CredentialRecord
 from .transport import Transport
 
@@ -155,7 +156,8 @@ class TunnelClusterReader:
                        code_name="CLUSTER_REFUSED_READ")
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
-        document = self._get(cluster_id, f"/api/v1/namespaces/{namespace}")
+        # The name came from a request path, decoded: encoded again, so it is one path segment.
+        document = self._get(cluster_id, f"/api/v1/namespaces/{encode_path(namespace)}")
         if document is None:
             return {}
         labels = (document.get("metadata") or {}).get("labels") or {}

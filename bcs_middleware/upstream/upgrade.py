@@ -64,7 +64,7 @@ gunicorn's parser buffer and are lost.
 
 Audit: each upgrade is logged on ``bcs_middleware.audit`` with user, cluster,
 namespace, pod, subresource, container and command (or ports) and the
-upstream's status — never a credential.
+upstream's status — never a credential, and every value a client chose escaped.
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import re
 import selectors
 import socket
 import ssl
@@ -80,10 +79,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote
 
 from .. import environ as env
-from .. import metrics
+from .. import metrics, requestinfo
+from ..errors import BCSError
+from ..paths import encode_path
+from ..printable import escape
 from .transport import HOP_BY_HOP
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,6 @@ _PIECE = 64 * 1024
 # Connection and Upgrade go into the head by response_head) and a length, meaningless
 # on a connection that stops being HTTP.
 _NOT_FOR_APP_101 = HOP_BY_HOP | {"content-length"}
-_POD_PATH = re.compile(
-    r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<pod>[^/]+)/(?P<sub>exec|attach|portforward)/?$"
-)
 
 
 def client_socket(environ: dict[str, Any]) -> socket.socket | None:
@@ -393,18 +391,28 @@ class CloseAfter:
 
 
 def audit(environ: dict[str, Any], upstream: env.Upstream, protocol: str, status: int) -> None:
-    """Log who opened which stream to which pod; never a credential."""
+    """Log who opened which stream to which object; never a credential, no raw client text.
+
+    The object is the request's one classification (:func:`bcs_middleware.requestinfo.of`,
+    the connect options as admitted when admission ran); every value a client chose is
+    escaped, so a newline or an ESC in a path or a command forges no line and drives no
+    terminal.
+    """
     user = env.get_user(environ)
     cluster = env.get_cluster(environ)
     detail: dict[str, Any] = {"protocol": protocol.lower(), "status": status}
-    match = _POD_PATH.match(unquote(upstream.path))
-    if match:
-        action = f"tunnel.{match['sub']}"
-        target = f"{match['namespace']}/{match['pod']}"
-        detail.update(namespace=match["namespace"], pod=match["pod"], subresource=match["sub"])
+    try:
+        info = requestinfo.of(environ)
+    except BCSError:  # a path routing refused never gets here; nothing to name if it did
+        info = None
+    if info is not None and info.connect:
+        action = f"tunnel.{info.connect_subresource}"
+        target = f"{info.namespace}/{info.name}" if info.namespace else info.name
+        detail.update(namespace=info.namespace, resource=info.resource, subresource=info.connect_subresource)
+        detail["pod" if info.resource == "pods" else "name"] = info.name
     else:
-        action, target = "tunnel.upgrade", unquote(upstream.path)
-    query = parse_qs(upstream.query, keep_blank_values=True)
+        action, target = "tunnel.upgrade", encode_path(info.path) if info is not None else "?"
+    query = requestinfo.parse_query(upstream.query)
     for key in ("container", "command", "port", "ports"):
         if key in query:
             values = query[key]
@@ -413,5 +421,5 @@ def audit(environ: dict[str, Any], upstream: env.Upstream, protocol: str, status
         detail["cluster"] = cluster.id
     audit_log.info(
         "audit actor=%s action=%s target=%s detail=%s",
-        user.name if user else "-", action, target, json.dumps(detail, sort_keys=True),
+        escape(user.name) if user else "-", action, escape(target), escape(json.dumps(detail, sort_keys=True)),
     )

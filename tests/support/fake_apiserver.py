@@ -506,13 +506,20 @@ class ObjectStore:
             return self.replace(rt, result, namespace, dry_run=dry_run)
 
     def delete(self, resource: str | ResourceType, namespace: str | None, name: str, *,
-               dry_run: bool = False) -> JSON:
+               dry_run: bool = False, preconditions: JSON | None = None) -> JSON:
         rt = _rt(resource)
         ns = self._ns(rt, namespace)
         with self._lock:
             obj = self._objects.get((rt, ns, name))
             if obj is None:
                 raise _not_found(rt, name)
+            for key, field_name in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                wanted = (preconditions or {}).get(key)
+                if wanted is not None and wanted != obj["metadata"].get(key):
+                    # DeleteOptions.preconditions, checked as the registry's Store.Delete checks them.
+                    raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {_qualified(rt)} "{name}": '
+                                   f"Precondition failed: {field_name} in precondition: {wanted}, "
+                                   f"{field_name} in object meta: {obj['metadata'].get(key)}")
             if dry_run:
                 return copy.deepcopy(obj)
             del self._objects[(rt, ns, name)]
@@ -1018,7 +1025,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, store.patch(rt, ns, info.name, patch_type, body,
                                              dry_run=dry_run))
         elif info.verb == "delete":
-            deleted = store.delete(rt, ns, info.name, dry_run=dry_run)
+            options = _decode(body, self.req_headers.get("Content-Type") or "") if body else {}
+            dry_run = dry_run or bool(options.get("dryRun"))
+            deleted = store.delete(rt, ns, info.name, dry_run=dry_run, preconditions=options.get("preconditions"))
             if rt.plural == "pods":
                 self._send_json(200, deleted)
             else:

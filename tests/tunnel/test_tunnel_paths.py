@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bcs_middleware.errors import BadRequest
-from bcs_middleware.middleware.routing import TunnelPath, _parse_tunnel_path, parse_tunnel_path
+from bcs_middleware.paths import TunnelPath, _parse_tunnel_path, parse_tunnel_path
 
 PREFIX = "/tunnels/clusters/BCS-K8S-1"
 

@@ -555,7 +555,7 @@ def test_upgrades_are_audited_and_counted(gateway: Gateway, echo: Handlers, alic
     assert "actor=alice-upgrade" in line and "target=default/p" in line
     assert '"container": "app"' in line and '"status": 101' in line
     assert alice not in gateway.server.output() and SA_TOKEN not in gateway.server.output()
-    status, body = gateway.call("GET", "/metrics", token="")
+    status, body = gateway.call("GET", "/metrics")
     assert status == 200
     text = body.decode()
     assert 'bcs_upgrades_total{outcome="spliced"}' in text

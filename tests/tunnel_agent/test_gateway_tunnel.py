@@ -197,7 +197,7 @@ def test_metrics_count_the_agent(gateway: Gateway, agent: Agent) -> None:
     assert gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0] == 200
     deadline = time.monotonic() + 10
     while True:  # bytes and streams are refreshed every couple of seconds
-        status, body = gateway.call("GET", "/metrics", token="")
+        status, body = gateway.call("GET", "/metrics")
         text = body.decode()
         assert status == 200
         if f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="in"}}' in text \
@@ -288,7 +288,7 @@ def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(
         result = kubectl("get", "configmaps", "-o", "name", kubeconfig=kubeconfig)
         assert result.returncode == 0, result.stderr
         assert "configmap/before-kill" in result.stdout
-        _, body = gateway.call("GET", "/metrics", token="")
+        _, body = gateway.call("GET", "/metrics")
         assert f'bcs_agent_tunnel_reconnects_total{{cluster="{CLUSTER}"}}' in body.decode()
     finally:
         again.stop()
