@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import sys
 import time
@@ -53,6 +54,7 @@ from ..logsetup import LineWriterHandler
 from ..middleware.routing import TUNNEL_PREFIX
 from .policy import DEFAULT_POLICY, Level, Policy, RequestInfo, load_policy
 
+log = logging.getLogger(__name__)
 MAX_CAPTURED = 1024 * 1024
 _VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _STREAM_SUBRESOURCES = {"exec", "attach", "portforward", "proxy"}
@@ -152,10 +154,21 @@ class AuditSink:
 
     @classmethod
     def open(cls, target: str) -> AuditSink:
-        """``-`` or ``stdout``: standard output; otherwise a file path."""
+        """``-`` or ``stdout``: standard output; otherwise a file path.
+
+        A missing folder is created 0700 (as kube-apiserver's ``--audit-log-path`` does);
+        one that cannot be is a :class:`ConfigError` naming the path.
+        """
         if target in ("-", "stdout"):
             return cls(sys.stdout)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        path = Path(target)
+        try:
+            if not path.parent.is_dir():
+                path.parent.mkdir(mode=0o700, parents=True)
+                log.info("created the audit log's folder %s (mode 0700)", path.parent)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"audit log {target}: {exc.strerror or exc}") from None
         return cls(io.TextIOWrapper(io.FileIO(fd, "a", closefd=True), encoding="utf-8", line_buffering=False))
 
     def emit(self, event: AuditEvent) -> None:
