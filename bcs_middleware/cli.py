@@ -424,13 +424,8 @@ def _runs_on_gevent(argv: Sequence[str]) -> bool:
             for i, arg in enumerate(argv))
     if not argv or argv[0] != "serve":
         return False
-    chosen = None
-    for i, arg in enumerate(argv):
-        if arg == "--worker-class" and i + 1 < len(argv):
-            chosen = argv[i + 1]
-        elif arg.startswith("--worker-class="):
-            chosen = arg.partition("=")[2]
-    return (chosen or serve_config.ini_worker_class(argv) or "gevent") == "gevent"
+    chosen = serve_config.option_value(argv, "--worker-class") or serve_config.ini_worker_class(argv)
+    return (chosen or "gevent") == "gevent"
 
 
 def _patch_for_gevent() -> None:

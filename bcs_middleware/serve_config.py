@@ -130,16 +130,23 @@ def server_section(parser: configparser.ConfigParser, path: Path) -> dict[str, A
     return values
 
 
+def option_value(argv: Sequence[str], option: str) -> str | None:
+    """The last value of ``option`` (``--opt VALUE`` or ``--opt=VALUE``) on a command line, read
+    before ``argparse`` runs."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.partition("=")[2]
+    return value
+
+
 def ini_worker_class(argv: Sequence[str]) -> str | None:
     """The ``[server:main] worker_class`` of a ``serve --config FILE`` command line, if it has one
     (read before anything is imported: it decides whether to patch for gevent). Unreadable: ``None``
     — ``serve`` reports the error itself later."""
-    config = None
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            config = argv[i + 1]
-        elif arg.startswith("--config="):
-            config = arg.partition("=")[2]
+    config = option_value(argv, "--config")
     if config is None:
         return None
     try:
