@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, serve_config
 from .datadir import ADMIN_TOKEN_FILE, ADMIN_TOKEN_SOURCE, announce_admin_token_file, server_metrics_dir
@@ -31,6 +31,9 @@ from .datadir import prepare as prepare_data_dir
 from .errors import ConfigError
 from .lifecycle import build_in_master, post_worker_init
 from .logsetup import configure_logging
+
+if TYPE_CHECKING:
+    from .tls import GatewayPKI
 
 log = logging.getLogger("bcs_middleware.cli")
 
@@ -245,6 +248,39 @@ def _refuse_a_second_ca(database_url: str | None, data_dir: Path, tls_dir: Path)
         )
 
 
+def _ini_application(args: argparse.Namespace, parser: configparser.ConfigParser, config_path: Path,
+                     data_dir: Path, certfile: str | None,
+                     ca_file: str | None) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The ini's application: its role, the ``global_conf`` the flags fill in, and its options
+    (:mod:`bcs_middleware.serve_config`). A flag it would not take, or another ``--role``, is refused."""
+    given = serve_config.given_app_flags(args)
+    global_conf = {**_shared_data_dir(parser, data_dir, cert_file=certfile, ca_file=ca_file if certfile else None),
+                   **serve_config.fill_defaults(parser, given)}
+    # Server options that are application options too: the ini's [DEFAULT] gets them when it has the key.
+    present = serve_config.defaults(parser)
+    for value, key in ((args.zookeeper, "zookeeper_hosts"), (",".join(args.forwarded_allow_ips), "trusted_proxies")):
+        if value and key in present:
+            global_conf[key] = value
+    role, app_conf = serve_config.app_context(f"config:{config_path}", global_conf)
+    serve_config.refuse_unused_flags(given, app_conf, config_path)
+    if args.role is not None and args.role != role:
+        raise ConfigError(f"--role {args.role}: the application of {config_path} is "
+                          f"{'a ' + role if role != 'other' else 'neither a gateway nor a driver'}")
+    return role, global_conf, app_conf
+
+
+def _generated_pki(data_dir: Path, hosts: list[str]) -> GatewayPKI:
+    """The data directory's CA and server certificate (made or renewed as needed)."""
+    from .tls import ensure_gateway_pki
+
+    try:
+        return ensure_gateway_pki(data_dir, hosts)
+    except ValueError as exc:  # a --tls-host that is no host name or address
+        raise ConfigError(f"--tls-host: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{data_dir / 'tls'}: {exc.strerror or exc}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     data_dir = _data_dir(args.data_dir)
@@ -283,22 +319,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if ca_file and not Path(ca_file).is_file():
         raise ConfigError(f"--ca-file {ca_file}: no such file")
 
-    # What the application is: the ini's (the flags that configure it fill its [DEFAULT]), or ours.
+    role = args.role or "gateway"
     global_conf: dict[str, str] = {}
-    app_conf: dict[str, str] = {}
+    app_conf: dict[str, str] = {}  # the ini's application's options (none: the embedded one)
     if parser is not None and config_path is not None:
-        given = serve_config.given_app_flags(args)
-        global_conf = {**_shared_data_dir(parser, data_dir, cert_file=certfile, ca_file=ca_file if certfile else None),
-                       **serve_config.fill_defaults(parser, given)}
-        if args.zookeeper and "zookeeper_hosts" in serve_config.defaults(parser):
-            global_conf["zookeeper_hosts"] = args.zookeeper
-        role, app_conf = serve_config.app_context(f"config:{config_path}", global_conf)
-        serve_config.refuse_unused_flags(given, app_conf, config_path)
-        if args.role is not None and args.role != role:
-            raise ConfigError(f"--role {args.role}: the application of {config_path} is "
-                              f"{'a ' + role if role != 'other' else 'neither a gateway nor a driver'}")
-    else:
-        role = args.role or "gateway"
+        role, global_conf, app_conf = _ini_application(args, parser, config_path, data_dir, certfile, ca_file)
 
     scheme = "https"
     cert_for_api: Path | None = None
@@ -318,19 +343,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not ca_file:
             log.warning("no --ca-file: client_credentials and kubeconfigs will not carry a CA")
     else:
-        from .tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki
+        from .tls import CertificateRenewer, default_gateway_hosts
 
         hosts = default_gateway_hosts() + [h for spec in args.tls_host for h in spec.split(",") if h]
         if role == "gateway":
-            database_url = args.database_url if not app_conf else app_conf.get("database_url") or None
+            database_url = app_conf.get("database_url") or None if app_conf else args.database_url
             app_data = Path(app_conf["data_dir"]).absolute() if app_conf.get("data_dir") else data_dir
             _refuse_a_second_ca(database_url, app_data, data_dir / "tls")
-        try:
-            pki = ensure_gateway_pki(data_dir, hosts)
-        except ValueError as exc:  # a --tls-host that is no host name or address
-            raise ConfigError(f"--tls-host: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"{data_dir / 'tls'}: {exc.strerror or exc}") from None
+        pki = _generated_pki(data_dir, hosts)
         renewer = CertificateRenewer(data_dir, hosts, interval=args.tls_check_interval)
         settings.update(certfile=str(pki.cert_file), keyfile=str(pki.key_file))
         ca_file, cert_for_api = str(pki.ca_file), pki.cert_file

@@ -238,3 +238,17 @@ def test_the_ini_s_worker_class_decides_the_gevent_patch_unless_a_flag_does(tmp_
     assert _runs_on_gevent(["serve", "--config", ini]) is False
     assert _runs_on_gevent(["serve", f"--config={ini}", "--worker-class", "gevent"]) is True
     assert _runs_on_gevent(["serve", "--config", str(tmp_path / "missing.ini")]) is True  # serve reports it
+
+
+def test_gunicorn_with_the_example_config_file_stops_on_a_mistake_with_one_message(tmp_path: Path) -> None:
+    """examples/gunicorn.conf.py builds the application once in the master (on_starting): a mistake in the
+    ini stops gunicorn with one line, instead of every worker failing to boot with a traceback."""
+    ini = _ini(tmp_path / "gw.ini", GATEWAY_INI + "no_such_option = 1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BCS_", "PROMETHEUS_"))}
+    env.update(BCS_DATA_DIR=str(tmp_path / "data"), BCS_BIND=f"127.0.0.1:{free_port()}", BCS_WORKERS="1",
+               BCS_ADMIN_TOKEN=ADMIN)
+    result = subprocess.run([str(BIN / "gunicorn"), "--paste", str(ini), "-c", str(EXAMPLES / "gunicorn.conf.py"),
+                             "--no-control-socket"], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "error: configuration:" in result.stderr and "no_such_option" in result.stderr
+    assert "Traceback" not in result.stderr and "Booting worker" not in result.stderr
