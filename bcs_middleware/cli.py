@@ -19,16 +19,21 @@ import configparser
 import ipaddress
 import logging
 import os
-import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .datadir import ADMIN_TOKEN_FILE, admin_token_source, announce_admin_token
-from .lifecycle import post_worker_init
+from . import __version__, serve_config
+from .datadir import ADMIN_TOKEN_FILE, ADMIN_TOKEN_SOURCE, announce_admin_token_file, server_metrics_dir
+from .datadir import prepare as prepare_data_dir
+from .errors import ConfigError
+from .lifecycle import build_in_master, post_worker_init
 from .logsetup import configure_logging
+
+if TYPE_CHECKING:
+    from .tls import GatewayPKI
 
 log = logging.getLogger("bcs_middleware.cli")
 
@@ -57,6 +62,8 @@ def _bind_problem(bind: str) -> str | None:
     host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - probing the operator's bind address
     if not port.isdigit():
         return None  # a unix socket or a spec gunicorn will judge itself
+    if not 0 < int(port) < 65536:
+        return f"no such port {port} (1-65535)"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         # As gunicorn binds: SO_REUSEADDR, so a port in TIME_WAIT is not reported busy.
@@ -70,7 +77,7 @@ def _bind_problem(bind: str) -> str | None:
     return None
 
 
-def _shared_data_dir(config_file: Path, data_dir: Path, *, cert_file: str | None = None,
+def _shared_data_dir(parser: configparser.ConfigParser, data_dir: Path, *, cert_file: str | None = None,
                      ca_file: str | None = None) -> dict[str, str]:
     """The global_conf that makes an ini's ``[DEFAULT] data_dir`` this data directory.
 
@@ -79,13 +86,11 @@ def _shared_data_dir(config_file: Path, data_dir: Path, *, cert_file: str | None
     with a warning when that splits the state from ``--data-dir``'s TLS files. An explicit
     certificate and CA replace ``[DEFAULT]``'s ``gateway_cert_file``/``gateway_ca_file``.
     """
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read(config_file)
-    defaults = parser.defaults()
-    if "data_dir" in defaults:
+    present = serve_config.defaults(parser)
+    if "data_dir" in present:
         shared = {"data_dir": str(data_dir)}
         for key, value in (("gateway_cert_file", cert_file), ("gateway_ca_file", ca_file)):
-            if value and key in defaults:
+            if value and key in present:
                 shared[key] = str(Path(value).absolute())
         return shared
     for section in parser.sections():
@@ -94,12 +99,6 @@ def _shared_data_dir(config_file: Path, data_dir: Path, *, cert_file: str | None
             log.warning("[%s] data_dir %s is not the data directory %s (where the TLS files are); "
                         "use data_dir in [DEFAULT] to share one", section, own, data_dir)
     return {}
-
-
-def _server_section(config_file: Path) -> dict[str, str]:
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read(config_file)
-    return dict(parser["server:main"]) if parser.has_section("server:main") else {}
 
 
 class _Gunicorn:
@@ -158,48 +157,181 @@ def connection_slots(worker_class: str, threads: int) -> dict[str, int]:
     return {}
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    data_dir = Path(args.data_dir).absolute()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    data_dir.chmod(0o700)
-    configure_logging(args.log_level)
+@dataclass(frozen=True)
+class ServerOptions:
+    """The gunicorn side of ``serve``: each a flag, else the ini's ``[server:main]``, else the default."""
 
-    # Must be set before any metric is created (prometheus_client reads it then).
-    metrics_dir = data_dir / "prometheus"
-    shutil.rmtree(metrics_dir, ignore_errors=True)
-    metrics_dir.mkdir(mode=0o700)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    bind: str
+    workers: int
+    worker_class: str
+    threads: int
+    worker_connections: int | None
+    keepalive: int
+    graceful_timeout: int
+    certfile: str | None
+    keyfile: str | None
+    ca_file: str | None
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace, server: Mapping[str, Any]) -> ServerOptions:
+        def pick(dest: str, default: Any) -> Any:
+            value = getattr(args, dest)
+            return value if value is not None else server.get(dest, default)
+
+        options = cls(
+            bind=pick("bind", DEFAULT_BIND), workers=pick("workers", 2), worker_class=pick("worker_class", "gevent"),
+            threads=pick("threads", 128), worker_connections=pick("worker_connections", None),
+            keepalive=pick("keepalive", 75), graceful_timeout=pick("graceful_timeout", 30),
+            certfile=pick("certfile", None), keyfile=pick("keyfile", None), ca_file=pick("ca_file", None),
+        )
+        for name in ("workers", "threads", "worker_connections"):
+            value = getattr(options, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+        if options.graceful_timeout < 0:
+            raise ConfigError("--graceful-timeout must not be negative")
+        return options
+
+
+def _data_dir(path: str) -> Path:
+    try:
+        return prepare_data_dir(path)
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {path}: {exc.strerror or exc}") from None
+
+
+def _check_certificate(certfile: str, keyfile: str) -> None:
+    """The certificate and key load as gunicorn will load them (a clear error now, not in every worker)."""
+    import ssl
+
+    def no_passphrase() -> str:
+        raise ConfigError(f"--keyfile {keyfile} is encrypted: serve needs an unencrypted key (mode 0600)")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile, password=no_passphrase)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"--certfile {certfile} / --keyfile {keyfile}: {exc.reason or exc} (not a PEM "
+                          "certificate and its private key?)") from None
+    except OSError as exc:
+        raise ConfigError(f"--certfile {certfile} / --keyfile {keyfile}: {exc.strerror or exc}") from None
+
+
+def _check_client_ca(path: str) -> None:
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--client-ca-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _refuse_a_second_ca(database_url: str | None, data_dir: Path, tls_dir: Path) -> None:
+    """Before making a CA in ``tls_dir``: refuse when the database records the gateways' CA already —
+    this instance must hand out that one, not mint its own."""
+    from .instance_checks import recorded_ca
+    from .store import SecretBox, SQLStore, sqlite_url
+
+    if (tls_dir / "ca.crt").exists():
+        return
+    store = SQLStore(database_url or sqlite_url(data_dir), secrets=SecretBox([]))
+    try:
+        store.migrate()
+        recorded = recorded_ca(store)
+    finally:
+        store.dispose()
+    if recorded is not None:
+        raise ConfigError(
+            f"the database {store.display_url} records the CA the gateways hand to clients ({recorded}), and "
+            f"{tls_dir} has no CA: this instance would make a CA of its own, which no client trusts. Copy ca.crt "
+            f"and ca.key from another instance's DATA_DIR/tls/ into {tls_dir}/ (mode 0600 for the key), or serve "
+            "--certfile/--keyfile signed by that CA with --ca-file"
+        )
+
+
+def _ini_application(args: argparse.Namespace, parser: configparser.ConfigParser, config_path: Path,
+                     data_dir: Path, certfile: str | None,
+                     ca_file: str | None) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The ini's application: its role, the ``global_conf`` the flags fill in, and its options
+    (:mod:`bcs_middleware.serve_config`). A flag it would not take, or another ``--role``, is refused."""
+    given = serve_config.given_app_flags(args)
+    global_conf = {**_shared_data_dir(parser, data_dir, cert_file=certfile, ca_file=ca_file if certfile else None),
+                   **serve_config.fill_defaults(parser, given)}
+    # Server options that are application options too: the ini's [DEFAULT] gets them when it has the key.
+    present = serve_config.defaults(parser)
+    for value, key in ((args.zookeeper, "zookeeper_hosts"), (",".join(args.forwarded_allow_ips), "trusted_proxies")):
+        if value and key in present:
+            global_conf[key] = value
+    role, app_conf = serve_config.app_context(f"config:{config_path}", global_conf)
+    serve_config.refuse_unused_flags(given, app_conf, config_path)
+    if args.role is not None and args.role != role:
+        raise ConfigError(f"--role {args.role}: the application of {config_path} is "
+                          f"{'a ' + role if role != 'other' else 'neither a gateway nor a driver'}")
+    return role, global_conf, app_conf
+
+
+def _generated_pki(data_dir: Path, hosts: list[str]) -> GatewayPKI:
+    """The data directory's CA and server certificate (made or renewed as needed)."""
+    from .tls import ensure_gateway_pki
+
+    try:
+        return ensure_gateway_pki(data_dir, hosts)
+    except ValueError as exc:  # a --tls-host that is no host name or address
+        raise ConfigError(f"--tls-host: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{data_dir / 'tls'}: {exc.strerror or exc}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    data_dir = _data_dir(args.data_dir)
+    config_path = Path(args.config).absolute() if args.config else None
+    parser = serve_config.read_ini(config_path) if config_path else None
+    opts = ServerOptions.resolve(args, serve_config.server_section(parser, config_path)
+                                 if parser is not None and config_path else {})
+
+    # This server's own metrics directory (two servers in one data directory must neither
+    # wipe nor sum each other's); set before any metric is created (prometheus_client reads it then).
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(server_metrics_dir(data_dir))
 
     settings: dict[str, Any] = {}
     renewer = None  # keeps the generated certificate fresh while serving
-    server = _server_section(Path(args.config)) if args.config else {}
-    bind = args.bind or server.get("bind") or DEFAULT_BIND
+    bind = opts.bind
     busy = _bind_problem(bind)
     if busy:
         print(f"error: cannot listen on {bind}: {busy}", file=sys.stderr)
         return 1
-    if args.config and (args.audit_log or args.audit_policy):
-        print("error: with --config, set audit_log/audit_policy_file in the ini's [app:main]", file=sys.stderr)
-        return 2
-    if args.config and args.peer_address:
-        print("error: with --config, set peer_address in the ini's [app:main]", file=sys.stderr)
-        return 2
     if args.config and (args.quota or args.cluster_creators):
         print("error: with --config, set quota_<name> and cluster_creators in the ini's [app:main]",
               file=sys.stderr)
         return 2
-    certfile = args.certfile or server.get("certfile")
-    keyfile = args.keyfile or server.get("keyfile")
-    ca_file = args.ca_file or server.get("ca_file")
+    certfile, keyfile, ca_file = opts.certfile, opts.keyfile, opts.ca_file
     if bool(certfile) != bool(keyfile):
         print("error: --certfile and --keyfile go together", file=sys.stderr)
         return 2
     if args.insecure_http and certfile:
         print("error: --insecure-http contradicts --certfile/--keyfile", file=sys.stderr)
         return 2
+    if args.tls_check_interval <= 0:
+        print("error: --tls-check-interval must be positive", file=sys.stderr)
+        return 2
+    if opts.keepalive <= 0 or args.header_timeout <= 0 or args.body_idle_timeout <= 0:
+        print("error: --keepalive, --header-timeout and --body-idle-timeout must be positive", file=sys.stderr)
+        return 2
+    for spec in args.static_driver:
+        if "=" not in spec or not spec.partition("=")[0].strip() or not spec.partition("=")[2].strip():
+            raise ConfigError(f"--static-driver {spec!r}: expected CLUSTER=URL")
+    if ca_file and not Path(ca_file).is_file():
+        raise ConfigError(f"--ca-file {ca_file}: no such file")
+
+    role = args.role or "gateway"
+    global_conf: dict[str, str] = {}
+    app_conf: dict[str, str] = {}  # the ini's application's options (none: the embedded one)
+    if parser is not None and config_path is not None:
+        role, global_conf, app_conf = _ini_application(args, parser, config_path, data_dir, certfile, ca_file)
 
     scheme = "https"
     cert_for_api: Path | None = None
+    pki = None
     if args.insecure_http:
         scheme = "http"
         log.warning(
@@ -208,25 +340,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "" if _bind_is_loopback(bind)
             else "; and user tokens and cluster credentials cross the network in clear text",
         )
-    elif certfile:
+    elif certfile and keyfile:
+        _check_certificate(certfile, keyfile)
         settings.update(certfile=str(certfile), keyfile=str(keyfile))
         cert_for_api = Path(certfile)
         if not ca_file:
             log.warning("no --ca-file: client_credentials and kubeconfigs will not carry a CA")
     else:
-        from .tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki
-
-        if args.tls_check_interval <= 0:
-            print("error: --tls-check-interval must be positive", file=sys.stderr)
-            return 2
+        from .tls import CertificateRenewer, default_gateway_hosts
 
         hosts = default_gateway_hosts() + [h for spec in args.tls_host for h in spec.split(",") if h]
-        pki = ensure_gateway_pki(data_dir, hosts)
+        if role == "gateway":
+            database_url = app_conf.get("database_url") or None if app_conf else args.database_url
+            app_data = Path(app_conf["data_dir"]).absolute() if app_conf.get("data_dir") else data_dir
+            _refuse_a_second_ca(database_url, app_data, data_dir / "tls")
+        pki = _generated_pki(data_dir, hosts)
         renewer = CertificateRenewer(data_dir, hosts, interval=args.tls_check_interval)
         settings.update(certfile=str(pki.cert_file), keyfile=str(pki.key_file))
         ca_file, cert_for_api = str(pki.ca_file), pki.cert_file
-        log.info("TLS: %s", pki.reason)
-        print(f"HTTPS certificate authority: {pki.ca_file}  (clients use: curl --cacert {pki.ca_file})", flush=True)
 
     if args.client_ca_file:
         if scheme != "https":
@@ -234,18 +365,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         import ssl
 
+        _check_client_ca(args.client_ca_file)
         # OPTIONAL: token clients keep working; a certificate that is presented must verify.
         settings.update(ca_certs=str(Path(args.client_ca_file).absolute()), cert_reqs=ssl.CERT_OPTIONAL)
 
-    if args.keepalive <= 0 or args.header_timeout <= 0 or args.body_idle_timeout <= 0:
-        print("error: --keepalive, --header-timeout and --body-idle-timeout must be positive", file=sys.stderr)
-        return 2
+    # Build the application once here, in the master, before anything is printed or bound: a
+    # configuration mistake, a database that cannot be opened and the checks instances sharing
+    # a database must pass (lifecycle.build_in_master) stop the start with one clear message.
+    token_file = data_dir / ADMIN_TOKEN_FILE
+    token_file_existed = token_file.exists()
+    loader: Callable[[], Any]
+    if config_path is not None:
+        loader = _ini_loader(config_path, global_conf)
+    elif role == "driver":
+        loader = _driver_loader(args, data_dir)
+    else:
+        loader = _gateway_loader(args, data_dir, ca_file, cert_for_api)
     from .tls import gunicorn_ssl_context
 
-    settings.update(_worker_settings(args))
+    settings.update(_worker_settings(opts, args))
     settings.update(
         bind=[bind],
-        workers=args.workers,
+        workers=opts.workers,
         # Every worker listens on its own SO_REUSEPORT socket and the kernel spreads new
         # connections over them. On one shared socket the worker that wakes first accepts a
         # whole burst: measured (bench/README.md) one gevent worker holding every connection
@@ -253,7 +394,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # queue are reset.
         reuse_port=args.reuse_port,
         timeout=60,
-        graceful_timeout=args.graceful_timeout,
+        graceful_timeout=opts.graceful_timeout,
         loglevel=args.log_level,
         errorlog="-",
         # gunicorn believes X-Forwarded-Proto (and SCRIPT_NAME/PATH_INFO headers) from
@@ -268,36 +409,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         proc_name="bcs-middleware",
     )
 
-    loader: Callable[[], Any]
-    if args.config:
-        config_path = str(Path(args.config).absolute())
-        # One data directory: the ini's data_dir is this one (the CA above is in it too).
-        global_conf = _shared_data_dir(Path(config_path), data_dir, cert_file=certfile,
-                                       ca_file=ca_file if certfile else None)
-        if f"file:{ADMIN_TOKEN_FILE}" in Path(config_path).read_text():
-            # The ini's bootstrap admin reads the data directory's token: make it once, here.
-            announce_admin_token(data_dir, *admin_token_source(data_dir))
-
-        def loader() -> Any:
-            from paste.deploy import loadapp
-
-            return loadapp(f"config:{config_path}", global_conf=global_conf)
-
-        # Not built in the master: an app may start background work (the RBAC sync), which
-        # must live in a worker. Migrations are safe from several workers at once (locked).
-    elif args.role == "driver":
-        loader = _driver_loader(args, data_dir)
-    else:
-        loader = _gateway_loader(args, data_dir, ca_file, cert_for_api)
-
     if args.zookeeper:
-        settings.update(_registration_hooks(args, bind, scheme))
+        cluster_id = app_conf.get("cluster_id") if app_conf else args.cluster_id
+        settings.update(_registration_hooks(args, bind, scheme, role, cluster_id or ""))
     if renewer is not None:
         # In the master, once the sockets are bound (workers come and go).
         settings["when_ready"] = _also_start(renewer.start, settings.get("when_ready"))
-    print(f"bcs-middleware {__version__} {args.role} on {scheme}://{bind}/  (data: {data_dir})", flush=True)
+    if pki is not None:
+        print(f"HTTPS certificate authority: {pki.ca_file}  (clients use: curl --cacert {pki.ca_file})", flush=True)
+        log.info("TLS: %s", pki.reason)
+    uses_token_file = not app_conf or f"file:{ADMIN_TOKEN_FILE}" in app_conf.get("bootstrap_users", "")
+    if role == "gateway" and token_file_existed and uses_token_file:
+        announce_admin_token_file(data_dir)
+    print(f"bcs-middleware {__version__} {role} on {scheme}://{bind}/  (data: {data_dir})", flush=True)
     _Gunicorn(loader, settings).run()
     return 0
+
+
+def _ini_loader(config_path: Path, global_conf: Mapping[str, str]) -> Callable[[], Any]:
+    """The ini's application; built once here to check it (without its background work)."""
+    from paste.deploy import loadapp
+
+    uri = f"config:{config_path}"
+
+    def loader() -> Any:
+        return loadapp(uri, global_conf=dict(global_conf))
+
+    build_in_master(loader, source=str(config_path))
+    return loader
 
 
 def _runs_on_gevent(argv: Sequence[str]) -> bool:
@@ -309,13 +448,8 @@ def _runs_on_gevent(argv: Sequence[str]) -> bool:
             for i, arg in enumerate(argv))
     if not argv or argv[0] != "serve":
         return False
-    chosen = "gevent"
-    for i, arg in enumerate(argv):
-        if arg == "--worker-class" and i + 1 < len(argv):
-            chosen = argv[i + 1]
-        elif arg.startswith("--worker-class="):
-            chosen = arg.partition("=")[2]
-    return chosen == "gevent"
+    chosen = serve_config.option_value(argv, "--worker-class") or serve_config.ini_worker_class(argv)
+    return (chosen or "gevent") == "gevent"
 
 
 def _patch_for_gevent() -> None:
@@ -332,25 +466,25 @@ def _patch_for_gevent() -> None:
     monkey.patch_all()
 
 
-def _worker_settings(args: argparse.Namespace) -> dict[str, Any]:
+def _worker_settings(opts: ServerOptions, args: argparse.Namespace) -> dict[str, Any]:
     """gunicorn's worker class and its connection settings, from ``serve``'s options."""
-    if args.worker_class == "gthread":
-        slots = connection_slots("gthread", args.threads)["worker_connections"]
+    if opts.worker_class == "gthread":
+        slots = connection_slots("gthread", opts.threads)["worker_connections"]
         return {
             "worker_class": "gthread",
-            "threads": args.threads,
-            "worker_connections": args.worker_connections or slots,
-            "keepalive": args.keepalive,
+            "threads": opts.threads,
+            "worker_connections": opts.worker_connections or slots,
+            "keepalive": opts.keepalive,
         }
     from .serving import gevent_worker
 
-    connections = args.worker_connections or DEFAULT_WORKER_CONNECTIONS
+    connections = opts.worker_connections or DEFAULT_WORKER_CONNECTIONS
     _warn_if_few_descriptors(connections)
     return {
         "worker_class": gevent_worker(header_timeout=args.header_timeout,
                                       body_idle_timeout=args.body_idle_timeout),
         "worker_connections": connections,
-        "keepalive": args.keepalive,
+        "keepalive": opts.keepalive,
     }
 
 
@@ -374,10 +508,9 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
     from .gateway import build_gateway, config_from_options
     from .store import open_store
 
-    token_source, new_admin_token = admin_token_source(data_dir)
     options: dict[str, Any] = {
         "data_dir": str(data_dir),
-        "bootstrap_users": {"admin": token_source},
+        "bootstrap_users": {"admin": ADMIN_TOKEN_SOURCE},
     }
     if args.database_url:
         options["database_url"] = args.database_url
@@ -400,11 +533,7 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         options["zookeeper_hosts"] = args.zookeeper
         options["zookeeper_root"] = args.zookeeper_root
     if args.static_driver:
-        drivers: dict[str, list[str]] = {}
-        for spec in args.static_driver:
-            cluster, _, url = spec.partition("=")
-            drivers.setdefault(cluster.strip(), []).append(url.strip())
-        options["static_drivers"] = {cluster: " ".join(urls) for cluster, urls in drivers.items()}
+        options["static_drivers"] = serve_config.flag_value("static_driver", args.static_driver)
     if args.driver_ca_file:
         options["driver_ca_file"] = args.driver_ca_file
     if args.client_cert_map:
@@ -423,13 +552,20 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
             raise ConfigError(f"--quota {spec!r}: expected NAME=LIMIT")
         options[f"quota_{name.strip().replace('-', '_')}"] = limit
     config = config_from_options("serve", options)
-    store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
-    build_gateway(config, store=store, background=False)  # migrate + bootstrap once, in the master
-    store.dispose()
-    announce_admin_token(data_dir, token_source, new_admin_token)
+
+    def check() -> None:
+        # Migrate, check what instances sharing the database must agree on, bootstrap: once, here.
+        store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
+        try:
+            build_gateway(config, store=store, background=False)
+        finally:
+            store.dispose()
+
+    build_in_master(check, source="the gateway")
 
     def loader() -> Any:
-        return build_gateway(config)
+        # Parsed again: the bootstrap token the check may have generated is in its file now.
+        return build_gateway(config_from_options("serve", options))
 
     return loader
 
@@ -437,8 +573,6 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
 def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any]:
     """The mesos-driver role: admission definitions in the data directory (or --database-url)."""
     from .driver import app_factory
-    from .errors import ConfigError
-    from .store import open_store
 
     if not args.cluster_id:
         raise ConfigError("serve --role driver needs --cluster-id")
@@ -465,12 +599,11 @@ def _driver_loader(args: argparse.Namespace, data_dir: Path) -> Callable[[], Any
     for key in ("upstream_allow", "upstream_deny"):
         if getattr(args, key):
             options[key] = " ".join(getattr(args, key))
-    open_store(args.database_url, data_dir=data_dir).dispose()  # migrate once, in the master
-    app_factory({}, **options)  # fail on bad options before forking
 
     def loader() -> Any:
         return app_factory({}, **options)
 
+    build_in_master(loader, source="the driver")  # migrate and fail on bad options before forking
     return loader
 
 
@@ -485,7 +618,8 @@ def _also_start(start: Callable[[], None], hook: Callable[[Any], None] | None) -
     return when_ready
 
 
-def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dict[str, Any]:
+def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str, role: str,
+                        cluster_id: str) -> dict[str, Any]:
     """One ZooKeeper node per server, in the source system's layout, removed on clean exit."""
     import socket
 
@@ -498,11 +632,11 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str) -> dic
     if host in ("", "0.0.0.0", "::"):  # noqa: S104 - reading a bind address, not binding
         host = socket.gethostbyname(socket.gethostname())
     root = args.zookeeper_root or DEFAULT_ROOT
-    endpoint = Endpoint(ip=host, port=int(port), scheme=scheme, cluster=args.cluster_id or "",
+    endpoint = Endpoint(ip=host, port=int(port), scheme=scheme, cluster=cluster_id,
                         hostname=socket.gethostname(), version=__version__)
-    if args.role == "driver":
+    if role == "driver":
         # Both layouts, as bk-bcs's driver registers (the gateways' and the Mesos cluster's own).
-        when_ready, on_exit = gunicorn_hooks(args.zookeeper, driver_path(args.cluster_id, root), endpoint,
+        when_ready, on_exit = gunicorn_hooks(args.zookeeper, driver_path(cluster_id, root), endpoint,
                                              also=[(mesos_driver_path(root), endpoint)])
     else:
         when_ready, on_exit = gunicorn_hooks(args.zookeeper, apiserver_path(root), endpoint)
@@ -519,7 +653,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcs-middleware", description="Multi-cluster container API gateway.")
     parser.add_argument("--version", action="version", version=f"bcs-middleware {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser(
         "serve", help="run the gateway (or a mesos-driver) under gunicorn",
@@ -528,23 +662,27 @@ def build_parser() -> argparse.ArgumentParser:
                     "once), SQLite in the data directory (unless --database-url). With --config, the ini's app "
                     "uses the same data directory.",
     )
-    serve.add_argument("--config", help="a PasteDeploy ini file (default: the embedded gateway)")
+    serve.add_argument("--config", metavar="FILE.ini",
+                       help="a PasteDeploy ini file: its application, and its [server:main] for what the flags "
+                            "below do not set (default: the embedded gateway). Flags that configure the "
+                            "application fill the ini's [DEFAULT] values of the same name, and are refused when "
+                            "the application does not take them from there")
     serve.add_argument("--bind", help=f"HOST:PORT to listen on (default {DEFAULT_BIND})")
-    serve.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
-    serve.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
+    serve.add_argument("--workers", type=int, help="gunicorn worker processes (default 2)")
+    serve.add_argument("--worker-class", choices=serve_config.WORKER_CLASSES,
                        help="gevent (default): each connection is a greenlet, thousands of open "
                             "watches per worker; gthread: each connection being served holds a thread")
     serve.add_argument("--worker-connections", type=int, metavar="N",
                        help="connections one worker serves at once; beyond it clients get 503 with "
                             f"Retry-After (default {DEFAULT_WORKER_CONNECTIONS} under gevent, "
                             f"threads + {KEEPALIVE_SLOTS} under gthread)")
-    serve.add_argument("--threads", type=int, default=128,
+    serve.add_argument("--threads", type=int,
                        help="gthread only: threads per worker; each open watch/log/exec stream holds "
                             "one (default 128; threads start on demand)")
     serve.add_argument("--reuse-port", action=argparse.BooleanOptionalAction, default=True,
                        help="one SO_REUSEPORT listening socket per worker, so the kernel spreads "
                             "connections evenly (default on)")
-    serve.add_argument("--keepalive", type=int, default=75, metavar="SECONDS",
+    serve.add_argument("--keepalive", type=int, metavar="SECONDS",
                        help="an idle keep-alive connection is closed after this (default 75)")
     serve.add_argument("--header-timeout", type=float, default=10, metavar="SECONDS",
                        help="gevent: the TLS handshake and the first request head must arrive within "
@@ -588,10 +726,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "webhook_configurations_per_cluster (20), permissions_per_cluster (200); repeatable")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
-    serve.add_argument("--role", choices=("gateway", "driver"), default="gateway",
-                       help="gateway (bcs-api) or a Mesos cluster's driver (mesos-driver)")
+    serve.add_argument("--role", choices=("gateway", "driver"),
+                       help="gateway (bcs-api, the default) or a Mesos cluster's driver (mesos-driver); with "
+                            "--config, the ini's application is the role (a different --role is refused)")
     serve.add_argument("--zookeeper", metavar="HOSTS",
-                       help="ZooKeeper hosts (h1:2181,h2:2181): discovery, and this server's registration")
+                       help="ZooKeeper hosts (h1:2181,h2:2181): discovery, and this server's registration (with "
+                            "--config: the registration, and the ini's [DEFAULT] zookeeper_hosts if it has one)")
     serve.add_argument("--zookeeper-root", default="/bcs/services/endpoints", metavar="PATH",
                        help="ZooKeeper path under which servers register and are discovered "
                             "(default /bcs/services/endpoints)")
@@ -611,14 +751,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a TLS-terminating proxy in front of the gateway whose X-Forwarded-Proto "
                             "(https) is believed (repeatable, comma-separated; default: none — "
                             "gunicorn's own default trusts 127.0.0.1)")
-    serve.add_argument("--graceful-timeout", type=int, default=30, metavar="SECONDS",
+    serve.add_argument("--graceful-timeout", type=int, metavar="SECONDS",
                        help="on SIGTERM, how long workers may finish requests in flight (default 30)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"),
                        help="level of the log on stderr (default info)")
     serve.add_argument("--no-access-log", action="store_true", help="do not write the JSON access log to stdout")
     serve.add_argument("--audit-log", metavar="PATH|-",
                        help="write a Kubernetes audit.k8s.io/v1 Event (JSON line) per stage of every tunnel "
-                            "request to this file (appended, 0600), or to stdout with '-'")
+                            "request to this file (appended, 0600; a missing folder is created 0700), or to "
+                            "stdout with '-'")
     serve.add_argument("--audit-policy", metavar="FILE",
                        help="an audit.k8s.io/v1 Policy (YAML/JSON) choosing level and stages per user, verb, "
                             "resource, namespace (default: every request at Metadata level)")
@@ -646,6 +787,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "keys: the first encrypts, all decrypt, for rotation).")
     keygen.set_defaults(func=cmd_keygen)
 
+    from . import cli_shared
+
+    cli_shared.register(sub)
+
     from .client import commands as client_commands
 
     client_commands.register(sub)
@@ -653,11 +798,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .errors import ConfigError
-
     if _runs_on_gevent(sys.argv[1:] if argv is None else argv):
         _patch_for_gevent()  # before build_parser imports the client modules (and urllib3)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        # A bare command: what it can do, on stderr, and the usage-error status (as argparse's own).
+        parser.print_help(sys.stderr)
+        return 2
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -53,6 +53,7 @@ from .errors import (
     NotFound,
     ServiceUnavailable,
     UnsupportedMediaType,
+    answer_unexpected,
 )
 from .middleware.admission import AdmissionMiddleware
 from .middleware.mesos import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
@@ -176,6 +177,23 @@ class DriverApp:
         self.cluster = env.Cluster(cluster_id, "", "mesos")
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        # The driver's edge: an exception no layer meant is a 500 in the route's style.
+        begun: list[str] = []
+
+        def noting_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            begun.append(status)
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        try:
+            return self._route(environ, noting_start_response)
+        except OSError:
+            raise  # the client's connection, or a handed-over socket: the server closes it
+        except Exception:
+            if begun:
+                raise
+            return answer_unexpected(environ, start_response)
+
+    def _route(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/healthz":
             return _json(start_response, "200 OK", {"status": "ok"})

@@ -21,6 +21,7 @@ credential: callers build them from names and ids only.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from enum import IntEnum
 from typing import Any
@@ -312,6 +313,18 @@ class ClusterNotReady(BCSError):
 class GatewayTimeout(BCSError):
     status = 504
     code_name = "GATEWAY_TIMEOUT"
+
+
+_UNEXPECTED = InternalError("internal error; see the server log")
+
+
+def answer_unexpected(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    """The answer to an exception no layer meant (call it from ``except``): logged with its
+    traceback for the operator, ``500`` in the route's error style for the client — never
+    the server's HTML page, which kubectl and bcs clients cannot read."""
+    logging.getLogger("bcs_middleware.errors").exception(
+        "unexpected error answering %s %r", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+    return _UNEXPECTED(environ, start_response)
 
 
 class ConfigError(ValueError):

@@ -54,7 +54,7 @@ from .quotas import Quotas, limit_value
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
 from .store import Holder, SQLStore, open_store
-from .store.crypto import token_digest
+from .store.crypto import new_token, token_digest
 from .tunnel.endpoint import AgentTunnelMiddleware
 from .tunnel.registry import LocalAgents, LocalOnlyDialer
 from .tunnel.router import peer_routing
@@ -70,10 +70,18 @@ PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics")
 
 @dataclass(frozen=True)
 class BootstrapUser:
-    """A superuser from configuration; only the token's digest is kept."""
+    """A superuser from configuration; only the token's digest is kept.
+
+    :param token_digest: the configured token's SHA-256 (``None``: no token is configured).
+    :param generate_into: without a token, the file in the data directory where this
+        instance writes a new one — only when the database holds none for the user yet.
+    :param source: where the token comes from, for messages (never the token).
+    """
 
     name: str
-    token_digest: str = field(repr=False)
+    token_digest: str | None = field(default=None, repr=False)
+    generate_into: Path | None = None
+    source: str = ""
 
 
 def parse_bootstrap_users(spec: Mapping[str, str], base: Path | None = None) -> list[BootstrapUser]:
@@ -83,56 +91,129 @@ def parse_bootstrap_users(spec: Mapping[str, str], base: Path | None = None) -> 
     file (mode 0600), or only their digest is written. Several sources separated
     by spaces are alternatives, the first available wins — ``env:BCS_ADMIN_TOKEN
     file:admin.token`` is what ``serve`` does. A relative ``file:`` is in ``base``
-    (the data directory).
+    (the data directory); when it is the last choice and does not exist, the user has
+    no token here and one is generated into it if the database has none
+    (:func:`apply_bootstrap`).
     """
     users = []
     for name, source in spec.items():
         choices = source.split()
-        digest = None
+        user = None
         for choice in choices:
-            digest = _bootstrap_digest(name, choice, base, last=choice is choices[-1])
-            if digest is not None:
+            user = _bootstrap_source(name, choice, base, last=choice is choices[-1])
+            if user is not None:
                 break
-        if digest is None:
+        if user is None:
             raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
-        users.append(BootstrapUser(name, digest))
+        users.append(user)
     return users
 
 
-def _bootstrap_digest(name: str, source: str, base: Path | None, *, last: bool,
-                      what: str = "bootstrap user") -> str | None:
-    """The digest from one source; ``None`` when it is absent and another may follow."""
+def _bootstrap_source(name: str, source: str, base: Path | None, *, last: bool,
+                      what: str = "bootstrap user") -> BootstrapUser | None:
+    """The user from one source; ``None`` when it is absent and another may follow."""
     kind, _, value = source.partition(":")
     if kind == "env":
         token = os.environ.get(value, "").strip()
         if token:
-            return token_digest(token)
+            return BootstrapUser(name, token_digest(token), source=f"env {value}")
         if last:
             raise ConfigError(f"{what} {name!r}: environment variable {value} is not set")
         return None
     if kind == "file":
         path = Path(value)
-        if not path.is_absolute() and base is not None:
-            path = base / path
-        if not path.exists() and not last:
-            return None
+        in_data_dir = not path.is_absolute() and base is not None
+        if in_data_dir:
+            path = base / path  # type: ignore[operator]
+        if not path.exists():
+            if not last:
+                return None
+            if in_data_dir:
+                return BootstrapUser(name, generate_into=path, source=str(path))
         try:
             token = path.read_text().strip()
         except OSError as exc:
             raise ConfigError(f"{what} {name!r}: cannot read {path}: {exc.strerror}") from None
         if not token:
             raise ConfigError(f"{what} {name!r}: {path} is empty")
-        return token_digest(token)
+        return BootstrapUser(name, token_digest(token), source=str(path))
     if kind == "sha256" and len(value) == 64:
-        return value.lower()
+        return BootstrapUser(name, value.lower(), source="a sha256 digest in the configuration")
     raise ConfigError(f"bootstrap user {name!r}: expected env:VAR, file:/path or sha256:HEX")
 
 
+ROTATE_HINT = "bcs-middleware rotate-admin-token"
+_REFUSED = {
+    "conflict": "the database {db} already has another bootstrap token for this user (set by another gateway "
+                "instance, or by an earlier configuration of this one), and this instance would lock out whoever "
+                "holds it. Give this instance that token ({source}), or rotate it deliberately: {hint} "
+                "(the old token then stops working on every instance)",
+    "revoked": "the configured token ({source}) was revoked (rotated, or revoked through the API) and a restart "
+               "does not bring it back: configure the current token, or set a new one: {hint}",
+    "taken": "the configured token ({source}) is already another user's token: give this user a token of its own",
+}
+# Bootstrap users this process already said it joined (workers inherit the master's).
+_joined: set[str] = set()
+
+
 def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
+    """Make each bootstrap user a superuser holding its configured token — never at the
+    expense of another instance sharing the database.
+
+    * A configured token the database holds already, or the first one for the user, is
+      the user's bootstrap token; **another** usable one in the database refuses the start
+      (a :class:`ConfigError` naming the fix): instances sharing a database bring the same
+      token, and changing it is a deliberate rotation (``bcs-middleware rotate-admin-token``),
+      not a side effect of a start. A token once revoked is never brought back by a start.
+    * Without a configured token (``generate_into``), a user the database already holds a
+      token for is **joined** as it is; only a user without one gets a new token, written
+      0600 into the data directory and announced once.
+    """
     for user in users:
         record = store.ensure_user(user.name, is_superuser=True)
-        # The configured token is the user's one bootstrap token: a changed one replaces it.
-        store.add_token_hash(record.id, user.token_digest, token_type="bootstrap", replace=True)
+        digest, mode, written = user.token_digest, "configured", None
+        if digest is None and user.generate_into is not None:
+            if store.has_bootstrap_token(user.name):
+                _say_joined(user.name)
+                continue
+            digest, mode, written = _generate_token(user.generate_into)
+        if digest is None:
+            raise ConfigError(f"bootstrap user {user.name!r} has no token")
+        outcome = store.claim_bootstrap_token(record.id, digest, mode=mode)  # type: ignore[arg-type]
+        if outcome == "joined":  # another instance generated one first
+            if written is not None:
+                written[0].unlink(missing_ok=True)
+            _say_joined(user.name)
+        elif outcome in _REFUSED:
+            raise ConfigError(f"bootstrap user {user.name!r}: " + _REFUSED[outcome].format(
+                db=store.display_url, source=user.source, hint=ROTATE_HINT))
+        elif written is not None:
+            from .datadir import announce_generated_admin_token
+
+            announce_generated_admin_token(*written)
+
+
+def _generate_token(path: Path) -> tuple[str, str, tuple[Path, str] | None]:
+    """A new token written into ``path``: its digest, the claim mode, and what was written.
+
+    Another process of this server may write it first: then its token is the one."""
+    from .datadir import write_secret_file
+
+    token = new_token()
+    try:
+        write_secret_file(path, token)
+    except FileExistsError:
+        return token_digest(path.read_text().strip()), "configured", None
+    except OSError as exc:
+        raise ConfigError(f"cannot write the bootstrap token to {path}: {exc.strerror}") from None
+    return token_digest(token), "generated", (path, token)
+
+
+def _say_joined(name: str) -> None:
+    if name not in _joined:
+        _joined.add(name)
+        log.info("bootstrap user %r: no token is configured on this instance and the database holds one "
+                 "(made by another instance); using that. To replace it: %s", name, ROTATE_HINT)
 
 
 @dataclass(frozen=True)
@@ -300,6 +381,15 @@ def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [payload]
 
 
+def _read_text(path: Path | None, key: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 def _discovery(config: GatewayConfig) -> Discovery:
     if config.zookeeper_hosts:
         if config.static_drivers:
@@ -317,7 +407,7 @@ def build_gateway(
     *,
     store: SQLStore | None = None,
     transport: Transport | None = None,
-    background: bool = True,
+    background: bool | None = None,
 ) -> RequestContextMiddleware:
     """Assemble the gateway from a config (the one place the layers are stacked).
 
@@ -328,18 +418,29 @@ def build_gateway(
         (timeouts, address policy) by default. One gateway per process (each ``serve``
         worker builds its own after the fork), so one transport per process.
     :param background: start background work (the RBAC sync) in this process. The
-        ``serve`` master builds the app once with ``False`` (to migrate and check the
-        configuration) and every worker builds its own with ``True``; only the worker
-        holding the store's lease reconciles.
+        server's master builds the app once without (to migrate and check the
+        configuration: ``False``, or by default while
+        :func:`~bcs_middleware.lifecycle.building_in_master`) and every worker builds its
+        own with it; only the worker holding the store's lease reconciles.
     """
+    from . import lifecycle
     from .admission.api import AdmissionWebhookAPI, ClusterDefinitionsAPI
+    from .instance_checks import check_gateway_ca, check_secret_key
     from .middleware.admission import AdmissionMiddleware
     from .store.definitions import SQLDefinitionStore
 
+    if background is None:
+        background = not lifecycle.building_in_master()
     if store is None:
         store = open_store(config.database_url, data_dir=config.data_dir, secret_key=config.secret_key)
+        if lifecycle.building_in_master():
+            lifecycle.after_master_build(store.dispose)
     if store.secrets.locked:
         raise ConfigError("the gateway needs a secret key: set secret_key, env BCS_SECRET_KEY, or data_dir")
+    # What every instance sharing the database must agree on (instance_checks), before anything else.
+    check_secret_key(store)
+    ca_pem = _read_text(config.gateway_ca_file, "gateway_ca_file")
+    check_gateway_ca(store, ca_pem, source=str(config.gateway_ca_file))
     apply_bootstrap(store, config.bootstrap_users)
     address_policy = AddressPolicy(allow=config.upstream_allow, deny=config.upstream_deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
@@ -404,8 +505,8 @@ def build_gateway(
         tls_server_name=config.tls_server_name,
         verify=config.upstream_verify,
     )
-    ca_pem = config.gateway_ca_file.read_text() if config.gateway_ca_file else None
-    cert_pem = config.gateway_cert_file.read_bytes() if config.gateway_cert_file else None
+    cert_text = _read_text(config.gateway_cert_file, "gateway_cert_file")
+    cert_pem = cert_text.encode() if cert_text is not None else None
     discovery = _discovery(config)
     if background and hasattr(discovery, "start"):
         discovery.start()  # watch ZooKeeper from the start, not from the first request
@@ -428,7 +529,7 @@ def build_gateway(
         discovery=discovery,
         prefer_external=config.prefer_external,
         max_yaml=config.max_yaml,
-        ca_pem=config.driver_ca_file.read_text() if config.driver_ca_file else None,
+        ca_pem=_read_text(config.driver_ca_file, "driver_ca_file"),
         verify=config.driver_verify,
         access=tunnel_access,
         # A record of another type never reaches drivers (whoever registered it).
@@ -578,8 +679,7 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     # The scraper's token: env:VAR, file:/path or sha256:HEX; by default env BCS_METRICS_TOKEN, if set.
     metrics_source = opts.get("metrics_token") or (
         "env:BCS_METRICS_TOKEN" if os.environ.get("BCS_METRICS_TOKEN") else "")
-    values["metrics_token"] = _bootstrap_digest("metrics_token", metrics_source, data_dir, last=True,
-                                                what="the scraper token") if metrics_source else None
+    values["metrics_token"] = _metrics_token(metrics_source, data_dir) if metrics_source else None
     for key in ("public_paths", "trusted_proxies", "upstream_allow", "upstream_deny"):
         if key in values:
             values[key] = tuple(values[key])
@@ -594,6 +694,14 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
     quotas = {key.removeprefix("quota_"): values.pop(key) for key in list(values) if key.startswith("quota_")}
     values["quotas"] = Quotas(**quotas)
     return GatewayConfig(**values)
+
+
+def _metrics_token(source: str, data_dir: Path | None) -> str:
+    """The digest of the scraper token ``source`` names (``env:``, ``file:`` or ``sha256:``)."""
+    found = _bootstrap_source("metrics_token", source, data_dir, last=True, what="the scraper token")
+    if found is None or found.token_digest is None:
+        raise ConfigError(f"the scraper token 'metrics_token': cannot read {source.partition(':')[2]}")
+    return found.token_digest
 
 
 def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> RequestContextMiddleware:

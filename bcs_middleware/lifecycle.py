@@ -1,11 +1,24 @@
-"""gunicorn worker hooks shared by ``bcs-middleware serve`` and ``examples/gunicorn.conf.py``."""
+"""gunicorn server and worker hooks shared by ``bcs-middleware serve`` and ``examples/gunicorn.conf.py``.
+
+The application is built once in the server's master before any worker starts
+(:func:`build_in_master`): configuration mistakes, migrations and the checks instances
+sharing a database must pass (:mod:`bcs_middleware.instance_checks`, the bootstrap
+tokens) stop the server at start with one clear message, instead of every worker
+failing to boot with a traceback. That build starts nothing in the background
+(:func:`building_in_master`); each worker then builds its own application.
+"""
 
 from __future__ import annotations
 
+import configparser
+import gc
 import logging
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any
+
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -13,6 +26,50 @@ log = logging.getLogger(__name__)
 _AT_WORKER_START: list[Callable[[], None]] = []
 # How many workers this worker's gunicorn runs (``None`` outside a gunicorn worker).
 _WORKERS: list[int] = []
+# Set while the master builds the application once (build_in_master).
+_IN_MASTER_BUILD: list[bool] = []
+# What that build holds that the master must let go of once it is done (open databases).
+_AFTER_MASTER_BUILD: list[Callable[[], None]] = []
+
+
+def building_in_master() -> bool:
+    """Whether the application is being built in the server's master, only to check it:
+    start no background work (threads, listeners, ZooKeeper sessions) — workers do."""
+    return bool(_IN_MASTER_BUILD)
+
+
+def after_master_build(release: Callable[[], None]) -> None:
+    """Call ``release()`` when the master's check build is over (close a database's pool, say)."""
+    _AFTER_MASTER_BUILD.append(release)
+
+
+def build_in_master(load: Callable[[], Any], *, source: str = "the configuration") -> None:
+    """Build the application once with ``load()`` in this (master) process and throw it away.
+
+    A mistake in an ini file (a missing section, a syntax error, a missing file, an entry
+    point that does not exist) becomes a :class:`~bcs_middleware.errors.ConfigError`
+    naming ``source``; the application's own ones already are.
+    """
+    _IN_MASTER_BUILD.append(True)
+    try:
+        load()
+    except (LookupError, OSError, ImportError, configparser.Error) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    finally:
+        _IN_MASTER_BUILD.clear()
+        while _AFTER_MASTER_BUILD:
+            _AFTER_MASTER_BUILD.pop(0)()
+        gc.collect()  # the discarded application's pools and files, before workers fork
+
+
+def check_in_master(server: Any) -> None:
+    """gunicorn's ``on_starting`` hook (``examples/gunicorn.conf.py``): :func:`build_in_master`
+    with the server's application; a configuration error ends the server with its message."""
+    try:
+        build_in_master(server.app.load, source=getattr(server.app, "app_uri", None) or "the application")
+    except ConfigError as exc:
+        print(f"error: configuration: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def serving_workers() -> int | None:

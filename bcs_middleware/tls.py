@@ -589,7 +589,9 @@ def ensure_gateway_pki(
     forever after: clients were told to trust it. The server certificate
     (``server.crt``, ``server.key``) is (re)issued when it is missing or
     unreadable, does not match its key, is not signed by the current CA,
-    expires within ``renew_before``, or does not name every one of ``hosts``.
+    expires within ``renew_before``, or does not name every one of ``hosts``;
+    a reissued certificate keeps the names it had (servers sharing the data
+    directory each add theirs; remove ``server.crt`` to drop names).
 
     The directory is mode 0700 and keys 0600. Several processes may call this
     at once (gunicorn workers, two ``serve`` starts): the whole check and
@@ -640,8 +642,11 @@ def ensure_gateway_pki(
             # Expiring or missing a host, but its key is sound: certify the same key again
             # and replace only the certificate. A running server loads both files for every
             # new connection (gunicorn's gthread and sync workers), and one atomic replace
-            # never lets a connection see a new certificate with the old key.
-            renewed = issue_server_cert(ca, hosts, key_pem=current.key_pem)
+            # never lets a connection see a new certificate with the old key. The names it
+            # had stay: several servers may share the data directory, each with its own
+            # --tls-host names, and must not take turns dropping each other's.
+            kept = [_general_name_text(name) for name in _san_names(current.certificate)]
+            renewed = issue_server_cert(ca, list(dict.fromkeys([*hosts, *kept])), key_pem=current.key_pem)
             _write_atomic(cert_file, renewed.cert_pem, 0o644)
         else:
             _write_pair(issue_server_cert(ca, hosts), cert_file, key_file)

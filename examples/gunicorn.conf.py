@@ -13,10 +13,14 @@ port range such as ``10.0.0.5:7400-7415`` to open in a firewall, one port per wo
 
 As ``bcs-middleware serve`` does, it uses one data directory (BCS_DATA_DIR, default ./bcs-data;
 handed to the ini as its ``data_dir``), generates the bootstrap admin's token there
-(``admin.token``, 0600) unless BCS_ADMIN_TOKEN is set, and serves HTTPS with a CA generated in
-``data_dir/tls/`` (clients: ``curl --cacert bcs-data/tls/ca.crt``) unless BCS_CERTFILE/BCS_KEYFILE
-name another certificate (BCS_CA_FILE: the CA handed to clients then). BCS_INSECURE_HTTP=1 serves
-plain HTTP (kubectl then cannot be used: client-go never sends a bearer token to an http:// server).
+(``admin.token``, 0600) unless BCS_ADMIN_TOKEN is set or the database already holds one (another
+instance made it), and serves HTTPS with a CA generated in ``data_dir/tls/`` (clients: ``curl
+--cacert bcs-data/tls/ca.crt``) unless BCS_CERTFILE/BCS_KEYFILE name another certificate
+(BCS_CA_FILE: the CA handed to clients then). BCS_INSECURE_HTTP=1 serves plain HTTP (kubectl then
+cannot be used: client-go never sends a bearer token to an http:// server). The application is
+built once in the master before any worker (``on_starting`` below): a configuration mistake, or a
+secret key, CA or admin token that differs from what the instances sharing the database use,
+stops the server with one message.
 
 Worker class: long watch, ``logs -f`` and exec streams stay open for as long as their clients
 keep them. The default is the gateway's **gevent** worker
@@ -43,12 +47,10 @@ if _WORKER_CLASS == "gevent":
 
     monkey.patch_all()
 
-import shutil  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bcs_middleware.datadir import DEFAULT_DATA_DIR, admin_token_source, announce_admin_token  # noqa: E402
-from bcs_middleware.datadir import prepare as prepare_data_dir  # noqa: E402
+from bcs_middleware import datadir  # noqa: E402
 from bcs_middleware.tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki  # noqa: E402
 
 bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
@@ -83,12 +85,13 @@ control_socket_disable = True
 # the gateway, if any (comma-separated IPs/CIDRs); no one by default.
 forwarded_allow_ips = os.environ.get("BCS_FORWARDED_ALLOW_IPS", "")
 
-_data_dir = prepare_data_dir(os.environ.get("BCS_DATA_DIR", DEFAULT_DATA_DIR))
+_data_dir = datadir.prepare(os.environ.get("BCS_DATA_DIR", datadir.DEFAULT_DATA_DIR))
 # The ini's data_dir is this one (a --paste-global on the command line replaces this list).
 raw_paste_global_conf = [f"data_dir={_data_dir}"]
 if os.environ.get("BCS_PEER_ADDRESS"):
     raw_paste_global_conf += [f"peer_address={os.environ['BCS_PEER_ADDRESS']}"]
-announce_admin_token(_data_dir, *admin_token_source(_data_dir))
+# Generated (when needed) by the application's first build, in on_starting below.
+_admin_token_existed = (_data_dir / datadir.ADMIN_TOKEN_FILE).exists()
 
 certfile = os.environ.get("BCS_CERTFILE") or None
 keyfile = os.environ.get("BCS_KEYFILE") or None
@@ -146,15 +149,21 @@ logconfig_dict = {
     },
 }
 
-# /metrics aggregates every worker's samples through prometheus_client's multiprocess mode.
-_metrics_dir = _data_dir / "prometheus"
-os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(_metrics_dir))
+# /metrics aggregates every worker's samples through prometheus_client's multiprocess mode, from
+# this server's own directory (data_dir/prometheus/<master pid>): servers sharing the data directory
+# neither sum nor wipe each other's; directories of servers that are gone are removed.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(datadir.server_metrics_dir(_data_dir))
 
 
 def on_starting(server):  # type: ignore[no-untyped-def]
-    # Stale files from a previous run would be summed into this one's metrics.
-    shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+    # Build the application once, here, before the socket is bound and any worker starts: it
+    # migrates, checks what instances sharing the database agree on and makes the admin token.
+    from bcs_middleware.lifecycle import check_in_master
+
+    check_in_master(server)
+    if _admin_token_existed:
+        datadir.announce_admin_token_file(_data_dir)
 
 
 def post_fork(server, worker):  # type: ignore[no-untyped-def]

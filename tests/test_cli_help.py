@@ -51,3 +51,13 @@ def test_help_runs_for_every_command(capsys: pytest.CaptureFixture[str]) -> None
 def test_the_installed_command_shows_help() -> None:
     result = subprocess.run([str(BIN / "bcs-middleware"), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "serve" in result.stdout and "login" in result.stdout
+
+
+def test_a_bare_command_prints_the_help_and_the_usage_status() -> None:
+    """`bcs-middleware` alone: what it can do (every command), not a traceback or one terse line."""
+    result = subprocess.run([str(BIN / "bcs-middleware")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("usage: bcs-middleware")
+    for command in ("serve", "kube-agent", "certs", "keygen", "login", "rotate-admin-token", "set-shared-ca"):
+        assert command in result.stderr, command
+    assert "Multi-cluster container API gateway" in result.stderr and "Traceback" not in result.stderr

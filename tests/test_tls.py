@@ -345,6 +345,17 @@ def test_a_new_host_reissues_the_cert_and_keeps_the_ca(tmp_path: Path) -> None:
     assert tls.host_matches(pki.cert_file.read_bytes(), "10.1.2.3")
 
 
+def test_servers_sharing_a_data_directory_do_not_drop_each_other_s_names(tmp_path: Path) -> None:
+    """Two servers in one data directory, each with its own --tls-host: the certificate names both,
+    instead of each renewal taking the other's name away (and its clients' verification with it)."""
+    tls.ensure_gateway_pki(tmp_path, [*HOSTS, "one.example.com"])
+    second = tls.ensure_gateway_pki(tmp_path, [*HOSTS, "two.example.com"])
+    assert second.issued_cert
+    assert not tls.ensure_gateway_pki(tmp_path, [*HOSTS, "one.example.com"]).issued_cert  # no flapping
+    for host in ("one.example.com", "two.example.com", *HOSTS):
+        assert tls.host_matches(second.cert_file.read_bytes(), host), host
+
+
 def test_a_cert_near_expiry_is_renewed_and_the_ca_kept(tmp_path: Path) -> None:
     pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
     ca_before = pki.ca_file.read_bytes()

@@ -32,6 +32,7 @@ Events are formatted and written off the request thread
 from __future__ import annotations
 
 import io
+import logging
 import os
 import sys
 import time
@@ -54,6 +55,7 @@ from ..printable import json_line
 from ..requestinfo import RequestInfo
 from .policy import DEFAULT_POLICY, Attributes, Level, Policy, load_policy
 
+log = logging.getLogger(__name__)
 MAX_CAPTURED = 1024 * 1024
 ANNOTATION_PREFIX = "bcs-middleware/"
 # Characters a requestURI's query keeps as they are; anything else (controls, spaces,
@@ -136,10 +138,21 @@ class AuditSink:
 
     @classmethod
     def open(cls, target: str) -> AuditSink:
-        """``-`` or ``stdout``: standard output; otherwise a file path."""
+        """``-`` or ``stdout``: standard output; otherwise a file path.
+
+        A missing folder is created 0700 (as kube-apiserver's ``--audit-log-path`` does);
+        one that cannot be is a :class:`ConfigError` naming the path.
+        """
         if target in ("-", "stdout"):
             return cls(sys.stdout)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        path = Path(target)
+        try:
+            if not path.parent.is_dir():
+                path.parent.mkdir(mode=0o700, parents=True)
+                log.info("created the audit log's folder %s (mode 0700)", path.parent)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"audit log {target}: {exc.strerror or exc}") from None
         return cls(io.TextIOWrapper(io.FileIO(fd, "a", closefd=True), encoding="utf-8", line_buffering=False))
 
     def emit(self, event: AuditEvent) -> None:

@@ -16,6 +16,12 @@ It never logs a query string, a header or a body, so no token or credential can
 reach the log through it; what it logs of the request (path, user, cluster) is JSON
 with every control character escaped, so no client forges a line or a terminal escape.
 
+It is also the gateway's edge for errors nobody meant: an exception that escapes every
+layer before the answer began is logged (with its traceback, for the operator) and
+answered ``500`` in the route's error style — a Kubernetes ``Status`` on tunnel paths,
+the bcs envelope on Mesos paths, ``{"code_name", "message"}`` elsewhere — never the
+server's HTML page, which kubectl and bcs clients cannot read.
+
 Reads ``bcs.user``, ``bcs.cluster``, ``bcs.admission`` (set by the layers inside,
 read when the response is closed); sets ``bcs.request_id`` and ``bcs.error_style``.
 """
@@ -31,6 +37,7 @@ from typing import Any, NamedTuple
 
 from .. import converters as conv
 from .. import environ as env
+from ..errors import answer_unexpected
 from ..logsetup import LineWriterHandler
 from ..metrics import BATCH
 from ..printable import json_line
@@ -221,7 +228,14 @@ class RequestContextMiddleware:
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         if not self.access_log:
-            return self.app(environ, _start_response)
+            try:
+                return self.app(environ, _start_response)
+            except OSError:
+                raise  # the client's connection (or a handed-over socket): the server closes it
+            except Exception:
+                if status_code:
+                    raise  # the answer has begun: only the server can end it (it closes the connection)
+                return answer_unexpected(environ, _start_response)
 
         def _log(sent: int) -> None:
             if not access_log.isEnabledFor(logging.INFO):
@@ -245,7 +259,14 @@ class RequestContextMiddleware:
                                       None, "_log")
             )
 
-        body = self.app(environ, _start_response)
+        try:
+            body = self.app(environ, _start_response)
+        except OSError:
+            raise
+        except Exception:
+            if status_code:
+                raise
+            body = answer_unexpected(environ, _start_response)
         if type(body) is list:
             return _FinishedList(body, _log)
         return _Finished(body, _log)

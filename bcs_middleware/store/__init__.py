@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .crypto import SecretBox, load_keys
+from .crypto import SecretBox, load_key_source
 from .records import (
     AuditRecord,
     ClusterRecord,
@@ -48,7 +48,8 @@ def open_store(
             raise ValueError("open_store needs a database URL or a data directory")
         data_path.mkdir(parents=True, exist_ok=True)
         url = sqlite_url(data_path)
-    store = SQLStore(url, secrets=SecretBox(load_keys(secret_key, data_path)))
+    keys, origin = load_key_source(secret_key, data_path)
+    store = SQLStore(url, secrets=SecretBox(keys, origin=origin))
     if migrate:
         store.migrate()
     return store

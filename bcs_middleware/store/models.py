@@ -159,6 +159,16 @@ audit_log = Table(
     Column("detail", JSON, nullable=False),
 )
 
+# What every gateway instance sharing this database must agree on, one row per fact
+# (bcs_middleware.instance_checks): written by the first instance, checked by the others.
+instance_facts = Table(
+    "instance_facts",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
 # A monotonically increasing counter per topic ("webhooks"), bumped on every change,
 # so each process can tell cheaply whether its cached copy is stale.
 revisions = Table(

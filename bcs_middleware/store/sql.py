@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, or_, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.sql import ColumnElement
 
 from ..errors import Conflict, NotFound, ServiceUnavailable
@@ -46,6 +46,14 @@ audit_log = logging.getLogger("bcs_middleware.audit")
 
 #: The revision topic bumped on every change to admission webhook definitions.
 WEBHOOKS_TOPIC = "webhooks"
+#: The instance fact encrypted with the secret key (re-encrypted by :meth:`SQLStore.rotate_secrets`).
+SECRET_CHECK_FACT = "secret_key_check"
+#: The instance fact naming the key every stored secret is encrypted with (:meth:`SecretBox.key_id`).
+SECRET_KEY_ID_FACT = "secret_key_id"
+
+#: Where a bootstrap token comes from (:meth:`SQLStore.claim_bootstrap_token`).
+BootstrapMode = Literal["configured", "generated", "replace"]
+BootstrapClaim = Literal["current", "installed", "replaced", "joined", "conflict", "revoked", "taken"]
 
 
 def normalize_url(url: str) -> str:
@@ -172,7 +180,14 @@ class SQLStore:
     """
 
     def __init__(self, url: str, *, secrets: SecretBox) -> None:
-        self.url = normalize_url(url)
+        from ..errors import ConfigError
+
+        try:
+            self.url = normalize_url(url)
+        except ArgumentError:
+            # Not the URL itself in the message: it may carry a password.
+            raise ConfigError("the database URL is not a valid URL (expected e.g. "
+                              "postgresql://user@host/db or sqlite:///path)") from None
         _require_driver(self.url)
         self.secrets = secrets
         self._engine: Engine | None = None
@@ -194,6 +209,11 @@ class SQLStore:
                     self._engine = _create_engine(self.url)
                     self._pid = pid
         return self._engine
+
+    @property
+    def display_url(self) -> str:
+        """The database URL for messages: its password hidden."""
+        return make_url(self.url).render_as_string(hide_password=True)
 
     @property
     def backend(self) -> str:
@@ -233,9 +253,19 @@ class SQLStore:
             return False
 
     def migrate(self) -> None:
+        """Bring the schema up to date (safe from many processes at once).
+
+        :raises ConfigError: the database cannot be reached or opened — the message names
+            it (password hidden) and the driver's reason.
+        """
+        from ..errors import ConfigError
         from .migrate import upgrade
 
-        upgrade(self)
+        try:
+            upgrade(self)
+        except (OperationalError, InterfaceError) as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+            raise ConfigError(f"cannot open the database {self.display_url}: {reason}") from None
 
     # -- users and tokens ---------------------------------------------------------
 
@@ -406,33 +436,72 @@ class SQLStore:
             row = conn.execute(select(m.user_tokens).where(m.user_tokens.c.id == token_id)).one()
         return self._token(row), value
 
-    def add_token_hash(self, user_id: int, digest: str, *, token_type: str, replace: bool = False) -> None:
-        """Register a token whose value came from configuration (bootstrap users).
+    def claim_bootstrap_token(self, user_id: int, digest: str, *, mode: BootstrapMode) -> BootstrapClaim:
+        """Make ``digest`` the user's bootstrap token, or say why not — one transaction.
 
-        ``replace``: this becomes the user's only usable token of ``token_type`` — the
-        others are revoked (a changed bootstrap token must not leave the old one valid)
-        and this one, if it had been revoked that way before, is usable again.
+        Several gateway instances share one database; each brings its configured token
+        (``configured``), a token it just generated because it has none (``generated``), or
+        an operator's explicit rotation (``replace``). Outcomes:
+
+        * ``current``: ``digest`` is the user's usable bootstrap token already (``replace``:
+          any other was revoked);
+        * ``installed``: the user had no usable bootstrap token; ``digest`` is it now;
+        * ``replaced``: (``replace``) ``digest`` is it now and every other was revoked;
+        * ``joined``: (``generated``) the user has a usable bootstrap token already, so the
+          generated one was not stored: another instance holds the token;
+        * ``conflict``: (``configured``) another usable bootstrap token exists — this
+          instance would lock out whoever holds it;
+        * ``revoked``: (``configured``) ``digest`` was revoked (rotated away, or through
+          the API): a restart must not bring it back;
+        * ``taken``: ``digest`` is another user's token, or not a bootstrap token.
         """
         tokens = m.user_tokens.c
+        now = _now()
         with self.transaction() as conn:
-            row = conn.execute(
-                select(tokens.id, tokens.user_id, tokens.token_type).where(tokens.token_hash == digest)
-            ).first()
-            if row is None:
-                conn.execute(
-                    insert(m.user_tokens).values(
-                        user_id=user_id, token_hash=digest, token_type=token_type, created_at=_now()
-                    )
-                )
-            elif replace and row.user_id == user_id and row.token_type == token_type:
-                conn.execute(update(m.user_tokens).where(tokens.id == row.id).values(revoked_at=None))
-            if replace:
-                conn.execute(
-                    update(m.user_tokens)
-                    .where(tokens.user_id == user_id, tokens.token_type == token_type,
-                           tokens.token_hash != digest, tokens.revoked_at.is_(None))
-                    .values(revoked_at=_now())
-                )
+            # Instances starting at once are serialised on the user's row (SQLite: the
+            # write transaction's BEGIN IMMEDIATE already is).
+            conn.execute(select(m.users.c.id).where(m.users.c.id == user_id).with_for_update())
+            mine = conn.execute(select(m.user_tokens).where(tokens.token_hash == digest)).first()
+            if mine is not None and (mine.user_id != user_id or mine.token_type != "bootstrap"):
+                return "taken"
+            others = [
+                row for row in conn.execute(
+                    select(m.user_tokens).where(tokens.user_id == user_id, tokens.token_type == "bootstrap",
+                                                tokens.token_hash != digest))
+                if self._token(row).usable(now)
+            ]
+            mine_usable = mine is not None and self._token(mine).usable(now)
+            if mode != "replace":
+                if mine_usable:
+                    return "current"
+                if mine is not None:
+                    return "revoked"
+                if others:
+                    return "joined" if mode == "generated" else "conflict"
+                conn.execute(insert(m.user_tokens).values(user_id=user_id, token_hash=digest,
+                                                          token_type="bootstrap", created_at=now))
+                return "installed"
+            if mine is None:
+                conn.execute(insert(m.user_tokens).values(user_id=user_id, token_hash=digest,
+                                                          token_type="bootstrap", created_at=now))
+            elif not mine_usable:
+                conn.execute(update(m.user_tokens).where(tokens.id == mine.id)
+                             .values(revoked_at=None, expires_at=None))
+            if others:
+                conn.execute(update(m.user_tokens).where(tokens.id.in_([row.id for row in others]))
+                             .values(revoked_at=now))
+            return "replaced" if others or not mine_usable else "current"
+
+    def has_bootstrap_token(self, user_name: str) -> bool:
+        """Whether ``user_name`` exists and has a usable bootstrap token."""
+        now = _now()
+        with self.connection() as conn:
+            rows = conn.execute(
+                select(m.user_tokens)
+                .join(m.users, m.users.c.id == m.user_tokens.c.user_id)
+                .where(m.users.c.name == user_name, m.user_tokens.c.token_type == "bootstrap")
+            ).all()
+        return any(self._token(row).usable(now) for row in rows)
 
     def _lock_user(self, conn: Connection, user_id: int) -> UserRecord:
         """The user, its row locked until the transaction ends (what per-user quotas count under)."""
@@ -973,10 +1042,47 @@ class SQLStore:
         with self.connection() as conn:
             return {str(r.cluster) for r in conn.execute(select(table.c.cluster).where(subject).distinct())}
 
+    # -- instance facts (what the instances sharing this database agree on) ----------------
+
+    def get_fact(self, name: str) -> str | None:
+        with self.connection() as conn:
+            value = conn.execute(select(m.instance_facts.c.value).where(m.instance_facts.c.name == name)).scalar()
+        return str(value) if value is not None else None
+
+    def put_fact(self, name: str, value: str, *, replace: bool = False) -> str:
+        """Record ``value`` as ``name`` unless a value is recorded already (``replace``: overwrite it);
+        returns the value recorded now — another instance's, when it was first."""
+        table = m.instance_facts
+        with self.transaction() as conn:
+            if replace and conn.execute(
+                update(table).where(table.c.name == name).values(value=value, updated_at=_now())
+            ).rowcount:
+                return value
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(table).values(name=name, value=value, updated_at=_now()))
+                return value
+            except IntegrityError:
+                pass  # recorded meanwhile by another instance: theirs stands
+            return str(conn.execute(select(table.c.value).where(table.c.name == name)).scalar_one())
+
+    def sample_secrets(self) -> list[str]:
+        """The newest encrypted register token and cluster credential, as stored (for a key check)."""
+        with self.connection() as conn:
+            token = conn.execute(select(m.register_tokens.c.token_encrypted)
+                                 .order_by(m.register_tokens.c.id.desc()).limit(1)).scalar()
+            credential = conn.execute(select(m.cluster_credentials.c.secret_encrypted)
+                                      .order_by(m.cluster_credentials.c.updated_at.desc()).limit(1)).scalar()
+        return [str(value) for value in (token, credential) if value is not None]
+
     # -- secrets rotation -------------------------------------------------------------
 
     def rotate_secrets(self) -> int:
-        """Re-encrypt every stored secret with the current (first) key."""
+        """Re-encrypt every stored secret with the current (first) key, in one transaction; how
+        many. Records that key's id (:data:`SECRET_KEY_ID_FACT`) with them.
+
+        :raises ConfigError: a stored secret that none of the keys decrypts (nothing changes).
+        """
         count = 0
         with self.transaction() as conn:
             for row in conn.execute(select(m.register_tokens.c.id, m.register_tokens.c.token_encrypted)).all():
@@ -996,6 +1102,16 @@ class SQLStore:
                     .values(secret_encrypted=self.secrets.rotate(row.secret_encrypted))
                 )
                 count += 1
+            check = conn.execute(select(m.instance_facts.c.value)
+                                 .where(m.instance_facts.c.name == SECRET_CHECK_FACT)).scalar()
+            if check is not None:
+                conn.execute(update(m.instance_facts).where(m.instance_facts.c.name == SECRET_CHECK_FACT)
+                             .values(value=self.secrets.rotate(check), updated_at=_now()))
+            key_id = self.secrets.key_id()
+            if not conn.execute(update(m.instance_facts).where(m.instance_facts.c.name == SECRET_KEY_ID_FACT)
+                                .values(value=key_id, updated_at=_now())).rowcount:
+                conn.execute(insert(m.instance_facts).values(name=SECRET_KEY_ID_FACT, value=key_id,
+                                                             updated_at=_now()))
         return count
 
     # -- audit ---------------------------------------------------------------------------

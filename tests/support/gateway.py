@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -89,6 +90,14 @@ def served_gateway(data: Path, *, args: Sequence[str] = (), env: dict[str, str] 
     with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN, **(env or {})}, scheme="https",
                        timeout=60) as server:
         yield Gateway(server, data, str(data / "tls" / "ca.crt"))
+
+
+def copy_ca(source: Path, target: Path) -> None:
+    """Give the data directory ``target`` the CA of ``source``'s, as an operator does for a second
+    instance on the same database (it then makes its own server certificate from that CA)."""
+    (target / "tls").mkdir(parents=True, mode=0o700, exist_ok=True)
+    for name in ("ca.crt", "ca.key"):
+        shutil.copy2(source / "tls" / name, target / "tls" / name)
 
 
 def register_cluster(gw: Gateway, cluster_id: str, *, server_url: str, ca_pem: str, sa_token: str = SA_TOKEN,

@@ -30,8 +30,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """The suite's gateway (one worker, the fake's address denied), with a short read timeout."""
     folder = tmp_path_factory.mktemp("parity")
     data = folder / "data"
-    ini = gateway_ini(folder / "gateway.ini", data, read_timeout=f"{READ_TIMEOUT:g}s")
-    with served_gateway(data, args=[*DENY_LOOPBACK, "--config", str(ini)], workers=1) as gw:
+    # In the ini: with --config, the ini configures the application (serve refuses --upstream-deny
+    # beside an ini that does not take it from [DEFAULT]; it used to ignore it silently).
+    ini = gateway_ini(folder / "gateway.ini", data, read_timeout=f"{READ_TIMEOUT:g}s",
+                      upstream_deny=DENY_LOOPBACK[1])
+    with served_gateway(data, args=["--config", str(ini)], workers=1) as gw:
         yield gw
     assert SA_TOKEN not in gw.server.output()
 

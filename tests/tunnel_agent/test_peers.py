@@ -27,7 +27,7 @@ from bcs_middleware.tls import generate_ca, issue_server_cert
 from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener
 from bcs_middleware.tunnel.router import AgentRouter
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import Gateway, served_gateway
+from tests.support.gateway import Gateway, copy_ca, served_gateway
 from tests.support.kube import kubectl, kubectl_watch
 from tests.support.peer_link import QuickAPIServer, StandInAgents
 from tests.support.polling import wait_until
@@ -529,19 +529,21 @@ def _timed_gets(gw: Gateway, path: str, count: int) -> list[float]:
 @pytest.fixture(scope="module")
 def two_instances(postgres_server, tmp_path_factory: pytest.TempPathFactory,  # type: ignore[no-untyped-def]
                   apiserver: FakeAPIServer) -> Iterator[tuple[Gateway, Gateway, SQLStore]]:
-    """Two ``serve`` instances sharing one PostgreSQL and secret key; each its own data dir and CA."""
+    """Two ``serve`` instances sharing one PostgreSQL, secret key and CA; each its own data dir."""
     url = postgres_server.create_database()
     key = Fernet.generate_key().decode()
     args = ["--database-url", url, "--upstream-deny", "127.0.0.0/8", "--peer-address", "127.0.0.1",
             "--log-level", "debug"]
     env = {"BCS_SECRET_KEY": key}
-    with served_gateway(tmp_path_factory.mktemp("one"), args=args, env=env, workers=1) as one, \
-            served_gateway(tmp_path_factory.mktemp("two"), args=args, env=env, workers=1) as two:
-        store = open_store(url, secret_key=key)
-        try:
-            yield one, two, store
-        finally:
-            store.dispose()
+    first, second = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    with served_gateway(first, args=args, env=env, workers=1) as one:
+        copy_ca(first, second)  # instances on one database hand clients one CA (a CA of its own is refused)
+        with served_gateway(second, args=args, env=env, workers=1) as two:
+            store = open_store(url, secret_key=key)
+            try:
+                yield one, two, store
+            finally:
+                store.dispose()
 
 
 def _connect_agent(gw: Gateway, apiserver: FakeAPIServer | QuickAPIServer, cluster_id: str,
