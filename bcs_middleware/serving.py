@@ -52,6 +52,9 @@ DEFAULT_BODY_IDLE_TIMEOUT = 60.0
 DEFAULT_RETRY_AFTER = 1
 # Time given to a refused connection to finish its handshake and take its 503.
 _REFUSAL_TIME = 2.0
+#: How long a stopping worker keeps a connection open between requests, for a request the
+#: client may be sending already (as gunicorn's gthread worker: ``STOP_KEEPALIVE_LINGER``).
+STOP_KEEPALIVE_LINGER = 2.0
 
 
 def _refusal(retry_after: int) -> bytes:
@@ -132,11 +135,17 @@ class GatewayGeventWorker(GeventWorker):
 
         while self.alive:
             self.notify()
-            gevent.sleep(1.0)
+            # A stop (SIGTERM sets alive) is seen within this, not gunicorn's second.
+            gevent.sleep(0.2)
 
         for server in servers:
             server.close()  # stop accepting
-        # Running requests finish until graceful_timeout (open streams were ended on SIGTERM).
+        # Connections between requests end within STOP_KEEPALIVE_LINGER; a request that
+        # arrives meanwhile is answered with "Connection: close" (gunicorn's handle_request,
+        # once the worker is not alive). Running requests finish until graceful_timeout
+        # (open streams were ended on SIGTERM).
+        for wait in list(self._conns.values()):
+            wait.shorten(STOP_KEEPALIVE_LINGER)
         started = time.monotonic()
         while time.monotonic() - started <= self.cfg.graceful_timeout:
             if all(server.pool.free_count() == server.pool.size for server in servers):
@@ -167,6 +176,8 @@ class GatewayGeventWorker(GeventWorker):
             client.settimeout(self.body_idle_timeout)
             wait = self._conns[me] = _HeadWait(client, self.header_timeout, self.cfg.keepalive,
                                                self.body_idle_timeout)
+            if not self.alive:  # handshaken while the worker stops
+                wait.shorten(STOP_KEEPALIVE_LINGER)
             try:
                 AsyncWorker.handle(self, listener, client, addr)
             finally:
@@ -256,34 +267,69 @@ class _HeadWait:
     quietly. The socket's own timeout (the body idle timeout) is lifted meanwhile: it would
     fire first when it is the shorter one, as an error instead of a quiet close.
 
-    One object and two timers per connection, not a generator context manager and a new
-    timer per request: this runs for every request (bench/README.md).
+    Every wait gets a timer of its own. A gevent timer stopped and started again does not
+    start over under the default libev loop: libev's ``ev_timer_stop`` keeps the time that
+    was left and ``ev_timer_start`` counts down from it, and gevent's ``start()`` does not
+    reset it (gevent issue #1890). One timer reused for every head of a connection summed
+    the waits, and a busy keep-alive connection was closed ``keepalive`` seconds of waiting
+    into its life, with its next request unanswered.
     """
 
-    __slots__ = ("_idle", "_later", "_sock", "_timeout")
+    __slots__ = ("_conn", "_idle", "_later", "_seconds", "_sock", "_timeout")
 
     def __init__(self, sock: Any, first: float, later: float, idle: float | None) -> None:
         self._sock = sock
         self._idle = idle
-        self._later: float | None = later
-        self._timeout = Timeout(first, False)
+        self._seconds = first
+        self._later = later
+        self._conn = gevent.getcurrent()
+        #: the wait in progress (``None`` while a request is being served)
+        self._timeout: _HeadTimeout | None = None
 
     def __enter__(self) -> None:
         self._sock.settimeout(None)
-        self._timeout.start()
+        self._start(self._seconds)
 
     def __exit__(self, typ: Any, value: Any, tb: Any) -> bool:
-        timeout = self._timeout
-        timeout.cancel()
+        timeout, self._timeout = self._timeout, None
+        if timeout is None:  # pragma: no cover - __enter__ always sets one
+            return False
+        timeout.close()
         self._sock.settimeout(self._idle)
-        if self._later is not None:  # the first head is in: keepalive from now on
-            timeout.close()
-            self._timeout = Timeout(self._later, False)
-            self._later = None
+        self._seconds = self._later  # the first head is in: keepalive from now on
         return value is timeout  # our own timeout: swallowed, the connection ends quietly
 
+    def _start(self, seconds: float) -> None:
+        timeout = _HeadTimeout(seconds, self._conn)
+        timeout.start()
+        self._timeout = timeout
+
+    def shorten(self, seconds: float) -> None:
+        """Wait at most ``seconds`` more for a head, now and for every later one (a stopping worker)."""
+        self._seconds = min(self._seconds, seconds)
+        self._later = min(self._later, seconds)
+        current = self._timeout
+        if current is not None and current.seconds > seconds:
+            current.close()
+            self._start(seconds)
+
     def close(self) -> None:
-        self._timeout.close()
+        if self._timeout is not None:
+            self._timeout.close()
+            self._timeout = None
+
+
+class _HeadTimeout(Timeout):
+    """A head wait's timeout, raised in its connection's greenlet whichever greenlet starts it
+    (:meth:`_HeadWait.shorten` runs in the worker's main greenlet)."""
+
+    def __init__(self, seconds: float, conn: Any) -> None:
+        super().__init__(seconds, False)
+        self._conn = conn
+
+    def _on_expiration(self, prev_greenlet: Any, ex: Any) -> None:
+        # gevent's hook for subclasses; runs in the hub, like the default throw.
+        self._conn.throw(ex)
 
 
 # (second, its HTTP date): the Date header of this second's responses.
