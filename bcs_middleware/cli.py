@@ -333,7 +333,8 @@ def _worker_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker_class == "gthread":
         slots = connection_slots("gthread", args.threads)["worker_connections"]
         return {
-            "worker_class": "gthread",
+            # gunicorn's gthread, each connection counted once and closed off its main thread.
+            "worker_class": "bcs_middleware.gthread_worker.GatewayThreadWorker",
             "threads": args.threads,
             "worker_connections": args.worker_connections or slots,
             "keepalive": args.keepalive,
