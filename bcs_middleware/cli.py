@@ -123,7 +123,12 @@ class _Gunicorn:
         self.app = Application()
 
     def run(self) -> None:
-        self.app.run()
+        from .lifecycle import before_exit
+
+        try:
+            self.app.run()
+        finally:  # the master, and every worker (forked inside run()), leaves through here
+            before_exit()
 
 
 def _child_exit(server: Any, worker: Any) -> None:

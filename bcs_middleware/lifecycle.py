@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -63,3 +64,16 @@ def post_worker_init(worker: Any) -> None:
             previous(signum, frame)
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def before_exit() -> None:
+    """Called as a gunicorn master or worker process leaves: skip the collector's passes over
+    what the process built.
+
+    The interpreter's teardown runs full garbage collections over every object the process
+    ever made (modules, the application, caches): seconds of CPU in a master or worker of this
+    size, after the server has stopped serving and before it can be restarted. Frozen objects
+    are left out of those passes (``gc.freeze``); everything is still torn down and every
+    ``atexit`` handler (lease release, agent connections, log flush) still runs.
+    """
+    gc.freeze()
