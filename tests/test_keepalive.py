@@ -1,0 +1,228 @@
+"""Busy keep-alive connections to a real ``bcs-middleware serve`` (HTTPS, one worker).
+
+Eight clients send requests back to back, each on its own keep-alive connection, for
+longer than every timeout of the server (``--keepalive``, ``--header-timeout`` and
+``--body-idle-timeout`` shortened so the test stays short). Every request must get a
+complete answer and no connection may be closed while a request is on it: a server ends
+a kept-alive connection only between requests, and says so (``Connection: close``) when
+it decides while answering. Once the clients go quiet, their connections are closed
+after ``--keepalive`` seconds of idleness, not before. A stop (SIGTERM) under the same
+load answers every request, the ones after the stop with ``Connection: close``.
+
+``bench/keepalive_soak.py`` runs the same load for minutes at the default timeouts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.support.gateway import ADMIN, Gateway, served_gateway
+from tests.support.polling import wait_until
+
+CLIENTS = 8
+KEEPALIVE = 5
+#: Longer than every server timeout below (the keep-alive one summed over a connection's
+#: waits closed busy connections about KEEPALIVE seconds into their life).
+BUSY_SECONDS = 12.0
+SERVER_ARGS = ["--keepalive", str(KEEPALIVE), "--header-timeout", "2", "--body-idle-timeout", "2",
+               "--no-access-log"]
+
+
+@dataclass
+class ClientRun:
+    """What one keep-alive client saw."""
+
+    number: int
+    answered: int = 0
+    created: list[str] = field(default_factory=list)
+    #: a request that got no complete answer: the connection was lost under it
+    failure: str | None = None
+    #: the server announced the end of the connection (``Connection: close``) at this answer
+    told_close_after: int | None = None
+    last_answer: float = 0.0
+    conn: http.client.HTTPSConnection | None = None
+
+
+def _connection(gw: Gateway) -> http.client.HTTPSConnection:
+    context = ssl.create_default_context(cafile=gw.ca_file)
+    conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
+    conn.connect()
+    return conn
+
+
+def _run_client(gw: Gateway, run: ClientRun, until: float, stop: threading.Event) -> None:
+    """Requests back to back on one connection until ``until`` (or ``stop``); never reconnects.
+
+    Even clients list the clusters, odd ones register clusters (the two requests of the report).
+    """
+    conn = run.conn = _connection(gw)
+    sock = conn.sock
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    while time.monotonic() < until and not stop.is_set():
+        cluster = f"BCS-K8S-KA{run.number}{run.answered:06d}"
+        try:
+            if run.number % 2:
+                conn.request("POST", "/rest/clusters/bcs", headers={**auth, "Content-Type": "application/json"},
+                             body=json.dumps({"id": cluster, "project_id": "keepalive", "cluster_type": "k8s"}))
+            else:
+                conn.request("GET", "/rest/clusters/", headers=auth)
+            response = conn.getresponse()
+            body = response.read()
+        except (http.client.HTTPException, OSError) as exc:
+            run.failure = f"request {run.answered + 1} unanswered: {type(exc).__name__}: {exc}"
+            return
+        run.last_answer = time.monotonic()
+        if not response.will_close and conn.sock is not sock:
+            run.failure = "http.client opened another connection"
+            return
+        expected = 201 if run.number % 2 else 200
+        if response.status != expected:
+            run.failure = f"request {run.answered + 1}: HTTP {response.status} {body[:200]!r}"
+            return
+        run.answered += 1
+        if run.number % 2:
+            run.created.append(cluster)
+        if response.will_close:
+            run.told_close_after = run.answered
+            return
+
+
+class Load:
+    """:data:`CLIENTS` keep-alive clients on threads of their own, for ``seconds`` or until :meth:`stop`."""
+
+    def __init__(self, gw: Gateway, seconds: float) -> None:
+        self.runs = [ClientRun(number) for number in range(CLIENTS)]
+        self._stop = threading.Event()
+        until = time.monotonic() + seconds
+        self._threads = [threading.Thread(target=_run_client, args=(gw, run, until, self._stop))
+                         for run in self.runs]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> list[ClientRun]:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert not any(thread.is_alive() for thread in self._threads), "a client hangs"
+        return self.runs
+
+    def close(self) -> None:
+        self.stop()
+        for run in self.runs:
+            if run.conn is not None:
+                run.conn.close()
+
+
+def _closed_at(sock: socket.socket, limit: float) -> float | None:
+    """When the server closed ``sock`` (monotonic), reading nothing before; ``None``: still open after ``limit``."""
+    sock.settimeout(0.2)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, ssl.SSLError):
+            return time.monotonic()
+        assert data == b"", f"the server sent {data[:200]!r} on an idle connection"
+        return time.monotonic()
+    return None
+
+
+@pytest.fixture(params=["gevent", "gthread"])
+def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
+    args = ["--worker-class", request.param, *SERVER_ARGS]
+    with served_gateway(tmp_path, args=args, workers=1) as gw:
+        yield gw
+    output = gw.server.output()
+    assert "Traceback" not in output and ADMIN not in output
+
+
+def test_busy_keep_alive_connections_are_answered_and_closed_only_when_idle(gateway: Gateway) -> None:
+    load = Load(gateway, BUSY_SECONDS)
+    try:
+        runs = load.join(BUSY_SECONDS + 60)
+        failures = [f"client {run.number}: {run.failure}" for run in runs if run.failure]
+        assert not failures, failures
+        assert not [run.number for run in runs if run.told_close_after], "a busy connection was ended"
+        # Real load, each client busy throughout: not a few requests and a long idle wait.
+        assert min(run.answered for run in runs) >= 10, [run.answered for run in runs]
+
+        # Every registration answered 201 happened, and nothing else did: a client knows.
+        status, body = gateway.call("GET", "/rest/clusters/")
+        assert status == 200
+        listed = {cluster["id"] for cluster in json.loads(body) if cluster["id"].startswith("BCS-K8S-KA")}
+        assert listed == {cluster for run in runs for cluster in run.created}
+
+        # Quiet now: each connection is closed after --keepalive seconds of idleness, not before.
+        for run in runs:
+            assert run.conn is not None and run.conn.sock is not None
+            closed = _closed_at(run.conn.sock, KEEPALIVE + 10 - (time.monotonic() - run.last_answer))
+            assert closed is not None, f"client {run.number}: the idle connection was never closed"
+            idle = closed - run.last_answer
+            assert idle >= KEEPALIVE - 0.5, f"client {run.number}: closed after {idle:.1f}s idle"
+    finally:
+        load.close()
+
+
+def test_a_stop_under_load_answers_every_request_and_says_connection_close(gateway: Gateway) -> None:
+    # TCP health checks first (connect, close before TLS): each must count as one connection
+    # that ended, however the worker counts them.
+    for _ in range(CLIENTS):
+        socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10).close()
+    load = Load(gateway, 120)
+    try:
+        # Every connection busy, then SIGTERM to the master (as an init system stops it).
+        assert wait_until(lambda: all(run.answered >= 3 or run.failure for run in load.runs), 30)
+        started = time.monotonic()
+        gateway.server.signal(signal.SIGTERM)
+        assert gateway.server.proc.wait(30) == 0
+        took = time.monotonic() - started
+        runs = load.join(30)
+        failures = [f"client {run.number}: {run.failure}" for run in runs if run.failure]
+        assert not failures, failures
+        # Each connection was ended by an answer that said so.
+        assert all(run.told_close_after for run in runs), [(run.number, run.told_close_after) for run in runs]
+        assert took < 8, f"the server took {took:.1f}s to stop"
+    finally:
+        load.close()
+
+
+def test_clients_that_hold_a_closed_connection_open_stall_no_one(gateway: Gateway) -> None:
+    """Clients ask ``Connection: close`` and never close their side: the server's lingering close
+    (RFC 9112 §9.6) waits for each of them, but nobody else waits meanwhile."""
+    context = ssl.create_default_context(cafile=gateway.ca_file)
+    holders = []
+    try:
+        for _ in range(10):
+            sock = context.wrap_socket(socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10),
+                                       server_hostname="localhost")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            holders.append(sock)
+        # Each holder got its answer, and stays connected without reading further.
+        for sock in holders:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        slowest = 0.0
+        for _ in range(5):
+            started = time.monotonic()
+            status, _ = gateway.call("GET", "/healthz", token="")
+            slowest = max(slowest, time.monotonic() - started)
+            assert status == 200
+        assert slowest < 1.0, f"a request took {slowest:.1f}s while closed connections were held open"
+    finally:
+        for sock in holders:
+            sock.close()
