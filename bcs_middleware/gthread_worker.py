@@ -23,6 +23,8 @@ read then holds that thread, as a slow client does anyway) and counts every conn
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any
 
 from gunicorn import util
@@ -33,7 +35,23 @@ _CLOSED = object()
 
 
 class GatewayThreadWorker(ThreadWorker):
-    """``gthread`` with each connection counted once and closed off the main thread."""
+    """``gthread`` with each connection counted once and closed off the main thread; a stopping
+    worker closes a kept-alive connection ``STOP_KEEPALIVE_LINGER`` after its last answer, at
+    once if it has been idle that long (as :class:`~bcs_middleware.serving.GatewayGeventWorker`)."""
+
+    def handle_exit(self, sig: Any, frame: Any) -> None:
+        if not self.booted:  # still loading the application: nothing to finish (as the gevent worker)
+            sys.exit(0)
+        super().handle_exit(sig, frame)
+
+    def _cap_keepalive(self, deadline: float) -> None:
+        # gunicorn caps every kept-alive connection at the same deadline (now + its linger):
+        # a pool's long-idle connection then holds the stop as long as one that just got an
+        # answer. Its idle time began at its keep-alive deadline minus keepalive; the deque
+        # stays sorted (ordered by that start, the caps keep the order).
+        linger = deadline - time.monotonic()
+        for conn in self.keepalived_conns:
+            conn.timeout = min(conn.timeout, deadline, conn.timeout - self.cfg.keepalive + linger)
 
     def handle(self, conn: Any) -> Any:
         result = super().handle(conn)

@@ -32,6 +32,7 @@ import email.utils
 import json
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -52,8 +53,10 @@ DEFAULT_BODY_IDLE_TIMEOUT = 60.0
 DEFAULT_RETRY_AFTER = 1
 # Time given to a refused connection to finish its handshake and take its 503.
 _REFUSAL_TIME = 2.0
-#: How long a stopping worker keeps a connection open between requests, for a request the
-#: client may be sending already (as gunicorn's gthread worker: ``STOP_KEEPALIVE_LINGER``).
+#: How long after its last answer a stopping worker keeps a connection open, for the next
+#: request a busy client may be sending already (gunicorn's gthread: ``STOP_KEEPALIVE_LINGER``).
+#: A connection idle longer is closed at once: for a request sent at an arbitrary moment the
+#: race with the close is the same whenever the close happens.
 STOP_KEEPALIVE_LINGER = 2.0
 
 
@@ -111,6 +114,13 @@ class GatewayGeventWorker(GeventWorker):
         # Per connection (by greenlet): the wait for its request heads.
         self._conns: dict[int, _HeadWait] = {}
 
+    def handle_exit(self, sig: Any, frame: Any) -> None:
+        if not self.booted:
+            # Told to stop while loading the application (seconds on a busy host): nothing
+            # has been served, nothing to finish; otherwise the stop would wait for the load.
+            sys.exit(0)
+        super().handle_exit(sig, frame)
+
     def init_process(self) -> None:
         # gunicorn formats the Date header of every response with email.utils.formatdate
         # (a datetime, a timetuple and string formatting): a few per cent of a proxied
@@ -140,10 +150,10 @@ class GatewayGeventWorker(GeventWorker):
 
         for server in servers:
             server.close()  # stop accepting
-        # Connections between requests end within STOP_KEEPALIVE_LINGER; a request that
-        # arrives meanwhile is answered with "Connection: close" (gunicorn's handle_request,
-        # once the worker is not alive). Running requests finish until graceful_timeout
-        # (open streams were ended on SIGTERM).
+        # Connections between requests end STOP_KEEPALIVE_LINGER after their last answer; a
+        # request that arrives meanwhile is answered with "Connection: close" (gunicorn's
+        # handle_request, once the worker is not alive). Running requests finish until
+        # graceful_timeout (open streams were ended on SIGTERM).
         for wait in list(self._conns.values()):
             wait.shorten(STOP_KEEPALIVE_LINGER)
         started = time.monotonic()
@@ -275,7 +285,7 @@ class _HeadWait:
     into its life, with its next request unanswered.
     """
 
-    __slots__ = ("_conn", "_idle", "_later", "_seconds", "_sock", "_timeout")
+    __slots__ = ("_conn", "_idle", "_later", "_seconds", "_since", "_sock", "_timeout")
 
     def __init__(self, sock: Any, first: float, later: float, idle: float | None) -> None:
         self._sock = sock
@@ -283,11 +293,13 @@ class _HeadWait:
         self._seconds = first
         self._later = later
         self._conn = gevent.getcurrent()
-        #: the wait in progress (``None`` while a request is being served)
+        #: the wait in progress (``None`` while a request is being served), and since when
         self._timeout: _HeadTimeout | None = None
+        self._since = 0.0
 
     def __enter__(self) -> None:
         self._sock.settimeout(None)
+        self._since = time.monotonic()
         self._start(self._seconds)
 
     def __exit__(self, typ: Any, value: Any, tb: Any) -> bool:
@@ -305,13 +317,16 @@ class _HeadWait:
         self._timeout = timeout
 
     def shorten(self, seconds: float) -> None:
-        """Wait at most ``seconds`` more for a head, now and for every later one (a stopping worker)."""
+        """Wait at most ``seconds`` for a head, counted from the end of the previous answer (a
+        stopping worker): a connection idle that long already is closed at once."""
         self._seconds = min(self._seconds, seconds)
         self._later = min(self._later, seconds)
         current = self._timeout
-        if current is not None and current.seconds > seconds:
-            current.close()
-            self._start(seconds)
+        if current is not None:
+            left = max(seconds - (time.monotonic() - self._since), 0.001)
+            if current.seconds > left:
+                current.close()
+                self._start(left)
 
     def close(self) -> None:
         if self._timeout is not None:
