@@ -123,12 +123,12 @@ class _Gunicorn:
         self.app = Application()
 
     def run(self) -> None:
-        from .lifecycle import before_exit
+        from .lifecycle import exit_now
 
         try:
             self.app.run()
-        finally:  # the master, and every worker (forked inside run()), leaves through here
-            before_exit()
+        except SystemExit as stop:  # the master at its end, and every worker (forked inside run())
+            exit_now(stop.code)
 
 
 def _child_exit(server: Any, worker: Any) -> None:
