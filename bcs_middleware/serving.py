@@ -20,7 +20,11 @@ clients queue silently in the kernel. :class:`GatewayGeventWorker` adds:
   stall longer (a half-sent body; also a client that stops reading its answer);
 * ``worker_connections`` as a limit, not a queue: beyond it a connection is answered
   ``503`` with ``Retry-After`` and closed (a little room above the limit is kept for
-  those answers).
+  those answers);
+* a stop that ends connections only between requests: a kept-alive connection is closed
+  :data:`STOP_KEEPALIVE_LINGER` after its last answer (at once if idle that long), a request
+  arriving meanwhile is answered with ``Connection: close``; running requests finish
+  within ``graceful_timeout``.
 
 :func:`gevent_worker` makes a subclass with other values (``bcs-middleware serve``'s
 options, or ``examples/gunicorn.conf.py``).
