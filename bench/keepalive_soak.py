@@ -20,68 +20,18 @@ Exit status 0 when every request was answered and no connection was ended, 1 oth
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
-import ssl
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.gateway import ADMIN, Gateway, served_gateway  # noqa: E402
-
-
-@dataclass
-class Client:
-    number: int
-    kind: str
-    answered: int = 0
-    latencies: list[float] = field(default_factory=list)
-    created: list[str] = field(default_factory=list)
-    failure: str | None = None
-
-
-def run_client(gw: Gateway, client: Client, until: float, started: float) -> None:
-    context = ssl.create_default_context(cafile=gw.ca_file)
-    conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=60)
-    conn.connect()
-    sock = conn.sock
-    auth = {"Authorization": f"Bearer {ADMIN}"}
-    try:
-        while time.monotonic() < until:
-            cluster = f"BCS-K8S-SOAK{client.number:02d}{client.answered:07d}"
-            sent = time.monotonic()
-            try:
-                if client.kind == "post":
-                    conn.request("POST", "/rest/clusters/bcs", headers={**auth, "Content-Type": "application/json"},
-                                 body=json.dumps({"id": cluster, "project_id": "soak", "cluster_type": "k8s"}))
-                else:
-                    conn.request("GET", "/rest/clusters/", headers=auth)
-                response = conn.getresponse()
-                body = response.read()
-            except (http.client.HTTPException, OSError) as exc:
-                client.failure = (f"{sent - started:.1f}s: request {client.answered + 1} unanswered "
-                                  f"({type(exc).__name__}: {exc})")
-                return
-            client.latencies.append(time.monotonic() - sent)
-            expected = 201 if client.kind == "post" else 200
-            if response.status != expected:
-                client.failure = f"{sent - started:.1f}s: HTTP {response.status} {body[:200]!r}"
-                return
-            client.answered += 1
-            if client.kind == "post":
-                client.created.append(cluster)
-            if response.will_close or conn.sock is not sock:
-                client.failure = f"{sent - started:.1f}s: the server ended the connection (Connection: close)"
-                return
-    finally:
-        conn.close()
+from tests.support.gateway import served_gateway  # noqa: E402
+from tests.support.keepalive import Load  # noqa: E402
 
 
 def main() -> int:
@@ -102,21 +52,16 @@ def main() -> int:
         if value is not None:
             serve_args += [option, str(value)]
     kinds = {"get": ["get"], "post": ["post"], "mixed": ["get", "post"]}[args.requests]
-    clients = [Client(n, kinds[n % len(kinds)]) for n in range(args.clients)]
     with tempfile.TemporaryDirectory(prefix="keepalive-soak-") as data, \
             served_gateway(Path(data), args=serve_args, workers=args.workers) as gw:
-        started = time.monotonic()
-        until = started + args.seconds
-        threads = [threading.Thread(target=run_client, args=(gw, client, until, started)) for client in clients]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        elapsed = time.monotonic() - started
+        load = Load(gw, args.seconds, clients=args.clients, kinds=kinds, prefix="BCS-K8S-SOAK")
+        clients = load.join(args.seconds + 120)
+        elapsed = time.monotonic() - load.started
+        load.close()
         status, body = gw.call("GET", "/rest/clusters/")
         listed = {c["id"] for c in json.loads(body) if c["id"].startswith("BCS-K8S-SOAK")} if status == 200 else set()
 
-    created = {cluster for client in clients for cluster in client.created}
+    created = load.created()
     latencies = sorted(latency for client in clients for latency in client.latencies)
     total = sum(client.answered for client in clients)
     print(f"serve --worker-class {args.worker_class} --workers {args.workers} {' '.join(serve_args[2:])}")
@@ -129,12 +74,14 @@ def main() -> int:
         print(f"latency ms: median {statistics.median(latencies) * 1000:.1f}  p99 {pct(0.99):.1f}  "
               f"max {latencies[-1] * 1000:.1f}")
     for client in clients:
+        ended = client.failure or (f"the server ended the connection (Connection: close) after answer "
+                                   f"{client.told_close_after}" if client.told_close_after else None)
         print(f"  client {client.number} ({client.kind}): {client.answered} answered"
-              + (f"; ENDED {client.failure}" if client.failure else ""))
+              + (f"; ENDED {ended}" if ended else ""))
     consistent = listed == created
     print(f"registrations answered 201: {len(created)}; listed by the server: {len(listed)}"
           f"{'' if consistent else '  MISMATCH'}")
-    failed = [client for client in clients if client.failure]
+    failed = [client for client in clients if client.failure or client.told_close_after]
     print("every request answered, no connection ended" if not failed and consistent
           else f"{len(failed)} connection(s) ended")
     return 0 if not failed and consistent else 1

@@ -14,20 +14,18 @@ load answers every request, the ones after the stop with ``Connection: close``.
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.support.gateway import ADMIN, Gateway, served_gateway
+from tests.support.keepalive import Load
 from tests.support.polling import wait_until
 
 CLIENTS = 8
@@ -37,94 +35,6 @@ KEEPALIVE = 5
 BUSY_SECONDS = 12.0
 SERVER_ARGS = ["--keepalive", str(KEEPALIVE), "--header-timeout", "2", "--body-idle-timeout", "2",
                "--no-access-log"]
-
-
-@dataclass
-class ClientRun:
-    """What one keep-alive client saw."""
-
-    number: int
-    answered: int = 0
-    created: list[str] = field(default_factory=list)
-    #: a request that got no complete answer: the connection was lost under it
-    failure: str | None = None
-    #: the server announced the end of the connection (``Connection: close``) at this answer
-    told_close_after: int | None = None
-    last_answer: float = 0.0
-    conn: http.client.HTTPSConnection | None = None
-
-
-def _connection(gw: Gateway) -> http.client.HTTPSConnection:
-    context = ssl.create_default_context(cafile=gw.ca_file)
-    conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
-    conn.connect()
-    return conn
-
-
-def _run_client(gw: Gateway, run: ClientRun, until: float, stop: threading.Event) -> None:
-    """Requests back to back on one connection until ``until`` (or ``stop``); never reconnects.
-
-    Even clients list the clusters, odd ones register clusters (the two requests of the report).
-    """
-    conn = run.conn = _connection(gw)
-    sock = conn.sock
-    auth = {"Authorization": f"Bearer {ADMIN}"}
-    while time.monotonic() < until and not stop.is_set():
-        cluster = f"BCS-K8S-KA{run.number}{run.answered:06d}"
-        try:
-            if run.number % 2:
-                conn.request("POST", "/rest/clusters/bcs", headers={**auth, "Content-Type": "application/json"},
-                             body=json.dumps({"id": cluster, "project_id": "keepalive", "cluster_type": "k8s"}))
-            else:
-                conn.request("GET", "/rest/clusters/", headers=auth)
-            response = conn.getresponse()
-            body = response.read()
-        except (http.client.HTTPException, OSError) as exc:
-            run.failure = f"request {run.answered + 1} unanswered: {type(exc).__name__}: {exc}"
-            return
-        run.last_answer = time.monotonic()
-        if not response.will_close and conn.sock is not sock:
-            run.failure = "http.client opened another connection"
-            return
-        expected = 201 if run.number % 2 else 200
-        if response.status != expected:
-            run.failure = f"request {run.answered + 1}: HTTP {response.status} {body[:200]!r}"
-            return
-        run.answered += 1
-        if run.number % 2:
-            run.created.append(cluster)
-        if response.will_close:
-            run.told_close_after = run.answered
-            return
-
-
-class Load:
-    """:data:`CLIENTS` keep-alive clients on threads of their own, for ``seconds`` or until :meth:`stop`."""
-
-    def __init__(self, gw: Gateway, seconds: float) -> None:
-        self.runs = [ClientRun(number) for number in range(CLIENTS)]
-        self._stop = threading.Event()
-        until = time.monotonic() + seconds
-        self._threads = [threading.Thread(target=_run_client, args=(gw, run, until, self._stop))
-                         for run in self.runs]
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def join(self, timeout: float) -> list[ClientRun]:
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        assert not any(thread.is_alive() for thread in self._threads), "a client hangs"
-        return self.runs
-
-    def close(self) -> None:
-        self.stop()
-        for run in self.runs:
-            if run.conn is not None:
-                run.conn.close()
 
 
 def _closed_at(sock: socket.socket, limit: float) -> float | None:
@@ -166,7 +76,7 @@ def test_busy_keep_alive_connections_are_answered_and_closed_only_when_idle(gate
         status, body = gateway.call("GET", "/rest/clusters/")
         assert status == 200
         listed = {cluster["id"] for cluster in json.loads(body) if cluster["id"].startswith("BCS-K8S-KA")}
-        assert listed == {cluster for run in runs for cluster in run.created}
+        assert listed == load.created()
 
         # Quiet now: each connection is closed after --keepalive seconds of idleness, not before.
         for run in runs:
