@@ -34,6 +34,10 @@ class ClientRun:
     failure: str | None = None
     #: the server announced the end of the connection (``Connection: close``) at this answer
     told_close_after: int | None = None
+    #: the cluster a registration without an answer would have created, and how long after the
+    #: previous answer that request was sent
+    unanswered: str | None = None
+    unanswered_after: float | None = None
     last_answer: float = 0.0
     conn: http.client.HTTPSConnection | None = None
 
@@ -59,6 +63,8 @@ def run_client(gw: Gateway, run: ClientRun, until: float, stop: threading.Event,
         except (http.client.HTTPException, OSError) as exc:
             run.failure = (f"{sent - started:.1f}s: request {run.answered + 1} unanswered "
                            f"({type(exc).__name__}: {exc})")
+            run.unanswered = cluster if run.kind == "post" else None
+            run.unanswered_after = sent - run.last_answer if run.answered else None
             return
         run.last_answer = time.monotonic()
         run.latencies.append(run.last_answer - sent)
