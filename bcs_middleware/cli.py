@@ -122,7 +122,12 @@ class _Gunicorn:
         self.app = Application()
 
     def run(self) -> None:
-        self.app.run()
+        from .lifecycle import exit_now
+
+        try:
+            self.app.run()
+        except SystemExit as stop:  # the master at its end, and every worker (forked inside run())
+            exit_now(stop.code)
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -471,7 +476,8 @@ def _worker_settings(opts: ServerOptions, args: argparse.Namespace) -> dict[str,
     if opts.worker_class == "gthread":
         slots = connection_slots("gthread", opts.threads)["worker_connections"]
         return {
-            "worker_class": "gthread",
+            # gunicorn's gthread, each connection counted once and closed off its main thread.
+            "worker_class": "bcs_middleware.gthread_worker.GatewayThreadWorker",
             "threads": opts.threads,
             "worker_connections": opts.worker_connections or slots,
             "keepalive": opts.keepalive,

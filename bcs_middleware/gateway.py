@@ -65,6 +65,9 @@ from .upstream.transport import PooledTransport, Transport, TunnelDialer
 
 log = logging.getLogger(__name__)
 
+#: How long a leaving worker waits for its running RBAC passes (then the lease is left to expire).
+RBAC_EXIT_WAIT = 1.0
+
 PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
@@ -570,8 +573,10 @@ def build_gateway(
         )
         if background:
             service.start()
-            # gunicorn workers leave through sys.exit: hand the lease over at once.
-            atexit.register(service.stop)
+            # gunicorn workers leave through sys.exit: hand the lease over at once, unless a pass
+            # is still running after RBAC_EXIT_WAIT (a cluster that does not answer): then the
+            # lease expires by itself and the stop is not held up.
+            atexit.register(service.stop, RBAC_EXIT_WAIT)
     dispatcher = GatewayDispatcher(
         api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
         webconsole=webconsole, metrics_token=config.metrics_token,

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import logging
 import os
 import random
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +67,22 @@ TIMEOUT = (5.0, 20.0)
 MAX_ANSWER = 64 * 1024
 #: The most of the gateway's error message logged.
 MAX_DETAIL = 300
+
+#: The signals that stop the agent: an init system's SIGTERM, a terminal's Ctrl-C.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: How long a stopping tunnel agent waits for its connections to close before it exits.
+STOP_GRACE = 2.0
+
+
+class Stopped(BaseException):
+    """A stop signal arrived (not an error: the agent exits 0). A ``BaseException``, like
+    ``KeyboardInterrupt``: it must pass every ``except Exception`` on its way out."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    for other in STOP_SIGNALS:  # once: the way out (closing the session) is not interrupted
+        signal.signal(other, signal.SIG_IGN)
+    raise Stopped(signal.Signals(signum).name)
 
 
 @dataclass(frozen=True)
@@ -246,6 +264,13 @@ class Reporter:
             pem = Path(server_cert).read_text() if "BEGIN CERTIFICATE" not in server_cert else server_cert
             self.verify = _pem_file(pem)
 
+    def close(self) -> None:
+        """Close the session and remove the CA file written for it."""
+        self.session.close()
+        if isinstance(self.verify, str):
+            with contextlib.suppress(OSError):
+                os.unlink(self.verify)
+
     def report(self, access: ClusterAccess) -> None:
         if self.insecure:
             log.warning("--insecure-skip-verify: the gateway's certificate is NOT verified")
@@ -309,20 +334,26 @@ def run_tunnel(args: argparse.Namespace, register_token: str, server_cert: str |
         refresh=float(args.periodsync), replaced_backoff=float(args.replaced_backoff),
         connections=args.tunnel_connections,
     )
+    # Ctrl-C (SIGINT) and SIGTERM stop the agent the same way: its connections are closed (the
+    # gateway learns at once) and it exits 0. The agent runs in a thread of its own (a greenlet
+    # under gevent) and the main one only waits for it: stop() never runs inside agent code,
+    # which may hold the lock stop() takes.
     from gevent import monkey
 
     if monkey.is_module_patched("socket"):
-        # Run stop() in a greenlet of its own: a plain handler would run inside whichever greenlet
-        # the signal interrupted, perhaps one holding a lock stop() takes.
         import gevent
 
-        gevent.signal_handler(signal.SIGTERM, agent.stop)
+        for signum in STOP_SIGNALS:  # stop() in a greenlet of its own
+            gevent.signal_handler(signum, agent.stop)
     else:
-        signal.signal(signal.SIGTERM, lambda *_: agent.stop())
-    try:
-        agent.run()
-    except KeyboardInterrupt:
-        agent.stop()
+        for signum in STOP_SIGNALS:  # runs in the main thread, which only waits
+            signal.signal(signum, lambda *_: agent.stop())
+    runner = threading.Thread(target=agent.run, name="bcs-tunnel-agent", daemon=True)
+    runner.start()
+    while runner.is_alive() and not agent.stopping:
+        runner.join(0.2)
+    # A connection still being dialled (the gateway's TCP connect) is given up, not waited for.
+    runner.join(STOP_GRACE)
     return 0
 
 
@@ -341,8 +372,23 @@ def run(args: argparse.Namespace) -> int:
         log.info("env SERVER_CERT not set: verifying the gateway against the system trust store")
     if args.tunnel:
         return run_tunnel(args, register_token, server_cert, client_cert)
+    # Reporting: a stop signal ends whatever the agent is doing (a report in flight, the wait
+    # before the next one), as Ctrl-C interrupts any Python program, but quietly and with 0.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_stopped)
     reporter = Reporter(args.bke_address, args.cluster_id, register_token, server_cert=server_cert,
                         insecure=args.insecure_skip_verify, client_cert=client_cert)
+    try:
+        return _report(args, reporter)
+    except Stopped as stop:
+        log.info("%s: stopping", stop)
+        return 0
+    finally:
+        reporter.close()
+
+
+def _report(args: argparse.Namespace, reporter: Reporter) -> int:
+    """Report every ``--periodsync`` seconds (once with ``--once``), retrying failures with backoff."""
     failures = 0
     reports = 0
     while True:

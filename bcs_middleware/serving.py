@@ -20,7 +20,11 @@ clients queue silently in the kernel. :class:`GatewayGeventWorker` adds:
   stall longer (a half-sent body; also a client that stops reading its answer);
 * ``worker_connections`` as a limit, not a queue: beyond it a connection is answered
   ``503`` with ``Retry-After`` and closed (a little room above the limit is kept for
-  those answers).
+  those answers);
+* a stop that ends connections only between requests: a kept-alive connection is closed
+  :data:`STOP_KEEPALIVE_LINGER` after its last answer (at once if idle that long), a request
+  arriving meanwhile is answered with ``Connection: close``; running requests finish
+  within ``graceful_timeout``.
 
 :func:`gevent_worker` makes a subclass with other values (``bcs-middleware serve``'s
 options, or ``examples/gunicorn.conf.py``).
@@ -32,6 +36,7 @@ import email.utils
 import json
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -52,6 +57,11 @@ DEFAULT_BODY_IDLE_TIMEOUT = 60.0
 DEFAULT_RETRY_AFTER = 1
 # Time given to a refused connection to finish its handshake and take its 503.
 _REFUSAL_TIME = 2.0
+#: How long after its last answer a stopping worker keeps a connection open, for the next
+#: request a busy client may be sending already (gunicorn's gthread: ``STOP_KEEPALIVE_LINGER``).
+#: A connection idle longer is closed at once: for a request sent at an arbitrary moment the
+#: race with the close is the same whenever the close happens.
+STOP_KEEPALIVE_LINGER = 2.0
 
 
 def _refusal(retry_after: int) -> bytes:
@@ -108,6 +118,13 @@ class GatewayGeventWorker(GeventWorker):
         # Per connection (by greenlet): the wait for its request heads.
         self._conns: dict[int, _HeadWait] = {}
 
+    def handle_exit(self, sig: Any, frame: Any) -> None:
+        if not self.booted:
+            # Told to stop while loading the application (seconds on a busy host): nothing
+            # has been served, nothing to finish; otherwise the stop would wait for the load.
+            sys.exit(0)
+        super().handle_exit(sig, frame)
+
     def init_process(self) -> None:
         # gunicorn formats the Date header of every response with email.utils.formatdate
         # (a datetime, a timetuple and string formatting): a few per cent of a proxied
@@ -132,11 +149,17 @@ class GatewayGeventWorker(GeventWorker):
 
         while self.alive:
             self.notify()
-            gevent.sleep(1.0)
+            # A stop (SIGTERM sets alive) is seen within this, not gunicorn's second.
+            gevent.sleep(0.2)
 
         for server in servers:
             server.close()  # stop accepting
-        # Running requests finish until graceful_timeout (open streams were ended on SIGTERM).
+        # Connections between requests end STOP_KEEPALIVE_LINGER after their last answer; a
+        # request that arrives meanwhile is answered with "Connection: close" (gunicorn's
+        # handle_request, once the worker is not alive). Running requests finish until
+        # graceful_timeout (open streams were ended on SIGTERM).
+        for wait in list(self._conns.values()):
+            wait.shorten(STOP_KEEPALIVE_LINGER)
         started = time.monotonic()
         while time.monotonic() - started <= self.cfg.graceful_timeout:
             if all(server.pool.free_count() == server.pool.size for server in servers):
@@ -167,6 +190,8 @@ class GatewayGeventWorker(GeventWorker):
             client.settimeout(self.body_idle_timeout)
             wait = self._conns[me] = _HeadWait(client, self.header_timeout, self.cfg.keepalive,
                                                self.body_idle_timeout)
+            if not self.alive:  # handshaken while the worker stops
+                wait.shorten(STOP_KEEPALIVE_LINGER)
             try:
                 AsyncWorker.handle(self, listener, client, addr)
             finally:
@@ -256,34 +281,74 @@ class _HeadWait:
     quietly. The socket's own timeout (the body idle timeout) is lifted meanwhile: it would
     fire first when it is the shorter one, as an error instead of a quiet close.
 
-    One object and two timers per connection, not a generator context manager and a new
-    timer per request: this runs for every request (bench/README.md).
+    Every wait gets a timer of its own. A gevent timer stopped and started again does not
+    start over under the default libev loop: libev's ``ev_timer_stop`` keeps the time that
+    was left and ``ev_timer_start`` counts down from it, and gevent's ``start()`` does not
+    reset it (gevent issue #1890). One timer reused for every head of a connection summed
+    the waits, and a busy keep-alive connection was closed ``keepalive`` seconds of waiting
+    into its life, with its next request unanswered.
     """
 
-    __slots__ = ("_idle", "_later", "_sock", "_timeout")
+    __slots__ = ("_conn", "_idle", "_later", "_seconds", "_since", "_sock", "_timeout")
 
     def __init__(self, sock: Any, first: float, later: float, idle: float | None) -> None:
         self._sock = sock
         self._idle = idle
-        self._later: float | None = later
-        self._timeout = Timeout(first, False)
+        self._seconds = first
+        self._later = later
+        self._conn = gevent.getcurrent()
+        #: the wait in progress (``None`` while a request is being served), and since when
+        self._timeout: _HeadTimeout | None = None
+        self._since = 0.0
 
     def __enter__(self) -> None:
         self._sock.settimeout(None)
-        self._timeout.start()
+        self._since = time.monotonic()
+        self._start(self._seconds)
 
     def __exit__(self, typ: Any, value: Any, tb: Any) -> bool:
-        timeout = self._timeout
-        timeout.cancel()
+        timeout, self._timeout = self._timeout, None
+        if timeout is None:  # pragma: no cover - __enter__ always sets one
+            return False
+        timeout.close()
         self._sock.settimeout(self._idle)
-        if self._later is not None:  # the first head is in: keepalive from now on
-            timeout.close()
-            self._timeout = Timeout(self._later, False)
-            self._later = None
+        self._seconds = self._later  # the first head is in: keepalive from now on
         return value is timeout  # our own timeout: swallowed, the connection ends quietly
 
+    def _start(self, seconds: float) -> None:
+        timeout = _HeadTimeout(seconds, self._conn)
+        timeout.start()
+        self._timeout = timeout
+
+    def shorten(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for a head, counted from the end of the previous answer (a
+        stopping worker): a connection idle that long already is closed at once."""
+        self._seconds = min(self._seconds, seconds)
+        self._later = min(self._later, seconds)
+        current = self._timeout
+        if current is not None:
+            left = max(seconds - (time.monotonic() - self._since), 0.001)
+            if current.seconds > left:
+                current.close()
+                self._start(left)
+
     def close(self) -> None:
-        self._timeout.close()
+        if self._timeout is not None:
+            self._timeout.close()
+            self._timeout = None
+
+
+class _HeadTimeout(Timeout):
+    """A head wait's timeout, raised in its connection's greenlet whichever greenlet starts it
+    (:meth:`_HeadWait.shorten` runs in the worker's main greenlet)."""
+
+    def __init__(self, seconds: float, conn: Any) -> None:
+        super().__init__(seconds, False)
+        self._conn = conn
+
+    def _on_expiration(self, prev_greenlet: Any, ex: Any) -> None:
+        # gevent's hook for subclasses; runs in the hub, like the default throw.
+        self._conn.throw(ex)
 
 
 # (second, its HTTP date): the Date header of this second's responses.

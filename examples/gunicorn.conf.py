@@ -29,7 +29,8 @@ kilobytes, so one worker holds thousands of streams; a request head must arrive 
 ``BCS_HEADER_TIMEOUT`` (TLS handshake included), a request body may not stall longer than
 ``BCS_BODY_IDLE_TIMEOUT``, idle keep-alive connections are closed after ``keepalive``, and beyond
 ``worker_connections`` a client is answered 503 with Retry-After instead of queueing.
-``BCS_WORKER_CLASS=gthread`` runs gunicorn's threaded worker instead: a thread per stream (size
+``BCS_WORKER_CLASS=gthread`` runs gunicorn's threaded worker instead
+(:class:`bcs_middleware.gthread_worker.GatewayThreadWorker`): a thread per stream (size
 ``threads`` for the streams one worker may hold), none of the limits above.
 
 gevent must patch the standard library before the application's modules are imported (a module
@@ -69,7 +70,10 @@ if _WORKER_CLASS == "gevent":
 else:
     from bcs_middleware.cli import connection_slots
 
-    worker_class = "gthread"
+    # gunicorn's gthread with each connection counted once (a TCP health check was counted twice,
+    # and a stopping worker then left with a kept-alive client's request unanswered) and its
+    # lingering close off the main thread.
+    worker_class = "bcs_middleware.gthread_worker.GatewayThreadWorker"
     threads = int(os.environ.get("BCS_THREADS", "512"))
     # gthread counts idle keep-alive connections against worker_connections and closes a
     # connection after its answer when worker_connections - threads are idle already: clients

@@ -7,10 +7,14 @@ import socket
 import ssl
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
+import trustme
+
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.servers import BIN, ServerProcess, free_port, http_get
+from tests.support.polling import wait_until
+from tests.support.servers import BIN, ConnectionServer, ServerProcess, free_port, http_get
 
 CLI = str(BIN / "bcs-middleware")
 ADMIN = "graceful-admin-token-" + "g" * 22
@@ -84,3 +88,69 @@ def test_sigterm_during_a_watch_ends_it_cleanly_and_finishes_ordinary_requests(t
             assert ADMIN not in output
         finally:
             server.stop()
+
+
+class _SilentTLSServer(ConnectionServer):
+    """An apiserver that completes the TLS handshake, reads the request and never answers."""
+
+    def __init__(self) -> None:
+        self.ca = trustme.CA()
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ca.issue_cert("127.0.0.1", "localhost").configure_cert(self.context)
+        self.held: list[ssl.SSLSocket] = []
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        try:
+            tls = self.context.wrap_socket(conn, server_side=True)
+            tls.recv(65536)
+            self.held.append(tls)  # held open, never answered
+        except OSError:
+            conn.close()
+
+    def close(self) -> None:
+        super().close()
+        for tls in self.held:
+            tls.close()
+
+
+def test_a_gateway_whose_rbac_sync_waits_on_a_silent_cluster_stops_within_seconds(tmp_path: Path) -> None:
+    """The RBAC reconciler is in the middle of a pass against an apiserver that never answers (its
+    read timeout is 30 s): the stop does not wait for it; the lease is left to expire instead."""
+    import json
+
+    from tests.support.gateway import gateway_ini
+
+    grants = tmp_path / "grants.json"
+    grants.write_text(json.dumps({"version": 1, "grants": [
+        {"user": "alice", "cluster": "rbac-silent", "namespace": "default", "role": "view"}]}))
+    data = tmp_path / "data"
+    ini = gateway_ini(tmp_path / "gateway.ini", data, rbac="true", rbac_source_file=str(grants),
+                      rbac_interval="2s")
+    silent = _SilentTLSServer()
+    port = free_port()
+    argv = [CLI, "serve", "--config", str(ini), "--data-dir", str(data), "--bind", f"127.0.0.1:{port}",
+            "--workers", "2"]
+    server = ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
+    try:
+        cafile = str(data / "tls" / "ca.crt")
+        for method, path, body in [
+            ("POST", "/rest/clusters/bcs", {"id": "rbac-silent", "project_id": "p", "cluster_type": "k8s"}),
+            ("PUT", "/rest/clusters/rbac-silent/credentials",
+             {"server_addresses": f"https://127.0.0.1:{silent.port}",
+              "cacert_data": silent.ca.cert_pem.bytes().decode(), "user_token": "sa-silent"}),
+        ]:
+            req = urllib.request.Request(f"https://localhost:{port}{path}", data=json.dumps(body).encode(),
+                                         method=method, headers={"Authorization": f"Bearer {ADMIN}"})
+            urllib.request.urlopen(req, timeout=20, context=ssl.create_default_context(cafile=cafile)).close()
+        # A pass is waiting for the silent apiserver's answer.
+        assert wait_until(lambda: silent.held, 30)
+        started = time.monotonic()
+        server.signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0
+        took = time.monotonic() - started
+        assert took < 5.0, f"the gateway took {took:.1f}s to stop"
+        assert "Traceback" not in server.output()
+    finally:
+        server.stop()
+        silent.close()

@@ -172,10 +172,11 @@ class Registrar:
         log.info("registered %s as %s", self.endpoint.base_url(), self.node)
 
     def deregister(self, wait: float = 1.0) -> None:
-        """Delete the node and close the session (clean shutdown), in at most about ``wait`` seconds.
+        """Delete the node and close the session (clean shutdown), in at most about ``2 * wait`` seconds.
 
-        With ZooKeeper unreachable the delete cannot happen; the node then expires
-        with the session, and shutting down is not held up by it.
+        With ZooKeeper unreachable, or not answering within ``wait``, the delete cannot happen;
+        the node then expires with the session, and shutting down is not held up by it: the
+        session's close is then not waited for either (it would not be answered).
         """
         with self._lock:
             self._closed = True
@@ -184,21 +185,25 @@ class Registrar:
         self._registered.clear()
         if client is None:
             return
+        answered = client.state == KazooState.CONNECTED
         try:
-            if node is not None and client.state == KazooState.CONNECTED:
+            if node is not None and answered:
                 client.delete_async(node).get(timeout=wait)
             elif node is not None:
                 log.warning("ZooKeeper unreachable: %s expires with the session", node)
         except NoNodeError:
             pass
-        except (KazooException, TimeoutError) as exc:
+        except (KazooException, TimeoutError, client.handler.timeout_exception) as exc:
+            # A ZooKeeper that accepts and does not answer: the handler's own timeout (kazoo's
+            # threading handler raises KazooTimeoutError, neither of the others).
+            answered = False
             log.warning("cannot delete %s: %s (it expires with the session)", node, type(exc).__name__)
         finally:
             # stop() waits for the connection thread, which may be in a reconnect backoff
-            # when ZooKeeper is down: bounded by a daemon thread and a join.
+            # when ZooKeeper is down: on a daemon thread, joined only while ZooKeeper answers.
             closer = threading.Thread(target=_close_client, args=(client,), daemon=True)
             closer.start()
-            closer.join(wait)
+            closer.join(wait if answered else 0)
 
 
 def _close_client(client: Any) -> None:
@@ -329,6 +334,9 @@ _PARENT_ENV = "BCS_REGISTRATION_PARENT"
 _READY_FD = 3
 # How often the registration process checks that its parent is alive.
 _PARENT_CHECK = 0.5
+# Each step of a deregistration (the delete, the session's close) at most: both fit in the
+# time RegistrationProcess.stop() waits (2 s) even when ZooKeeper does not answer.
+_DEREGISTER_WAIT = 0.8
 
 
 def _original(module: str, name: str) -> Any:
@@ -371,8 +379,14 @@ def _serve_registrations() -> int:
         if os.getppid() != parent:
             log.warning("the server is gone; deleting its ZooKeeper registration")
             break
-    for registrar in reversed(registrars):
-        registrar.deregister()
+    # All at once: a driver's two nodes share the time the server gives (RegistrationProcess.stop).
+    leaving = [threading.Thread(target=registrar.deregister, kwargs={"wait": _DEREGISTER_WAIT}, daemon=True)
+               for registrar in registrars]
+    for thread in leaving:
+        thread.start()
+    deadline = time.monotonic() + 2 * _DEREGISTER_WAIT
+    for thread in leaving:
+        thread.join(max(0.0, deadline - time.monotonic()))
     return 0
 
 

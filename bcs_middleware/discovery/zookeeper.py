@@ -86,8 +86,8 @@ def _gevent_active() -> bool:
     return gevent_active()
 
 
-#: how long a process exiting waits for its ZooKeeper client to stop
-EXIT_WAIT = 1.0
+#: how long a process exiting waits for its connected ZooKeeper client to stop
+EXIT_WAIT = 0.5
 
 
 def start_client(client: Any) -> None:
@@ -110,7 +110,8 @@ def _stop_at_exit(client: Any) -> None:
     atexit.unregister(client.handler.stop)
     stopper = threading.Thread(target=_stop_quietly, args=(client,), daemon=True)
     stopper.start()
-    stopper.join(EXIT_WAIT)
+    # Disconnected, the close would not reach ZooKeeper anyway: not waited for.
+    stopper.join(EXIT_WAIT if client.state == KazooState.CONNECTED else 0)
 
 
 def _stop_quietly(client: Any) -> None:

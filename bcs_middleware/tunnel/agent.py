@@ -43,6 +43,7 @@ replica is what to run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import secrets
@@ -176,6 +177,7 @@ class TunnelAgent:
         self._sessions: set[Session] = set()
         self._lock = threading.Lock()
         self._slots: dict[int, threading.Thread] = {}  # the extra connections' loops, by number
+        self._dialling: set[socket.socket] = set()  # connections to the gateway not yet sessions
         self._stop = threading.Event()
 
     @property
@@ -184,12 +186,22 @@ class TunnelAgent:
         with self._lock:
             return [session for session in self._sessions if not session.closed]
 
+    @property
+    def stopping(self) -> bool:
+        """:meth:`stop` was called."""
+        return self._stop.is_set()
+
     def stop(self) -> None:
+        """End every connection (the gateway learns at once) and every loop; returns at once."""
         self._stop.set()
         with self._lock:
             sessions = list(self._sessions)
+            dialling = list(self._dialling)
         for session in sessions:
             session.close("agent stopping")
+        for sock in dialling:  # a gateway slow to answer its TLS or WebSocket handshake
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def run(self) -> None:
         """Connect, serve, reconnect with backoff — until :meth:`stop` (extra connections, if the
@@ -197,7 +209,7 @@ class TunnelAgent:
         try:
             self._run_slot(0)
         finally:
-            self._stop.set()
+            self.stop()
             with self._lock:
                 slots = list(self._slots.values())
             for slot in slots:
@@ -302,7 +314,14 @@ class TunnelAgent:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw
         try:
-            sock = self.context.wrap_socket(raw, server_hostname=self.target.host)
+            # The handshake apart from the wrapping: stop() shuts this socket down (the TLS
+            # socket takes the raw one's descriptor when it is made).
+            sock = self.context.wrap_socket(raw, server_hostname=self.target.host, do_handshake_on_connect=False)
+            with self._lock:
+                self._dialling.add(sock)
+            if self._stop.is_set():  # stop() ran before it could see this connection
+                raise OSError("the agent is stopping")
+            sock.do_handshake()
             headers = [(HEADER_MODULE, self.module), (HEADER_CLUSTER, self.cluster_id),
                        (HEADER_PARAMS, params.encode()), (HEADER_AGENT_ID, self.agent_id)]
             if self.register_token:
@@ -310,8 +329,12 @@ class TunnelAgent:
             channel = WebSocketChannel.connect(sock, host=self.target.host_header, path=self.target.path,
                                                headers=headers, timeout=self.connect_timeout)
         except BaseException:
+            with self._lock:
+                self._dialling.discard(sock)
             sock.close()
             raise
+        with self._lock:
+            self._dialling.discard(sock)
         session = Session(channel, dial=apiserver_dialer(params), ping_interval=self.ping_interval,
                           dead_after=self.dead_after, name=self.cluster_id)
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from kazoo.client import KazooClient
 
 from bcs_middleware.discovery import DEFAULT_ROOT
@@ -182,3 +184,100 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+#: What a requested stop may take, from SIGTERM to the master's exit.
+STOP_WITHIN = 5.0
+
+
+def _hold_keepalive(port: int, cafile: str) -> http.client.HTTPSConnection:
+    """A kept-alive connection after one answer, as a gateway's pool holds one to a driver."""
+    conn = http.client.HTTPSConnection("localhost", port, context=ssl.create_default_context(cafile=cafile),
+                                       timeout=30)
+    conn.request("GET", "/healthz")
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200 and not response.will_close
+    return conn
+
+
+def _stopped_within(server: ServerProcess) -> float:
+    started = time.monotonic()
+    server.signal(signal.SIGTERM)
+    code = server.proc.wait(60)
+    took = time.monotonic() - started
+    assert code == 0, f"exit code {code}"
+    return took
+
+
+def test_a_driver_stops_within_seconds_and_takes_its_nodes_along(zookeeper, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM with a gateway's kept-alive connection open and gunicorn's default graceful timeout
+    (30 s): the connection, idle, is no reason to wait; both of the driver's nodes are gone."""
+    raw = KazooClient(hosts=zookeeper.hosts)
+    raw.start(10)
+    cluster = "BCS-MESOS-STOP"
+    port = free_port()
+    driver = ServerProcess(
+        [CLI, "serve", "--role", "driver", "--cluster-id", cluster, "--zookeeper", zookeeper.hosts,
+         "--data-dir", str(tmp_path), "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        port=port, scheme="https", timeout=60)
+    held = None
+    try:
+        mesos_layout = f"{DEFAULT_ROOT}/mesosdriver"
+        assert _until(lambda: raw.exists(driver_path(cluster)) and raw.get_children(driver_path(cluster)), 15)
+        ours = [name for name in raw.get_children(mesos_layout) if name.startswith("_c_")
+                and json.loads(raw.get(f"{mesos_layout}/{name}")[0])["port"] == port]
+        assert len(ours) == 1  # the Mesos cluster's own layout too
+        held = _hold_keepalive(port, str(tmp_path / "tls" / "ca.crt"))
+        took = _stopped_within(driver)
+        assert took < STOP_WITHIN, f"the driver took {took:.1f}s to stop"
+        # Deleted before the driver stopped answering, not left to the session's expiry.
+        assert raw.get_children(driver_path(cluster)) == []
+        assert not raw.exists(f"{mesos_layout}/{ours[0]}")
+        assert "Traceback" not in driver.output()
+    finally:
+        if held is not None:
+            held.close()
+        driver.stop()
+        raw.stop()
+        raw.close()
+
+
+@pytest.mark.parametrize("how", ["stopped", "hung"])
+def test_a_gateway_whose_zookeeper_is_gone_stops_within_seconds(private_zookeeper, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                how: str) -> None:
+    """ZooKeeper stopped, or hung (it accepts and never answers): the registration cannot be
+    deleted, and the stop is not held up by it (it expires with the session)."""
+    port = free_port()
+    cafile = str(tmp_path / "tls" / "ca.crt")
+    gateway = ServerProcess(
+        [CLI, "serve", "--zookeeper", private_zookeeper.hosts, "--data-dir", str(tmp_path),
+         "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
+    java = private_zookeeper.process.proc if private_zookeeper.process else None
+    held = None
+    try:
+        # Discovery running in the workers, the gateway registered, a client kept alive.
+        assert _until(lambda: json.loads(_request(f"https://localhost:{port}/readyz", cafile)[1])
+                      .get("discovery") == "ok", 20)
+        held = _hold_keepalive(port, cafile)
+        if how == "stopped":
+            private_zookeeper.stop()
+            # The workers' ZooKeeper clients noticed (a hung server is noticed only at the session's end).
+            assert _until(lambda: json.loads(_request(f"https://localhost:{port}/readyz", cafile)[1])
+                          .get("discovery") != "ok", 30)
+        else:
+            assert java is not None
+            java.send_signal(signal.SIGSTOP)
+        took = _stopped_within(gateway)
+        output = gateway.output()
+        assert took < STOP_WITHIN, f"the gateway took {took:.1f}s to stop"
+        assert "Traceback" not in output, output[-3000:]
+        assert "killing it" not in output  # the registration process left by itself
+        assert ADMIN not in output
+    finally:
+        if held is not None:
+            held.close()
+        if java is not None and how == "hung":
+            java.send_signal(signal.SIGCONT)
+        gateway.stop()
