@@ -11,7 +11,12 @@ any byte was sent. The path upstream is ``{driver_path}{uri}``, query kept.
 ``application/x-yaml`` (and ``application/yaml``, ``text/yaml``) bodies are
 converted to JSON here with the safe loader, bounded by ``max_yaml`` (413
 beyond), and must be a mapping or a list (400 otherwise), so drivers and
-schedulers only ever see JSON.
+schedulers only ever see JSON. The conversion reads the document as the Go
+driver would read its JSON (:func:`~bcs_middleware.bodies.parse_yaml`: a key twice
+is a 400 naming it; :func:`bcs_middleware.scheduler.routes.canonical`: keys in the
+Go tags' spelling for the routes the source's driver decodes), and the driver
+gets its compact re-encoding. JSON bodies stream on as sent: the driver decodes
+and judges them.
 
 Errors are the source's bcs envelope (``bcs.error_style = "bcs"``:
 ``{"result": false, "code": <bk-bcs error number>, "message", "data": null}``)
@@ -39,7 +44,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -48,11 +52,13 @@ from typing import Any
 
 from .. import converters as conv
 from .. import environ as env
+from .. import gojson
 from ..bodies import parse_yaml, read_bounded, replace_body
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import BadRequest, BcsCode, BCSError, ConfigError, Forbidden, ServiceUnavailable, Unauthorized
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
+from ..scheduler.routes import canonical
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +86,10 @@ def cluster_header(environ: Mapping[str, Any]) -> str:
     return cluster_id
 
 
-def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
-    """Replace a YAML request body by its JSON form (bounded, safe loader)."""
+def yaml_body_to_json(environ: dict[str, Any], max_yaml: int, uri: str | None = None) -> None:
+    """Replace a YAML request body by its JSON form (bounded, safe loader); with ``uri``
+    (relative to the driver prefix) the keys the source's driver matches case-insensitively
+    are spelled as their tags."""
     content_type = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
     if content_type not in _YAML_TYPES:
         return
@@ -94,13 +102,9 @@ def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
     if not isinstance(document, dict | list):
         raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML",
                          bcs_code=BcsCode.API_MEDIA_TYPE_ERROR)
-    try:
-        payload = json.dumps(document).encode()
-    except (TypeError, ValueError):
-        # Timestamps, sets... safe_load can build values JSON has no form for.
-        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML",
-                         bcs_code=BcsCode.API_MEDIA_TYPE_ERROR) from None
-    replace_body(environ, payload, content_type="application/json")
+    if uri is not None:
+        document = canonical(environ.get("REQUEST_METHOD", "GET"), uri, document, what="the YAML body")
+    replace_body(environ, gojson.dumps(document), content_type="application/json")
 
 
 class MesosRoutingMiddleware:
@@ -197,7 +201,7 @@ class MesosRoutingMiddleware:
             raise ServiceUnavailable(
                 f"no live mesos-driver for cluster {cluster_id!r}", code_name="NO_LIVE_DRIVER"
             )
-        yaml_body_to_json(environ, self.max_yaml)
+        yaml_body_to_json(environ, self.max_yaml, uri)
         start = next(self._turn) % len(drivers)
         ordered = drivers[start:] + drivers[:start]
         environ[env.CLUSTER] = env.Cluster(cluster_id, "", "mesos")
