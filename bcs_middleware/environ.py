@@ -15,6 +15,8 @@ key                       value
 ``bcs.error_style``       ``"json"``, ``"kubernetes"`` or ``"bcs"`` — how errors render
 ``bcs.upgrade``           ``str`` — the upgrade protocol, ``""`` for none
                           (:mod:`bcs_middleware.upgrade_request` decides)
+``bcs.document``          :class:`Document` — the request body as decoded for its
+                          receiver and admitted (``wsgi.input`` holds its encoding)
 ========================  ==================================================
 """
 
@@ -31,6 +33,7 @@ ADMISSION = "bcs.admission"
 REQUEST_ID = "bcs.request_id"
 ERROR_STYLE = "bcs.error_style"
 UPGRADE = "bcs.upgrade"
+DOCUMENT = "bcs.document"
 
 ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]
@@ -107,6 +110,22 @@ class AdmissionResult:
     patched: bool = False
     warnings: tuple[str, ...] = ()
     audit_annotations: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Document:
+    """The request body as the admission layer decoded (for its receiver) and admitted it.
+
+    ``wsgi.input`` then holds exactly its encoding; a later layer that needs the object
+    (the driver's conversion) takes it from here instead of decoding the body again.
+    """
+
+    value: Any
+
+
+def get_document(environ: dict[str, Any]) -> Document | None:
+    document = environ.get(DOCUMENT)
+    return document if isinstance(document, Document) else None
 
 
 def get_user(environ: dict[str, Any]) -> User | None:

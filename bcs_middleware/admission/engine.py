@@ -23,7 +23,6 @@ the caller's, so counting it would let one user open the breaker for everyone.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -34,7 +33,7 @@ from typing import Any, Literal, NoReturn
 
 import jsonpatch
 
-from .. import metrics
+from .. import gojson, metrics
 from ..bodies import parse_json
 from ..environ import AdmissionResult, User
 from ..errors import BadRequest, BcsCode, BCSError, ValidationError
@@ -224,8 +223,15 @@ class AdmissionEngine:
         *,
         dry_run: bool = False,
         trace: bool = False,
+        canonical: Callable[[Any], Any] | None = None,
     ) -> Outcome:
-        """Run the definition matching (``operation``, ``obj["kind"]``), if any."""
+        """Run the definition matching (``operation``, ``obj["kind"]``), if any.
+
+        ``canonical`` reads each webhook's answer as the receiver reads the request
+        body (keys in their tags' spelling, for the bcs services): the next webhook and
+        the upstream then see what the receiver will act on, and the kind, name and
+        namespace compared are the ones it will read.
+        """
         if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
             return Outcome(obj)
         definition = self.bcs_definitions().get((operation, obj["kind"].lower()))
@@ -235,7 +241,7 @@ class AdmissionEngine:
         run = _Run(obj, self._clock() + self.total_budget, trace)
         for webhook in definition.webhooks:
             if webhook.selects_namespace(namespace):
-                self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run)
+                self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run, canonical)
         return run.outcome()
 
     def _run_bcs_webhook(
@@ -246,6 +252,7 @@ class AdmissionEngine:
         operation: str,
         user: User | None,
         dry_run: bool = False,
+        canonical: Callable[[Any], Any] | None = None,
     ) -> None:
         label = f"{definition.name}/{webhook.name}"
         if webhook.protocol == "kubernetes":
@@ -282,9 +289,15 @@ class AdmissionEngine:
                 f"bcs/{label}",
                 webhook.client,
                 webhook.timeout or self.default_timeout,
-                json.dumps(before).encode(),
+                gojson.dumps(before),
             )
             answer = self._checked(f"bcs/{label}", lambda: _bcs_answer(data, before))
+            if canonical is not None:
+                try:
+                    answer = canonical(answer)
+                except BadRequest as exc:  # the receiver would refuse what the webhook answered
+                    raise _PatchRefused(f"answered an object the receiver cannot read: {exc.message}",
+                                        status=400, code_name="ADMISSION_PATCH_REFUSED") from None
             _refuse_bcs_move(before, answer)
         except WebhookCallError as err:
             self._failed(run, label, "bcs", webhook.failure_policy, err)
@@ -465,7 +478,8 @@ class AdmissionEngine:
             request_kind=kind_of(run.obj, asked),
         )
         try:
-            data = self._post(run, label, breaker_key, client, timeout, json.dumps(body).encode())
+            data = self._post(run, label, breaker_key, client, timeout, gojson.dumps(body))
+            del body
 
             response = self._checked(
                 breaker_key,

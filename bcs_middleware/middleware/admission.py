@@ -1,10 +1,28 @@
 """Admission interception: create/update requests pass through webhook chains first.
 
-:class:`AdmissionMiddleware` buffers the (bounded) JSON body of a POST, PUT or
-PATCH that a definition matches, runs the webhooks (mutating first, validating
-after), and hands the downstream app the admitted body as a fresh ``wsgi.input``
-with the right ``Content-Length``. Anything else — other methods, requests no
-definition matches — passes through untouched and unread.
+:class:`AdmissionMiddleware` buffers the (bounded) body of a POST, PUT or PATCH that
+a definition could match, decodes it once as its receiver decodes it
+(:mod:`bcs_middleware.gojson`: duplicate keys, out-of-range numbers refused; with
+``canonical`` — the driver's bcs v4 field rules — keys in the Go tags' spelling),
+runs the webhooks (mutating first, validating after), and hands the downstream app
+**the re-encoding of the admitted object** (:func:`~bcs_middleware.gojson.dumps`,
+compact) as a fresh ``wsgi.input`` with the right ``Content-Length`` — never the
+client's bytes, so what was judged is what the receiver reads. Anything else —
+other methods, requests for which no definition exists — passes through untouched
+and unread: nothing judged it. On the tunnel a body is read only when a webhook
+configuration matches the request's resource and operation; a body no webhook
+matches streams to the apiserver as sent (the apiserver decodes it, and nothing
+here decided anything from it).
+
+A bcs body (Create/Update definitions exist) must be JSON or YAML: another
+non-empty body is a 415 naming a webhook it could have met (an application behind
+the standalone filter may parse a form post anyway), an undecodable one a 400.
+A JSON body that does not even mention a covered kind (``application``,
+``deployment``; no ``\\u`` escape that could spell one) cannot match and streams
+on unread. At most ``max_buffered`` bodies are buffered at once per process; the
+next waits up to ``buffer_wait`` seconds for a slot, then gets a 429 with
+``Retry-After`` (as kube-apiserver's in-flight limit answers), so memory is
+bounded by a small multiple of ``max_body`` times ``max_buffered``.
 
 Which definitions apply:
 
@@ -41,8 +59,10 @@ configurations (``admissionregistration.k8s.io``, judged on the parsed API path)
 which the kube-apiserver does not send to webhooks either.
 
 Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.upgrade``;
-sets ``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites
-``wsgi.input``, ``CONTENT_LENGTH`` (and, for a resolved PATCH, ``CONTENT_TYPE``).
+sets ``bcs.admission`` (:class:`~bcs_middleware.environ.AdmissionResult`) and, for a
+bcs body it decoded, ``bcs.document`` (the admitted object); rewrites ``wsgi.input``,
+``CONTENT_LENGTH`` (and ``CONTENT_TYPE``: ``application/json`` for a YAML body,
+JSON Patch for a resolved PATCH).
 Webhook ``warnings`` become ``Warning: 299`` response headers.
 
 Security: webhooks are only reached over HTTPS verified against their
@@ -54,6 +74,13 @@ Security: webhooks are only reached over HTTPS verified against their
 :param cluster_reader: reads namespace labels and current objects (Kubernetes).
 :param mode: ``"auto"`` (by ``bcs.cluster``), ``"bcs"`` or ``"kubernetes"``.
 :param max_body: largest body buffered; a larger matched request is a 413.
+:param max_buffered: bodies buffered for admission at once in this process.
+:param buffer_wait: seconds a request waits for a buffer slot before its 429.
+:param canonical: how the receiver reads a decoded bcs body:
+    ``canonical(method, path, document)`` returns the document as the receiver
+    decodes it (the driver passes its bcs v4 field rules,
+    :func:`bcs_middleware.scheduler.routes.canonical`); by default the JSON as read.
+    Webhook answers are read through it too.
 :param total_budget: seconds all webhooks of one request may take together.
 :param default_timeout: per-call timeout of bcs webhooks without ``timeoutSeconds``.
 :param address_map: ``{"name.namespace": "host:port"}`` to connect elsewhere
@@ -73,7 +100,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -83,6 +109,7 @@ from urllib.parse import parse_qs
 import jsonpatch
 
 from .. import environ as env
+from .. import gojson
 from ..admission.client import CircuitBreaker, WebhookClient
 from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
 from ..admission.review import (
@@ -97,14 +124,13 @@ from ..admission.store import (
     MemoryDefinitionStore,
     load_definitions_file,
 )
-from ..bodies import parse_json, parse_yaml, read_bounded, replace_body
+from ..bodies import BufferSlots, has_body, parse_json, parse_yaml, read_bounded, replace_body
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
     BadRequest,
     BCSError,
     ConfigError,
-    MalformedBody,
     NotFound,
     UnsupportedMediaType,
 )
@@ -141,6 +167,11 @@ _EXEMPT_REGISTRATION_RESOURCES = frozenset({
 })
 _JSON_PATCH = "application/json-patch+json"
 _MERGE_PATCH = "application/merge-patch+json"
+Canonical = Callable[[str, str, Any], Any]
+
+
+def _as_read(method: str, path: str, document: Any) -> Any:
+    return document
 
 
 class AdmissionMiddleware:
@@ -162,6 +193,9 @@ class AdmissionMiddleware:
         client: WebhookClient | None = None,
         namespace_ttl: float = 5.0,
         transport: Transport | None = None,
+        max_buffered: int = 8,
+        buffer_wait: float = 5.0,
+        canonical: Canonical | None = None,
     ) -> None:
         if mode not in ("bcs", "kubernetes", "auto"):
             raise ValueError(f"mode must be bcs, kubernetes or auto, not {mode!r}")
@@ -170,6 +204,8 @@ class AdmissionMiddleware:
         self.app = app
         self.mode = mode
         self.max_body = max_body
+        self.slots = BufferSlots(max_buffered, buffer_wait, what="admission")
+        self.canonical = canonical or _as_read
         client = client or WebhookClient(
             transport=transport,
             address_map=address_map or {},
@@ -199,61 +235,85 @@ class AdmissionMiddleware:
         ):
             return self.app(environ, start_response)  # bcs definitions know Create and Update only
         style: env.ErrorStyle = "kubernetes" if kubernetes else env.get_error_style(environ)
+        slot = self.slots.claim()
         try:
             if kubernetes is not None:
-                outcome = self._admit_kubernetes(environ, method, *kubernetes)
+                outcome = self._admit_kubernetes(environ, method, *kubernetes, slot=slot)
             else:
-                outcome = self._admit_bcs(environ, method)
+                outcome = self._admit_bcs(environ, method, slot=slot)
         except BCSError as exc:
+            slot.release()
             status_line, headers, payload = exc.response_parts(style)
             start_response(status_line, headers)
             return [payload]
-        if outcome is None:
-            return self.app(environ, start_response)
-        environ[env.ADMISSION] = outcome.result()
-        extra = warning_headers(outcome.warnings)
-        if not extra:
-            return self.app(environ, start_response)
-
-        def with_warnings(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            return start_response(status, [*headers, *extra], exc_info)
-
-        return self.app(environ, with_warnings)
+        except BaseException:
+            slot.release()
+            raise
+        respond = start_response
+        if outcome is not None:
+            environ[env.ADMISSION] = outcome.result()
+            extra = warning_headers(outcome.warnings)
+            if extra:
+                def respond(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+                    return start_response(status, [*headers, *extra], exc_info)
+        if not slot.held:
+            return self.app(environ, respond)
+        # The buffered body and its object live until the response ends: so does the slot.
+        try:
+            return slot.until_done(self.app(environ, respond))
+        except BaseException:
+            slot.release()
+            raise
 
     # -- bcs ------------------------------------------------------------------------
 
-    def _admit_bcs(self, environ: dict[str, Any], method: str) -> Outcome | None:
-        if method == "PATCH":
+    def _admit_bcs(self, environ: dict[str, Any], method: str, *, slot: BufferSlots.Slot) -> Outcome | None:
+        if method not in ("POST", "PUT"):
             return None
         operation: Literal["Create", "Update"] = "Create" if method == "POST" else "Update"
         kinds = self.engine.bcs_kinds(operation)
         if not kinds:
-            return None
+            return None  # no definition for this operation: nothing can match, the body streams on
         content_type = _mime(environ)
         is_yaml = "yaml" in content_type
         if content_type and "json" not in content_type and not is_yaml:
-            return None
+            if not has_body(environ):
+                return None
+            # An application behind the filter may parse it anyway: never pass it unjudged.
+            raise UnsupportedMediaType(
+                f'a {gojson.printable(content_type, 100)} body cannot be admitted by webhook '
+                f'"{self._bcs_webhook(operation)}": send JSON (application/json) or YAML (application/yaml)'
+            )
+        slot.acquire()
         body = self._read_body(environ)
-        lowered = body.lower()
-        if not is_yaml and b"\\u" not in body and not any(kind.encode() in lowered for kind in kinds):
-            # JSON in which no covered kind is even mentioned (and none could hide in a \u escape):
-            # nothing can match, so skip parsing — the common case for requests no
-            # definition is meant for.
+        if not body or (not is_yaml and b"\\u" not in body
+                        and not any(kind.encode() in body.lower() for kind in kinds)):
+            # Empty, or JSON that mentions no covered kind (which lower-case ASCII letters
+            # only spell: no \u escape, and no other character lower-cases to them): no
+            # definition can match, so nothing is judged and the bytes go on as sent.
             replace_body(environ, body)
+            slot.release()
             return None
-        try:
-            obj = parse_yaml(body) if is_yaml else parse_json(body)
-        except MalformedBody:
-            obj = None  # the upstream answers what it cannot parse; too deep or aliased is refused
-        outcome = self.engine.admit_bcs(operation, obj, env.get_user(environ))
+        path = environ.get("PATH_INFO", "")
+        document = parse_yaml(body) if is_yaml else parse_json(body)
+        del body
+        document = self.canonical(method, path, document)
+        outcome = self.engine.admit_bcs(
+            operation, document, env.get_user(environ),
+            canonical=lambda answer: self.canonical(method, path, answer))
+        # What the receiver gets is what was admitted, re-encoded, whether or not a webhook changed it.
+        replace_body(environ, gojson.dumps(outcome.object), content_type="application/json")
+        environ[env.DOCUMENT] = env.Document(outcome.object)
         if not outcome.webhooks and not outcome.steps:
-            replace_body(environ, body)
             return None
-        if outcome.patched or is_yaml:
-            body = json.dumps(outcome.object).encode()
-            environ["CONTENT_TYPE"] = "application/json"
-        replace_body(environ, body)
         return outcome
+
+    def _bcs_webhook(self, operation: str) -> str:
+        """A webhook a request of ``operation`` could meet (the first, by kind), for messages."""
+        for (op, _), definition in sorted(self.engine.bcs_definitions().items()):
+            if op == operation and definition.webhooks:
+                return f"{definition.name}/{definition.webhooks[0].name}"
+        return operation
 
     # -- Kubernetes -------------------------------------------------------------------
 
@@ -279,7 +339,7 @@ class AdmissionMiddleware:
         return (tunnel.cluster_id, tunnel.rest) if tunnel else ("", path)
 
     def _admit_kubernetes(
-        self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str
+        self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str, *, slot: BufferSlots.Slot
     ) -> Outcome | None:
         attrs = parse_api_path(api_path)
         if attrs is None or (
@@ -317,8 +377,10 @@ class AdmissionMiddleware:
                 f'a {content_type} body cannot be admitted by webhook "{first}": '
                 "send application/json"
             )
+        slot.acquire()
         body = self._read_body(environ)
         document = parse_json(body)
+        del body
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         dry_run = "All" in query.get("dryRun", [])
         old: Any = None
@@ -346,7 +408,8 @@ class AdmissionMiddleware:
             raise BadRequest("request body must be a JSON object")
         webhooks = matched[operation]
         if not webhooks:
-            replace_body(environ, body)
+            # Decoded, though no webhook of this operation judged it: the re-encoding goes on.
+            replace_body(environ, gojson.dumps(obj))
             return None
         outcome = self.engine.admit_k8s(
             cluster_id,
@@ -365,19 +428,16 @@ class AdmissionMiddleware:
             # used): the change from the object the caller read to the admitted one, applied
             # only if the object is still the one that was admitted.
             environ["CONTENT_TYPE"] = _JSON_PATCH
-            body = json.dumps(_guarded_patch(old, admitted)).encode()
-        elif method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
+            replace_body(environ, gojson.dumps(_guarded_patch(old, admitted)))
+            return outcome
+        if method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
             # Admitted as an UPDATE: it must not turn into a create if the object is deleted
             # meanwhile (CREATE webhooks never saw it).
             rv = _meta(old).get("resourceVersion")
             if rv and isinstance(admitted.get("metadata"), dict):
                 admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
-                body = json.dumps(admitted).encode()
-            elif outcome.patched:
-                body = json.dumps(admitted).encode()
-        elif outcome.patched:
-            body = json.dumps(admitted).encode()
-        replace_body(environ, body)
+        # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
+        replace_body(environ, gojson.dumps(admitted))
         return outcome
 
     def _not_admitted(self, cluster_id: str, operation: str, attrs: RequestAttributes) -> None:
