@@ -32,6 +32,7 @@ import io
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -51,10 +52,7 @@ _PIECE = 64 * 1024
 def _read(stream: Any, limit: int) -> bytes:
     chunks, remaining = [], limit
     while remaining > 0:
-        try:
-            piece = stream.read(min(remaining, _PIECE))
-        except TimeoutError:  # the server's body idle timeout (a client that stopped sending)
-            raise body_stalled() from None
+        piece = _piece(stream, min(remaining, _PIECE))
         if not piece:
             break
         chunks.append(piece)
@@ -103,6 +101,42 @@ def read_bounded(environ: dict[str, Any], limit: int, *, what: str = "request bo
     return b""
 
 
+def read_buffer(environ: dict[str, Any], limit: int, *, what: str = "request body") -> bytearray:
+    """:func:`read_bounded` into one buffer, filled in place (no list of pieces joined at the end):
+    a large body is in memory once while it is read. :func:`parse_json` consumes it."""
+    stream = environ["wsgi.input"]
+    length = declared_length(environ)
+    if length is not None:
+        if length > limit:
+            raise PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes")
+        buffer = bytearray(length)
+        view, filled = memoryview(buffer), 0
+        while filled < length:
+            piece = _piece(stream, min(length - filled, _PIECE))
+            if not piece:
+                break
+            view[filled:filled + len(piece)] = piece
+            filled += len(piece)
+        view.release()
+        del buffer[filled:]
+        return buffer
+    buffer = bytearray()
+    if environ.get("wsgi.input_terminated") or "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower():
+        while len(buffer) <= limit and (piece := _piece(stream, _PIECE)):
+            buffer += piece
+        if len(buffer) > limit:
+            raise PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes")
+    return buffer
+
+
+def _piece(stream: Any, size: int) -> bytes:
+    try:
+        piece: bytes = stream.read(size)
+    except TimeoutError:  # the server's body idle timeout (a client that stopped sending)
+        raise body_stalled() from None
+    return piece
+
+
 def has_body(environ: dict[str, Any]) -> bool:
     """Whether the request carries a body (a non-zero ``Content-Length``, or chunked framing)."""
     length = declared_length(environ)
@@ -112,49 +146,119 @@ def has_body(environ: dict[str, Any]) -> bool:
                 or "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower())
 
 
-class BufferSlots:
-    """At most ``size`` whole request bodies buffered at once in this process.
+class BufferBudget:
+    """The memory a process lets whole request bodies take at once, by estimate.
 
-    A body in memory costs a multiple of its size (its bytes, the decoded object, the
-    re-encoding, what is sent to webhooks), so the layer that buffers takes a slot for
-    as long as it holds one — until the response ends. A request that finds none free
-    waits up to ``wait`` seconds, then gets a 429 with ``Retry-After`` (the answer of
-    kube-apiserver's in-flight limit), before anything of its body is read.
+    A buffered body costs a multiple of its size — its bytes, the decoded text, a
+    Python object per value (:func:`decoded_cost`), the re-encoding sent on — so the
+    layer that buffers reserves from one budget for as long as it holds a body (until
+    the response ends). Before reading it reserves what its declared length could cost
+    at worst (capped at ``request_limit``; a chunked body the cap), and once the text
+    is measured it keeps only its estimate: a body whose estimate exceeds
+    ``request_limit`` is refused (413) before anything is built. A request that finds
+    too little free waits up to ``wait`` seconds, then gets a 429 with ``Retry-After``
+    (as kube-apiserver's in-flight limit answers), its body unread.
+
+    :param total: bytes of estimate the process holds at most.
+    :param request_limit: the most one body may cost; at most ``total``.
+    :param wait: seconds a request waits for room.
     """
 
-    def __init__(self, size: int, wait: float, *, what: str = "request") -> None:
-        if size <= 0 or wait < 0:
-            raise ValueError("the number of buffered bodies must be positive and the wait not negative")
-        self.size, self.wait, self.what = size, wait, what
-        self._free = threading.BoundedSemaphore(size)
+    def __init__(self, total: int, request_limit: int, wait: float, *, what: str = "request") -> None:
+        if not 0 < request_limit <= total or wait < 0:
+            raise ValueError("the budget must hold at least one request's limit, and the wait not be negative")
+        self.total, self.request_limit, self.wait, self.what = total, request_limit, wait, what
+        self._free = total
+        self._changed = threading.Condition(threading.Lock())
 
-    def claim(self) -> BufferSlots.Slot:
-        """A slot for one request, taken by :meth:`Slot.acquire` once it is sure to buffer."""
-        return BufferSlots.Slot(self)
+    @property
+    def free(self) -> int:
+        return self._free
+
+    def claim(self) -> BufferBudget.Slot:
+        """An empty reservation for one request; it grows only through :meth:`Slot.reserve`."""
+        return BufferBudget.Slot(self)
+
+    def _take(self, amount: int) -> None:
+        deadline = time.monotonic() + self.wait
+        with self._changed:
+            while self._free < amount:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BCSError(
+                        f"too many large {self.what} bodies are being processed at once; retry shortly",
+                        status=429, code_name="TOO_MANY_REQUESTS", headers=[("Retry-After", "1")])
+                self._changed.wait(remaining)
+            self._free -= amount
+
+    def _give(self, amount: int) -> None:
+        if amount:
+            with self._changed:
+                self._free += amount
+                self._changed.notify_all()
 
     class Slot:
-        __slots__ = ("_owner", "held")
+        __slots__ = ("_budget", "held")
 
-        def __init__(self, owner: BufferSlots) -> None:
-            self._owner, self.held = owner, False
+        def __init__(self, budget: BufferBudget) -> None:
+            self._budget, self.held = budget, 0
 
-        def acquire(self) -> None:
-            owner = self._owner
-            if not self.held:
-                if not owner._free.acquire(timeout=owner.wait):
-                    raise BCSError(
-                        f"too many {owner.what} bodies are being processed at once ({owner.size}); retry shortly",
-                        status=429, code_name="TOO_MANY_REQUESTS", headers=[("Retry-After", "1")])
-                self.held = True
+        def reserve_for(self, environ: dict[str, Any], limit: int) -> None:
+            """Reserve the worst a body of the request's declared length (at most ``limit``) costs."""
+            length = declared_length(environ)
+            self.reserve(min(self._budget.request_limit,
+                             decoded_cost(length, length) if length is not None and length <= limit
+                             else self._budget.request_limit))
+
+        def reserve(self, amount: int) -> None:
+            if amount > self.held:
+                self._budget._take(amount - self.held)
+                self.held = amount
+
+        def fit(self, length: int, values: int) -> None:
+            """Keep what a measured body costs: 413 beyond the request limit, else shrink to it."""
+            cost = decoded_cost(length, values)
+            if cost > self._budget.request_limit:
+                raise PayloadTooLarge(
+                    f"the {self._budget.what} body holds too many values to be decoded here ({values} in "
+                    f"{length} bytes, an estimated {cost >> 20} MiB once decoded; the limit is "
+                    f"{self._budget.request_limit >> 20} MiB)")
+            if cost < self.held:
+                self._budget._give(self.held - cost)
+                self.held = cost
+            else:
+                self.reserve(cost)
 
         def release(self) -> None:
-            if self.held:
-                self.held = False
-                self._owner._free.release()
+            held, self.held = self.held, 0
+            self._budget._give(held)
 
         def until_done(self, iterable: Iterable[bytes]) -> Iterable[bytes]:
             """``iterable`` (a response body), releasing this slot when it is exhausted or closed."""
             return _Releasing(iterable, self.release)
+
+
+#: What one value of a YAML document costs while PyYAML composes and constructs it (its
+#: events, its node with marks, the value): the bound on values a YAML body may hold.
+YAML_NODE_COST = 1024
+
+
+def yaml_node_limit(request_limit: int) -> int:
+    """The values a YAML body may hold when decoding it may cost ``request_limit`` bytes
+    (never fewer than 1024: a small document is never refused for its values)."""
+    return max(1024, request_limit // YAML_NODE_COST)
+#: Bytes a decoded value costs at most in CPython, counting its share of the work around it
+#: (the key/value pairs the parser lists before it builds a dict, the pieces the encoder
+#: lists before it joins them); a string's characters are counted with the text.
+VALUE_COST = 96
+
+
+def decoded_cost(length: int, values: int) -> int:
+    """An upper bound of what holding a JSON body of ``length`` bytes with ``values`` values costs
+    (measured: see bench/README.md, "Admission memory"): its bytes, its text, its encoding, the
+    encoder's pieces and the characters inside its strings (5 times the length), and each value.
+    At worst two values per three bytes (``[{},{},…]``)."""
+    return 5 * length + VALUE_COST * min(values, (2 * length) // 3 + 1)
 
 
 class _Releasing:
@@ -187,15 +291,18 @@ def replace_body(environ: dict[str, Any], body: bytes, *, content_type: str | No
         environ["CONTENT_TYPE"] = content_type
 
 
-def parse_json(data: bytes | str, *, what: str = "request body", max_depth: int = MAX_DEPTH) -> Any:
+def parse_json(data: bytes | bytearray | str, *, what: str = "request body", max_depth: int = MAX_DEPTH,
+               measure: Callable[[int, int], None] | None = None) -> Any:
     """A JSON document from outside, read as Go reads it (:func:`bcs_middleware.gojson.loads`):
     :class:`BodyTooDeep` beyond ``max_depth`` levels, :class:`MalformedBody` when it is not
-    JSON, ``DUPLICATE_FIELD``/``NUMBER_OUT_OF_RANGE`` (all 400s naming ``what``)."""
-    return gojson.loads(data, what=what, max_depth=max_depth)
+    JSON, ``DUPLICATE_FIELD``/``NUMBER_OUT_OF_RANGE`` (all 400s naming ``what``);
+    ``measure(length, values)`` sees its size before it is decoded; a ``bytearray`` is
+    consumed (emptied once decoded to text, so the body is not held twice)."""
+    return gojson.loads(data, what=what, max_depth=max_depth, measure=measure)
 
 
 class _RefusedYAML(yaml.YAMLError):
-    def __init__(self, error: BadRequest) -> None:
+    def __init__(self, error: BCSError) -> None:
         super().__init__(error.message)
         self.error = error
 
@@ -208,12 +315,17 @@ class _BoundedSafeLoader(yaml.SafeLoader):
     recursion itself is bounded; the event parser underneath does not recurse.
     """
 
-    def __init__(self, stream: Any, *, what: str, max_depth: int) -> None:
+    def __init__(self, stream: Any, *, what: str, max_depth: int, max_nodes: int | None) -> None:
         super().__init__(stream)
         self._what, self._max_depth, self._depth = what, max_depth, 0
+        self._nodes_left = max_nodes
         self._root: Any = None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        if self._nodes_left is not None:
+            self._nodes_left -= 1
+            if self._nodes_left < 0:
+                raise _RefusedYAML(PayloadTooLarge(f"{self._what} holds too many values to be decoded here"))
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise _RefusedYAML(BadRequest(
@@ -310,19 +422,21 @@ def _node_path(root: Any, target: Any) -> list[str | int]:
     return []
 
 
-def parse_yaml(data: bytes | str, *, what: str = "request body", max_depth: int = MAX_DEPTH) -> Any:
+def parse_yaml(data: bytes | str, *, what: str = "request body", max_depth: int = MAX_DEPTH,
+               max_nodes: int | None = None) -> Any:
     """``yaml.safe_load`` for a document from outside (one document; YAML is a superset of JSON).
 
     Aliases → 400 ``YAML_ALIAS_REFUSED`` (merge keys ``YAML_MERGE_REFUSED``); deeper than
     ``max_depth`` → :class:`BodyTooDeep`; a key twice → ``DUPLICATE_FIELD``; numbers beyond
     int64/float64 → ``NUMBER_OUT_OF_RANGE``; binary, sets and ordered maps → ``BAD_YAML``;
-    not YAML (or not UTF-8) → :class:`MalformedBody` (``BAD_YAML``) naming the line. The
-    result holds only what JSON can (string keys; timestamps stay the text they were).
+    not YAML (or not UTF-8) → :class:`MalformedBody` (``BAD_YAML``) naming the line; more
+    than ``max_nodes`` values (keys included) → :class:`PayloadTooLarge`. The result holds
+    only what JSON can (string keys; timestamps stay the text they were).
     """
     loader = None
     try:
         # The reader decodes the first bytes already (its errors are YAML errors too).
-        loader = _BoundedSafeLoader(data, what=what, max_depth=max_depth)
+        loader = _BoundedSafeLoader(data, what=what, max_depth=max_depth, max_nodes=max_nodes)
         return loader.get_single_data()
     except _RefusedYAML as exc:
         raise exc.error from None

@@ -117,6 +117,12 @@ class Outcome:
     warnings: tuple[str, ...] = ()
     audit_annotations: tuple[tuple[str, str], ...] = ()
     steps: tuple[Step, ...] = field(default=(), repr=False)
+    #: ``object``'s :func:`~bcs_middleware.gojson.dumps` when already made (else ``None``).
+    encoded: bytes | None = field(default=None, repr=False)
+
+    def encoding(self) -> bytes:
+        """What the upstream is sent: ``object`` encoded once."""
+        return self.encoded if self.encoded is not None else gojson.dumps(self.object)
 
     def result(self) -> AdmissionResult:
         return AdmissionResult(
@@ -131,7 +137,8 @@ class _Run:
     """Mutable state of one admission: the object so far, the deadline, what was done."""
 
     def __init__(self, obj: Any, deadline: float, trace: bool) -> None:
-        self.obj = obj
+        self._obj = obj
+        self._encoded: bytes | None = None
         self.deadline = deadline
         self.trace = trace
         self.patched = False
@@ -139,6 +146,22 @@ class _Run:
         self.warnings: list[str] = []
         self.annotations: list[tuple[str, str]] = []
         self.steps: list[Step] = []
+
+    @property
+    def obj(self) -> Any:
+        return self._obj
+
+    @obj.setter
+    def obj(self, value: Any) -> None:
+        if value is not self._obj:
+            self._obj, self._encoded = value, None
+
+    def encoded(self) -> bytes:
+        """The object's one encoding (:func:`~bcs_middleware.gojson.dumps`), made once per version:
+        what every webhook is sent and what goes upstream."""
+        if self._encoded is None:
+            self._encoded = gojson.dumps(self._obj)
+        return self._encoded
 
     def outcome(self) -> Outcome:
         return Outcome(
@@ -148,6 +171,7 @@ class _Run:
             tuple(self.warnings),
             tuple(self.annotations),
             tuple(self.steps),
+            encoded=self._encoded,
         )
 
 
@@ -289,7 +313,7 @@ class AdmissionEngine:
                 f"bcs/{label}",
                 webhook.client,
                 webhook.timeout or self.default_timeout,
-                gojson.dumps(before),
+                [run.encoded()],
             )
             answer = self._checked(f"bcs/{label}", lambda: _bcs_answer(data, before))
             if canonical is not None:
@@ -477,9 +501,16 @@ class AdmissionEngine:
             request_attrs=asked,
             request_kind=kind_of(run.obj, asked),
         )
+        if sent is run.obj:  # the object's one encoding, by reference inside the review
+            placeholder = f"\x00{uuid.uuid4().hex}\x00"
+            body["request"]["object"] = placeholder
+            chunks = gojson.dumps_around(body, placeholder, run.encoded())
+        else:
+            chunks = [gojson.dumps(body)]
+        del body
         try:
-            data = self._post(run, label, breaker_key, client, timeout, gojson.dumps(body))
-            del body
+            data = self._post(run, label, breaker_key, client, timeout, chunks)
+            del chunks
 
             response = self._checked(
                 breaker_key,
@@ -543,7 +574,7 @@ class AdmissionEngine:
         breaker_key: str,
         client: ClientConfig,
         timeout: float,
-        body: bytes,
+        body: list[bytes],
     ) -> bytes:
         remaining = run.deadline - self._clock()
         if remaining <= 0:

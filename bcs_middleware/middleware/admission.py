@@ -19,10 +19,18 @@ non-empty body is a 415 naming a webhook it could have met (an application behin
 the standalone filter may parse a form post anyway), an undecodable one a 400.
 A JSON body that does not even mention a covered kind (``application``,
 ``deployment``; no ``\\u`` escape that could spell one) cannot match and streams
-on unread. At most ``max_buffered`` bodies are buffered at once per process; the
-next waits up to ``buffer_wait`` seconds for a slot, then gets a 429 with
-``Retry-After`` (as kube-apiserver's in-flight limit answers), so memory is
-bounded by a small multiple of ``max_body`` times ``max_buffered``.
+on unread.
+
+Memory: a buffered body is held with its decoded object until its response ends,
+so the layer reserves for it from a per-process budget (``buffer_memory``,
+:class:`~bcs_middleware.bodies.BufferBudget`): before reading, what its declared
+length could cost at worst; once its text is measured (length, number of values:
+a Python object each), its estimate. One body may cost at most 12 times ``max_body``
+(a body of more values is a 413 before anything is built); a request that finds
+the budget full waits up to ``buffer_wait`` seconds, then gets a 429 with
+``Retry-After`` (as kube-apiserver's in-flight limit answers). The object is
+encoded once per version and that encoding is sent to each webhook (inside its
+AdmissionReview, by reference) and upstream.
 
 Which definitions apply:
 
@@ -74,8 +82,9 @@ Security: webhooks are only reached over HTTPS verified against their
 :param cluster_reader: reads namespace labels and current objects (Kubernetes).
 :param mode: ``"auto"`` (by ``bcs.cluster``), ``"bcs"`` or ``"kubernetes"``.
 :param max_body: largest body buffered; a larger matched request is a 413.
-:param max_buffered: bodies buffered for admission at once in this process.
-:param buffer_wait: seconds a request waits for a buffer slot before its 429.
+:param buffer_memory: bytes of estimated decoded bodies this process's layer holds at
+    once (default 128 MiB, at least two bodies at their limit).
+:param buffer_wait: seconds a request waits for room in the budget before its 429.
 :param canonical: how the receiver reads a decoded bcs body:
     ``canonical(method, path, document)`` returns the document as the receiver
     decodes it (the driver passes its bcs v4 field rules,
@@ -124,7 +133,15 @@ from ..admission.store import (
     MemoryDefinitionStore,
     load_definitions_file,
 )
-from ..bodies import BufferSlots, has_body, parse_json, parse_yaml, read_bounded, replace_body
+from ..bodies import (
+    BufferBudget,
+    has_body,
+    parse_json,
+    parse_yaml,
+    read_buffer,
+    replace_body,
+    yaml_node_limit,
+)
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
@@ -168,6 +185,12 @@ _EXEMPT_REGISTRATION_RESOURCES = frozenset({
 _JSON_PATCH = "application/json-patch+json"
 _MERGE_PATCH = "application/merge-patch+json"
 Canonical = Callable[[str, str, Any], Any]
+#: One admitted body may cost at most this many times ``max_body`` once decoded (estimated
+#: before decoding, :func:`~bcs_middleware.bodies.decoded_cost`): more is a 413.
+REQUEST_COST_FACTOR = 12
+#: What a process's admission layer holds at once, by estimate, unless configured (at least two
+#: requests at their limit).
+DEFAULT_BUFFER_MEMORY = 128 * 1024 * 1024
 
 
 def _as_read(method: str, path: str, document: Any) -> Any:
@@ -193,8 +216,8 @@ class AdmissionMiddleware:
         client: WebhookClient | None = None,
         namespace_ttl: float = 5.0,
         transport: Transport | None = None,
-        max_buffered: int = 8,
-        buffer_wait: float = 5.0,
+        buffer_memory: int | None = None,
+        buffer_wait: float = 30.0,
         canonical: Canonical | None = None,
     ) -> None:
         if mode not in ("bcs", "kubernetes", "auto"):
@@ -204,7 +227,9 @@ class AdmissionMiddleware:
         self.app = app
         self.mode = mode
         self.max_body = max_body
-        self.slots = BufferSlots(max_buffered, buffer_wait, what="admission")
+        request_limit = REQUEST_COST_FACTOR * max_body
+        self.budget = BufferBudget(buffer_memory or max(DEFAULT_BUFFER_MEMORY, 2 * request_limit), request_limit,
+                                   buffer_wait, what="admission")
         self.canonical = canonical or _as_read
         client = client or WebhookClient(
             transport=transport,
@@ -235,7 +260,7 @@ class AdmissionMiddleware:
         ):
             return self.app(environ, start_response)  # bcs definitions know Create and Update only
         style: env.ErrorStyle = "kubernetes" if kubernetes else env.get_error_style(environ)
-        slot = self.slots.claim()
+        slot = self.budget.claim()
         try:
             if kubernetes is not None:
                 outcome = self._admit_kubernetes(environ, method, *kubernetes, slot=slot)
@@ -267,7 +292,7 @@ class AdmissionMiddleware:
 
     # -- bcs ------------------------------------------------------------------------
 
-    def _admit_bcs(self, environ: dict[str, Any], method: str, *, slot: BufferSlots.Slot) -> Outcome | None:
+    def _admit_bcs(self, environ: dict[str, Any], method: str, *, slot: BufferBudget.Slot) -> Outcome | None:
         if method not in ("POST", "PUT"):
             return None
         operation: Literal["Create", "Update"] = "Create" if method == "POST" else "Update"
@@ -284,25 +309,26 @@ class AdmissionMiddleware:
                 f'a {gojson.printable(content_type, 100)} body cannot be admitted by webhook '
                 f'"{self._bcs_webhook(operation)}": send JSON (application/json) or YAML (application/yaml)'
             )
-        slot.acquire()
-        body = self._read_body(environ)
+        slot.reserve_for(environ, self.max_body)
+        body = read_buffer(environ, self.max_body, what="a request body to admit")
         if not body or (not is_yaml and b"\\u" not in body
                         and not any(kind.encode() in body.lower() for kind in kinds)):
             # Empty, or JSON that mentions no covered kind (which lower-case ASCII letters
             # only spell: no \u escape, and no other character lower-cases to them): no
             # definition can match, so nothing is judged and the bytes go on as sent.
-            replace_body(environ, body)
+            replace_body(environ, bytes(body))
             slot.release()
             return None
         path = environ.get("PATH_INFO", "")
-        document = parse_yaml(body) if is_yaml else parse_json(body)
+        document = (parse_yaml(bytes(body), max_nodes=yaml_node_limit(self.budget.request_limit)) if is_yaml
+                    else parse_json(body, measure=slot.fit))
         del body
         document = self.canonical(method, path, document)
         outcome = self.engine.admit_bcs(
             operation, document, env.get_user(environ),
             canonical=lambda answer: self.canonical(method, path, answer))
         # What the receiver gets is what was admitted, re-encoded, whether or not a webhook changed it.
-        replace_body(environ, gojson.dumps(outcome.object), content_type="application/json")
+        replace_body(environ, outcome.encoding(), content_type="application/json")
         environ[env.DOCUMENT] = env.Document(outcome.object)
         if not outcome.webhooks and not outcome.steps:
             return None
@@ -339,7 +365,7 @@ class AdmissionMiddleware:
         return (tunnel.cluster_id, tunnel.rest) if tunnel else ("", path)
 
     def _admit_kubernetes(
-        self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str, *, slot: BufferSlots.Slot
+        self, environ: dict[str, Any], method: str, cluster_id: str, api_path: str, *, slot: BufferBudget.Slot
     ) -> Outcome | None:
         attrs = parse_api_path(api_path)
         if attrs is None or (
@@ -377,9 +403,9 @@ class AdmissionMiddleware:
                 f'a {content_type} body cannot be admitted by webhook "{first}": '
                 "send application/json"
             )
-        slot.acquire()
-        body = self._read_body(environ)
-        document = parse_json(body)
+        slot.reserve_for(environ, self.max_body)
+        body = read_buffer(environ, self.max_body, what="a request body to admit")
+        document = parse_json(body, measure=slot.fit)
         del body
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         dry_run = "All" in query.get("dryRun", [])
@@ -436,8 +462,10 @@ class AdmissionMiddleware:
             rv = _meta(old).get("resourceVersion")
             if rv and isinstance(admitted.get("metadata"), dict):
                 admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
+                replace_body(environ, gojson.dumps(admitted))
+                return outcome
         # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
-        replace_body(environ, gojson.dumps(admitted))
+        replace_body(environ, outcome.encoding())
         return outcome
 
     def _not_admitted(self, cluster_id: str, operation: str, attrs: RequestAttributes) -> None:
@@ -493,10 +521,6 @@ class AdmissionMiddleware:
             raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
         return current
 
-    # -- bodies ---------------------------------------------------------------------
-
-    def _read_body(self, environ: dict[str, Any]) -> bytes:
-        return read_bounded(environ, self.max_body, what="a request body to admit")
 
 
 
@@ -551,6 +575,9 @@ def filter_factory(
         # database_url = postgresql://bcs@db/bcs
         mode = auto
         max_body = 3MiB
+        # estimated memory of the bodies buffered at once (429 beyond, after buffer_wait)
+        buffer_memory = 128MiB
+        buffer_wait = 30s
         total_budget = 15s
         default_timeout = 10s
         breaker_threshold = 5
@@ -573,6 +600,8 @@ def filter_factory(
             "breaker_threshold": asint,
             "breaker_cooldown": seconds,
             "namespace_ttl": seconds,
+            "buffer_memory": size,
+            "buffer_wait": seconds,
         },
     )
     path = options.pop("definitions_file", None)
