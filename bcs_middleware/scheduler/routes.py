@@ -56,13 +56,13 @@ admission judged, re-encoded. README's "Mesos driver" section has the full table
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
+from .. import gojson
 from ..errors import BadRequest, NotFound
 from ..gotypes import GoType, GoTypeError, Ptr, decode
 from . import convert, v4fields
@@ -100,7 +100,7 @@ def _seg(value: str) -> str:
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return gojson.dumps(value)
 
 
 def _count(value: str) -> str:
