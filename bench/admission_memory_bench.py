@@ -23,27 +23,21 @@ measures that one (the gateway processes inherit it).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import os
-import ssl
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
-
-import trustme
-from werkzeug.serving import make_server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fake_apiserver import FakeAPIServer  # noqa: E402
 from tests.support.gateway import CLUSTER, SA_TOKEN, register_cluster, served_gateway  # noqa: E402
+from tests.support.webhooks import allow_configmaps, allow_review, served_webhook  # noqa: E402
 
 TUNNEL = f"/tunnels/clusters/{CLUSTER}"
 
@@ -57,15 +51,6 @@ def _vm_kib(pid: int, field: str) -> int:
 
 def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _allow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    review = json.loads(environ["wsgi.input"].read(length))
-    answer = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                         "response": {"uid": review["request"]["uid"], "allowed": True}}).encode()
-    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
-    return [answer]
 
 
 def body(shape: str, size: int, index: int) -> bytes:
@@ -88,29 +73,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    ca = trustme.CA()
     tmp = Path(tempfile.mkdtemp(prefix="admission-memory-"))
-    pem = tmp / "hook.pem"
-    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(pem))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(pem))
-    hook = make_server("127.0.0.1", 0, _allow, threaded=True, ssl_context=context)
-    threading.Thread(target=hook.serve_forever, args=(0.05,), daemon=True).start()
-    configuration = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "allow"},
-        "webhooks": [{"name": "allow.example.com", "failurePolicy": "Fail", "sideEffects": "None",
-                      "admissionReviewVersions": ["v1"], "timeoutSeconds": 30,
-                      "clientConfig": {"url": f"https://localhost:{hook.server_port}/",
-                                       "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode()},
-                      "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                                 "resources": ["configmaps"]}]}],
-    }
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(tmp / "gw", workers=1) as gw:
+    with served_webhook(allow_review) as hook, FakeAPIServer(token=SA_TOKEN) as api, \
+            served_gateway(tmp / "gw", workers=1) as gw:
         register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem)
         status, answer = gw.call("POST", f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations",
-                                 body=configuration)
+                                 body=allow_configmaps(hook))
         assert status == 201, answer
         [worker] = _children(gw.server.proc.pid)
 
@@ -142,7 +111,6 @@ def main() -> None:
                 "growth_per_body_in_flight": round(growth / (len(bodies[0]) * args.concurrency), 2),
                 "seconds": round(took, 2), "load": "/".join(f"{x:.1f}" for x in os.getloadavg()),
             }), flush=True)
-    hook.shutdown()
 
 
 if __name__ == "__main__":

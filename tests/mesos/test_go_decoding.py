@@ -20,7 +20,7 @@ carry keys the Go types do not have (``appname``, ``constraint.selector``, ``aut
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import copy
 import json
 import ssl
@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
-from werkzeug.serving import make_server
 
 from tests.support.fake_scheduler import FakeScheduler, Recorded
 from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
+from tests.support.webhooks import served_webhook
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "webhooks"
 if str(EXAMPLES) not in sys.path:
@@ -62,8 +61,6 @@ def doc(name: str) -> dict[str, Any]:
 class BcsWebhook:
     """The mesos-driver's webhook protocol: the object in, the whole (changed) object out."""
 
-    port: int = 0
-    ca_bundle: str = ""
     seen: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -128,36 +125,27 @@ def _definition(name: str, operation: str, kind: str, url: str, ca_bundle: str) 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("go-decoding")
-    ca = trustme.CA()
-    pem = tmp / "hook.pem"
-    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(pem))
-    hook = BcsWebhook(ca_bundle=base64.b64encode(ca.cert_pem.bytes()).decode())
-    server = make_server("127.0.0.1", 0, hook.app, threaded=True, ssl_context=context)
-    hook.port = server.server_port
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     import sidecar_injector
-    from webhook_kit import https_server
 
-    sidecar = https_server(sidecar_injector.app, str(pem), str(pem), port=0)
-    threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
-    scheduler = FakeScheduler("scheduler")
-    gw_data, driver_data = tmp / "gw", tmp / "driver"
-    gw_port, driver_port = free_port(), free_port()
-    driver = ServerProcess(
-        [CLI, "serve", "--role", "driver", "--cluster-id", CLUSTER, "--scheduler", scheduler.url,
-         "--data-dir", str(driver_data), "--bind", f"127.0.0.1:{driver_port}", "--workers", "1",
-         "--threads", "8", "--graceful-timeout", "2", "--database-url", f"sqlite:///{gw_data / 'bcs.sqlite3'}"],
-        port=driver_port, scheme="https", timeout=60)
-    gateway = None
-    try:
-        gateway = ServerProcess(
+    tmp = tmp_path_factory.mktemp("go-decoding")
+    hook = BcsWebhook()
+    with contextlib.ExitStack() as running:
+        served = running.enter_context(served_webhook(hook.app, names=("127.0.0.1",)))
+        sidecar = running.enter_context(served_webhook(sidecar_injector.app, names=("127.0.0.1",)))
+        scheduler = FakeScheduler("scheduler")
+        running.callback(scheduler.stop)
+        gw_data, driver_data = tmp / "gw", tmp / "driver"
+        gw_port, driver_port = free_port(), free_port()
+        running.enter_context(ServerProcess(
+            [CLI, "serve", "--role", "driver", "--cluster-id", CLUSTER, "--scheduler", scheduler.url,
+             "--data-dir", str(driver_data), "--bind", f"127.0.0.1:{driver_port}", "--workers", "1",
+             "--threads", "8", "--graceful-timeout", "2", "--database-url", f"sqlite:///{gw_data / 'bcs.sqlite3'}"],
+            port=driver_port, scheme="https", timeout=60))
+        running.enter_context(ServerProcess(
             [CLI, "serve", "--static-driver", f"{CLUSTER}=https://127.0.0.1:{driver_port}",
              "--driver-ca-file", str(driver_data / "tls" / "ca.crt"), "--data-dir", str(gw_data),
              "--bind", f"127.0.0.1:{gw_port}", "--workers", "1", "--threads", "8", "--graceful-timeout", "2"],
-            port=gw_port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
+            port=gw_port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60))
         made = Stack(f"https://localhost:{gw_port}", str(gw_data / "tls" / "ca.crt"),
                      f"https://localhost:{driver_port}", str(driver_data / "tls" / "ca.crt"), scheduler, hook)
         rest = urllib.request.Request(made.gateway + "/rest/clusters/bcs", method="POST",
@@ -167,14 +155,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with urllib.request.urlopen(rest, timeout=30,
                                     context=ssl.create_default_context(cafile=made.gateway_ca)) as resp:
             assert resp.status == 201
-        url = f"https://127.0.0.1:{hook.port}/"
         for name, operation, kind, target in (
-                ("apps", "Create", "Application", url), ("app-updates", "Update", "Application", url),
-                ("deployments", "Create", "Deployment", url),
+                ("apps", "Create", "Application", served), ("app-updates", "Update", "Application", served),
+                ("deployments", "Create", "Deployment", served),
                 # the example sidecar injector (examples/webhooks/) on deployment updates
-                ("sidecars", "Update", "Deployment", f"https://127.0.0.1:{sidecar.server_port}/")):
-            status, answer = made.call("POST", "namespaces/prod/admissionwebhook",
-                                       json.dumps(_definition(name, operation, kind, target, hook.ca_bundle)).encode())
+                ("sidecars", "Update", "Deployment", sidecar)):
+            definition = _definition(name, operation, kind, f"https://127.0.0.1:{target.port}/", target.ca_bundle)
+            status, answer = made.call("POST", "namespaces/prod/admissionwebhook", json.dumps(definition).encode())
             assert status == 201, answer
         probe = {"apiVersion": "v4", "kind": "application", "metadata": {"name": "probe", "namespace": "defaultGroup"},
                  "spec": {"instance": 1, "template": {"spec": {"containers": [{"image": "nginx"}]}}}}
@@ -182,14 +169,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert wait_until(lambda: made.call("POST", "namespaces/defaultGroup/applications",
                                             json.dumps(probe).encode())[0] == 200 and hook.judged("probe"), 30, 0.3)
         yield made
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        driver.stop()
-        scheduler.stop()
-        for closing in (server, sidecar):
-            closing.shutdown()
-            closing.server_close()
 
 
 # --------------------------------------------------------------------------- the source's own documents

@@ -25,13 +25,12 @@ from typing import Any
 
 import jsonpatch
 import pytest
-import trustme
-from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
 from tests.support.polling import wait_until
+from tests.support.webhooks import ServedWebhook, served_webhook
 
 TUNNEL = f"/tunnels/clusters/{CLUSTER}"
 PODS = "/api/v1/namespaces/default/pods"
@@ -47,8 +46,6 @@ def compact(obj: Any) -> bytes:
 
 @dataclass
 class Webhook:
-    port: int = 0
-    ca_bundle: str = ""
     seen: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,20 +68,10 @@ class Webhook:
 
 
 @pytest.fixture(scope="module")
-def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
-    ca = trustme.CA()
-    pem = tmp_path_factory.mktemp("canonical-hook") / "hook.pem"
-    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(pem))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(pem))
-    hook = Webhook(ca_bundle=base64.b64encode(ca.cert_pem.bytes()).decode())
-    server = make_server("127.0.0.1", 0, hook.app, threaded=True, ssl_context=context)
-    hook.port = server.server_port
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield hook
-    server.shutdown()
-    server.server_close()
+def webhook() -> Iterator[tuple[Webhook, ServedWebhook]]:
+    hook = Webhook()
+    with served_webhook(hook.app) as served:
+        yield hook, served
 
 
 def _configuration(kind: str, name: str, url: str, ca_bundle: str, resource: str) -> dict[str, Any]:
@@ -99,19 +86,26 @@ def _configuration(kind: str, name: str, url: str, ca_bundle: str, resource: str
 
 
 @pytest.fixture(scope="module")
+def hook(webhook: tuple[Webhook, ServedWebhook]) -> Webhook:
+    return webhook[0]
+
+
+@pytest.fixture(scope="module")
 def apiserver() -> Iterator[FakeAPIServer]:
     with FakeAPIServer(token=SA_TOKEN) as api:
         yield api
 
 
 @pytest.fixture(scope="module")
-def gateway(apiserver: FakeAPIServer, webhook: Webhook, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(apiserver: FakeAPIServer, webhook: tuple[Webhook, ServedWebhook],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    hook, served = webhook
     with served_gateway(tmp_path_factory.mktemp("canonical-gateway"), workers=1) as gw:
         register_cluster(gw, CLUSTER, server_url=apiserver.url, ca_pem=apiserver.ca_pem)
-        url = f"https://localhost:{webhook.port}"
+        url = f"https://localhost:{served.port}"
         for config in (
-            _configuration("MutatingWebhookConfiguration", "label", f"{url}/label", webhook.ca_bundle, "pods"),
-            _configuration("ValidatingWebhookConfiguration", "record", f"{url}/record", webhook.ca_bundle,
+            _configuration("MutatingWebhookConfiguration", "label", f"{url}/label", served.ca_bundle, "pods"),
+            _configuration("ValidatingWebhookConfiguration", "record", f"{url}/record", served.ca_bundle,
                            "configmaps"),
         ):
             status, body = gw.call("POST", f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations", body=config)
@@ -119,7 +113,7 @@ def gateway(apiserver: FakeAPIServer, webhook: Webhook, tmp_path_factory: pytest
         probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe", "namespace": "default"}}
         # the admission refresh picks the configurations up within its bound
         assert wait_until(lambda: bool(send(gw, "POST", f"{TUNNEL}{CONFIGMAPS}", compact(probe))[0] == 201
-                                       and webhook.objects("probe")), 30, 0.3)
+                                       and hook.objects("probe")), 30, 0.3)
         yield gw
 
 
@@ -170,14 +164,14 @@ PLAIN = '{"containers":[{"name":"a","image":"nginx"}]}'
                  "/metadata/labels/tier", id="label-twice"),
 ])
 def test_a_key_twice_is_refused_naming_it_and_nothing_reaches_the_apiserver(
-        gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook, name: str, text: str, key: str,
+        gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook, name: str, text: str, key: str,
         where: str) -> None:
     apiserver.requests.clear()
     status, body = send(gateway, "POST", f"{TUNNEL}{PODS}", (text % name).encode())
     assert status == 400, (status, body)
     assert body["kind"] == "Status" and body["reason"] == "BadRequest", body
     assert f'"{key}" twice at {where}' in body["message"], body["message"]
-    assert writes(apiserver, PODS) == [] and webhook.objects(name) == []
+    assert writes(apiserver, PODS) == [] and hook.objects(name) == []
 
 
 def test_a_key_twice_in_a_body_no_webhook_matches_goes_on_as_sent(gateway: Gateway, apiserver: FakeAPIServer) -> None:
@@ -194,35 +188,35 @@ def test_a_key_twice_in_a_body_no_webhook_matches_goes_on_as_sent(gateway: Gatew
 
 
 def test_the_apiserver_gets_the_reencoding_of_what_the_validating_webhook_saw(
-        gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook) -> None:
+        gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook) -> None:
     text = ('{ "apiVersion" : "v1",\n "kind": "ConfigMap", "metadata": {"name": "spaced",'
             ' "namespace": "default"},\t"data": {"slash": "a\\/b", "e": "caf\\u00e9", "raw": "日本",'
             ' "quote": "\\"", "nl": "a\\nb"} }').encode()
     apiserver.requests.clear()
     status, body = send(gateway, "POST", f"{TUNNEL}{CONFIGMAPS}", text)
     assert status == 201, body
-    [seen] = webhook.objects("spaced")
+    [seen] = hook.objects("spaced")
     assert seen["data"] == {"slash": "a/b", "e": "café", "raw": "日本", "quote": '"', "nl": "a\nb"}
     assert writes(apiserver, CONFIGMAPS) == [compact(seen)]
 
 
 def test_the_apiserver_gets_the_reencoding_of_what_the_mutating_webhook_made(
-        gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook) -> None:
+        gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook) -> None:
     text = ("{" + POD_HEAD % "mutated" + ', "spec" : ' + PLAIN + "}").encode()
     apiserver.requests.clear()
     status, body = send(gateway, "POST", f"{TUNNEL}{PODS}", text)
     assert status == 201, body
-    [seen] = webhook.objects("mutated")
+    [seen] = hook.objects("mutated")
     assert writes(apiserver, PODS) == [compact(jsonpatch.apply_patch(seen, LABEL_PATCH))]
 
 
 def test_a_body_without_a_content_type_is_admitted_and_reencoded_too(
-        gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook) -> None:
+        gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook) -> None:
     text = b'{"apiVersion":"v1", "kind":"ConfigMap", "metadata":{"name":"untyped","namespace":"default"}}'
     apiserver.requests.clear()
     status, body = send(gateway, "POST", f"{TUNNEL}{CONFIGMAPS}", text, content_type=None)
     assert status == 201, body
-    [seen] = webhook.objects("untyped")
+    [seen] = hook.objects("untyped")
     assert writes(apiserver, CONFIGMAPS) == [compact(seen)]
 
 
@@ -242,14 +236,14 @@ def _configmap_with(name: str, fragment: str) -> bytes:
     pytest.param("-1E400", id="negative-float-overflow"),
     pytest.param("[1, 2, 18446744073709551616]", id="in-an-array"),
 ])
-def test_numbers_no_go_type_holds_are_refused(gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook,
+def test_numbers_no_go_type_holds_are_refused(gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook,
                                               number: str, request: pytest.FixtureRequest) -> None:
     name = f"num-{request.node.callspec.id}"
     apiserver.requests.clear()
     status, body = send(gateway, "POST", f"{TUNNEL}{CONFIGMAPS}", _configmap_with(name, number))
     assert status == 400, (status, body)
     assert "64 bits" in body["message"], body
-    assert writes(apiserver, CONFIGMAPS) == [] and webhook.objects(name) == []
+    assert writes(apiserver, CONFIGMAPS) == [] and hook.objects(name) == []
 
 
 @pytest.mark.parametrize(("number", "forwarded"), [
@@ -263,7 +257,7 @@ def test_numbers_no_go_type_holds_are_refused(gateway: Gateway, apiserver: FakeA
     pytest.param("0.1", b"0.1", id="shortest-repr"),
 ])
 def test_numbers_go_holds_are_forwarded_as_the_same_number(
-        gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook, number: str, forwarded: bytes,
+        gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook, number: str, forwarded: bytes,
         request: pytest.FixtureRequest) -> None:
     name = f"ok-{request.node.callspec.id}"
     apiserver.requests.clear()
@@ -271,17 +265,17 @@ def test_numbers_go_holds_are_forwarded_as_the_same_number(
     assert status == 201, body
     [sent] = writes(apiserver, CONFIGMAPS)
     assert sent.endswith(b',"x":' + forwarded + b"}"), sent
-    assert sent == compact(webhook.objects(name)[0])
+    assert sent == compact(hook.objects(name)[0])
 
 
 def test_a_lone_surrogate_is_read_as_go_reads_it_by_the_webhook_and_the_apiserver(
-        gateway: Gateway, apiserver: FakeAPIServer, webhook: Webhook) -> None:
+        gateway: Gateway, apiserver: FakeAPIServer, hook: Webhook) -> None:
     text = (b'{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"surrogates","namespace":"default"},'
             b'"data":{"lone":"a\\ud800b","low":"\\udc00","pair":"\\ud83d\\ude00"}}')
     apiserver.requests.clear()
     status, body = send(gateway, "POST", f"{TUNNEL}{CONFIGMAPS}", text)
     assert status == 201, body
-    [seen] = webhook.objects("surrogates")
+    [seen] = hook.objects("surrogates")
     # Go's decoder reads a lone surrogate escape as U+FFFD, a pair as the character it spells
     assert seen["data"] == {"lone": "a\ufffdb", "low": "\ufffd", "pair": "\U0001f600"}
     [sent] = writes(apiserver, CONFIGMAPS)

@@ -9,34 +9,21 @@ the worker ~220 MiB and the second ~1.2 GiB (bench/README.md, "Admission memory"
 
 from __future__ import annotations
 
-import base64
 import json
-import ssl
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
-import trustme
-from werkzeug.serving import make_server
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
 from tests.support.polling import wait_until
+from tests.support.webhooks import allow_configmaps, allow_review, served_webhook
 
 PATH = f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/configmaps"
 MIB = 1 << 20
-
-
-def _allow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    review = json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
-    answer = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                         "response": {"uid": review["request"]["uid"], "allowed": True}}).encode()
-    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
-    return [answer]
 
 
 def _vm_kib(pid: int, field: str) -> int:
@@ -48,26 +35,11 @@ def _vm_kib(pid: int, field: str) -> int:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int]]:
-    tmp = tmp_path_factory.mktemp("admission-memory")
-    ca = trustme.CA()
-    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(tmp / "hook.pem"))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(tmp / "hook.pem"))
-    hook = make_server("127.0.0.1", 0, _allow, threaded=True, ssl_context=context)
-    threading.Thread(target=hook.serve_forever, args=(0.05,), daemon=True).start()
-    configuration = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "allow"},
-        "webhooks": [{"name": "allow.example.com", "failurePolicy": "Fail", "sideEffects": "None",
-                      "admissionReviewVersions": ["v1"], "timeoutSeconds": 30,
-                      "clientConfig": {"url": f"https://localhost:{hook.server_port}/",
-                                       "caBundle": base64.b64encode(ca.cert_pem.bytes()).decode()},
-                      "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                                 "resources": ["configmaps"]}]}],
-    }
-    with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(tmp / "gw", workers=1) as gw:
+    with served_webhook(allow_review) as hook, FakeAPIServer(token=SA_TOKEN) as api, \
+            served_gateway(tmp_path_factory.mktemp("admission-memory"), workers=1) as gw:
         register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem)
-        status, body = gw.call("POST", f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations", body=configuration)
+        status, body = gw.call("POST", f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations",
+                               body=allow_configmaps(hook))
         assert status == 201, body
         small = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": {"name": "warm", "namespace": "default"}}).encode()
@@ -75,8 +47,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway,
         children = Path(f"/proc/{gw.server.proc.pid}/task/{gw.server.proc.pid}/children").read_text().split()
         [worker] = [int(pid) for pid in children]
         yield gw, worker
-    hook.shutdown()
-    hook.server_close()
 
 
 def post(gw: Gateway, body: bytes) -> int:
