@@ -176,15 +176,17 @@ def tokens(gateway: Gateway) -> dict[str, str]:
 
 
 def send(gw: Gateway, method: str, path: str, token: str, body: Any = None,
-         headers: dict[str, str] | None = None, content_type: str = "application/json") -> tuple[int, Any]:
-    """One request with exactly these headers (urllib would replace ``Connection``)."""
+         headers: dict[str, str] | None = None, content_type: str | None = "application/json") -> tuple[int, Any]:
+    """One request with exactly these headers (urllib would replace ``Connection``); ``body`` is
+    sent as JSON, or as it is when ``bytes``; ``content_type=None`` sends none."""
     context = ssl.create_default_context(cafile=gw.ca_file)
     conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
     try:
-        data = json.dumps(body).encode() if body is not None else None
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else None
         conn.putrequest(method, path, skip_accept_encoding=True)
         conn.putheader("Authorization", f"Bearer {token}")
-        conn.putheader("Content-Type", content_type)
+        if content_type is not None:
+            conn.putheader("Content-Type", content_type)
         for name, value in (headers or {}).items():
             conn.putheader(name, value)
         if data is not None:

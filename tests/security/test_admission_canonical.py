@@ -15,9 +15,7 @@ number Go cannot hold) is refused naming the problem, with nothing forwarded.
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ import jsonpatch
 import pytest
 from werkzeug.wrappers import Request, Response
 
+from tests.security.test_admission_bypass import send as send_as
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
 from tests.support.polling import wait_until
@@ -120,23 +119,7 @@ def gateway(apiserver: FakeAPIServer, webhook: tuple[Webhook, ServedWebhook],
 def send(gw: Gateway, method: str, path: str, body: bytes,
          content_type: str | None = "application/json") -> tuple[int, Any]:
     """One request carrying exactly these bytes, as the admin."""
-    context = ssl.create_default_context(cafile=gw.ca_file)
-    conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
-    try:
-        conn.putrequest(method, path, skip_accept_encoding=True)
-        conn.putheader("Authorization", f"Bearer {gw.admin}")
-        if content_type is not None:
-            conn.putheader("Content-Type", content_type)
-        conn.putheader("Content-Length", str(len(body)))
-        conn.endheaders(body)
-        resp = conn.getresponse()
-        raw = resp.read()
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(raw)
-    except ValueError:
-        return resp.status, raw
+    return send_as(gw, method, path, gw.admin, body, content_type=content_type)
 
 
 def writes(api: FakeAPIServer, path: str) -> list[bytes]:
