@@ -257,8 +257,8 @@ def decoded_cost(length: int, values: int) -> int:
     """An upper bound of what holding a JSON body of ``length`` bytes with ``values`` values costs
     (measured: see bench/README.md, "Admission memory"): its bytes, its text, its encoding, the
     encoder's pieces and the characters inside its strings (5 times the length), and each value.
-    At worst two values per three bytes (``[{},{},…]``)."""
-    return 5 * length + VALUE_COST * min(values, (2 * length) // 3 + 1)
+    At worst a value per two bytes (``[0,0,…]``)."""
+    return 5 * length + VALUE_COST * min(values, length // 2 + 1)
 
 
 class _Releasing:

@@ -110,10 +110,14 @@ def depth_exceeds(data: bytes | bytearray, limit: int, *, stripped: bytes | None
 
 
 def value_count(stripped: bytes) -> int:
-    """An upper bound of the values (and object keys) a document holds, from :func:`structure`:
-    each is followed by a separator or closes a container."""
-    return (stripped.count(b",") + stripped.count(b":") + stripped.count(b"[") + stripped.count(b"{")
-            + 1)
+    """The values and object keys a document holds, from its :func:`structure`.
+
+    Each begins the document, follows a ``:`` (a member's value), or follows a ``[``, ``{``
+    or ``,`` (an element or a key) unless its container is empty: one plus every ``:``,
+    ``,``, ``[`` and ``{``, less the empty ``[]`` and ``{}``.
+    """
+    return (1 + stripped.count(b":") + stripped.count(b",") + stripped.count(b"[") + stripped.count(b"{")
+            - stripped.count(b"[]") - stripped.count(b"{}"))
 
 
 class _Duplicate(Exception):
