@@ -77,11 +77,10 @@ class Interface:
 @dataclass(frozen=True)
 class Field:
     """One struct field as Go's decoder sees it: the key it matches (its tag's name, or
-    the Go field name when untagged), its type and its Go name (for messages)."""
+    the Go field name when untagged) and its type."""
 
     name: str
     type: GoType
-    go_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,8 @@ _INT_RANGES = {"int": (INT64_MIN, INT64_MAX), "int64": (INT64_MIN, INT64_MAX),
 _ZERO: dict[str, Any] = {"string": "", "bool": False, "float64": 0, "time": "0001-01-01T00:00:00Z",
                          **{name: 0 for name in _INT_RANGES}}
 # time.Time.UnmarshalJSON → parseStrictRFC3339 (Go's time/format_rfc3339.go).
-_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-](\d{2}):(\d{2}))")
+_RFC3339 = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+                      r"(Z|[+-]([0-9]{2}):([0-9]{2}))")
 
 
 def fold(key: str) -> str:

@@ -522,8 +522,6 @@ class AdmissionMiddleware:
         return current
 
 
-
-
 def _meta(obj: Any) -> Mapping[str, Any]:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     return meta if isinstance(meta, dict) else {}
