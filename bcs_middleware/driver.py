@@ -20,6 +20,12 @@ bcs-scheduler's own ``/v1`` calls, after admission saw the v4 body — see
 :mod:`bcs_middleware.scheduler.routes`. The scheduler's answer is relayed as
 it came (status and body), as the source relays it.
 
+A body is decoded once, as the source's Go driver and scheduler decode it
+(:func:`bcs_middleware.scheduler.routes.canonical`: keys matched to the Go types'
+JSON tags case-insensitively and rewritten to the tags' spelling, a field given in
+several spellings merged as Go merges it, duplicate keys refused): admission judges
+that document (``bcs.document``), and the conversion and the scheduler get it.
+
 The scheduler master is read from the discovery snapshot for every request, so
 when the master changes the next request follows it.
 
@@ -59,6 +65,7 @@ from .middleware.admission import AdmissionMiddleware
 from .middleware.mesos import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
 from .middleware.webconsole import WEBCONSOLE, WebconsoleRouting
 from .scheduler import scheduler_call
+from .scheduler.routes import canonical
 from .upstream.addresses import AddressPolicy
 from .upstream.proxy import UpstreamProxy
 from .upstream.transport import PooledTransport
@@ -135,16 +142,21 @@ class SchedulerRouting:
         return self.app(environ, start_response)
 
     def scheduler_call(self, environ: dict[str, Any], uri: str) -> Any:
+        method = environ.get("REQUEST_METHOD", "GET")
+
         def body() -> Any:
-            # Only what the admission layer parses as JSON is converted: admission skips other
-            # media types (and reads YAML with another parser), so converting them could create
-            # objects no webhook ever saw.
+            admitted = env.get_document(environ)
+            if admitted is not None:  # admission decoded it for this receiver and judged it
+                return admitted.value
+            # Only JSON is converted: admission reads JSON and YAML, and a YAML body it did not
+            # read (no definition could match) is not turned into objects here either.
             mime = media_type(environ)
             if mime and ("json" not in mime or "yaml" in mime):
                 raise UnsupportedMediaType("the body must be JSON (application/json)")
-            return parse_json(read_bounded(environ, self.max_body), what="the request body")
+            document = parse_json(read_bounded(environ, self.max_body), what="the request body")
+            return canonical(method, uri, document)
 
-        return scheduler_call(environ.get("REQUEST_METHOD", "GET"), uri, environ.get("QUERY_STRING", ""), body)
+        return scheduler_call(method, uri, environ.get("QUERY_STRING", ""), body)
 
 
 class DriverApp:
@@ -277,7 +289,12 @@ def build_driver(
         **({"max_body": admission_options["max_body"]} if admission_options and "max_body" in admission_options
            else {}),
     )
-    admission = AdmissionMiddleware(routing, store=store, mode="bcs", **dict(admission_options or {}))
+    def decode_for_scheduler(method: str, path: str, document: Any) -> Any:
+        uri = path[len(driver_prefix):] if path.startswith(driver_prefix) else path
+        return canonical(method, uri, document)
+
+    admission = AdmissionMiddleware(routing, store=store, mode="bcs", canonical=decode_for_scheduler,
+                                    **dict(admission_options or {}))
     api = AdmissionWebhookAPI(store, engine=admission.engine,
                               require_superuser=definitions_require_superuser)
     webconsole = WebconsoleRouting(proxy, driver_prefix=driver_prefix, **dict(webconsole_options or {}))

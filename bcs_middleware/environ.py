@@ -18,6 +18,8 @@ key                       value
 ``bcs.request_info``      :class:`~bcs_middleware.requestinfo.RequestInfo` — the
                           Kubernetes request as kube-apiserver classifies it
                           (:func:`bcs_middleware.requestinfo.of` decides, once)
+``bcs.document``          :class:`Document` — the request body as decoded for its
+                          receiver and admitted (``wsgi.input`` holds its encoding)
 ========================  ==================================================
 """
 
@@ -35,6 +37,7 @@ REQUEST_ID = "bcs.request_id"
 ERROR_STYLE = "bcs.error_style"
 UPGRADE = "bcs.upgrade"
 REQUEST_INFO = "bcs.request_info"
+DOCUMENT = "bcs.document"
 
 ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]
@@ -111,6 +114,22 @@ class AdmissionResult:
     patched: bool = False
     warnings: tuple[str, ...] = ()
     audit_annotations: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Document:
+    """The request body as the admission layer decoded (for its receiver) and admitted it.
+
+    ``wsgi.input`` then holds exactly its encoding; a later layer that needs the object
+    (the driver's conversion) takes it from here instead of decoding the body again.
+    """
+
+    value: Any
+
+
+def get_document(environ: dict[str, Any]) -> Document | None:
+    document = environ.get(DOCUMENT)
+    return document if isinstance(document, Document) else None
 
 
 def get_user(environ: dict[str, Any]) -> User | None:

@@ -268,6 +268,9 @@ class GatewayConfig:
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
+    # Estimated memory of the bodies admission holds at once per worker (None: its default, 128 MiB).
+    admission_buffer_memory: int | None = None
+    admission_buffer_wait: float = 30.0
     # A webhook failing this many times in a row is not called for the cooldown.
     admission_breaker_threshold: int = 5
     admission_breaker_cooldown: float = 30.0
@@ -494,6 +497,8 @@ def build_gateway(
             mode="kubernetes",
             max_body=config.admission_max_body,
             total_budget=config.admission_budget,
+            buffer_memory=config.admission_buffer_memory,
+            buffer_wait=config.admission_buffer_wait,
             breaker_threshold=config.admission_breaker_threshold,
             breaker_cooldown=config.admission_breaker_cooldown,
             address_map=dict(config.webhook_address_map),
@@ -645,6 +650,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "client_cert_subjects": parse_subject_map,
     "admission_max_body": conv.size,
     "admission_budget": conv.seconds,
+    "admission_buffer_memory": conv.size,
+    "admission_buffer_wait": conv.seconds,
     "admission_breaker_threshold": conv.positive_int,
     "admission_breaker_cooldown": conv.seconds,
     "admission_refresh": conv.seconds,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -161,10 +161,11 @@ class WebhookClient:
         return Target(host, port, client.path, name, client.ca_pem)
 
     def post(
-        self, target: Target, body: bytes, timeout: float, *, breaker_key: str, full_timeout: bool = True,
-        uniform: bool = False,
+        self, target: Target, body: bytes | Sequence[bytes], timeout: float, *, breaker_key: str,
+        full_timeout: bool = True, uniform: bool = False,
     ) -> bytes:
-        """POST ``body``; return the 200 answer's bytes or raise :class:`WebhookCallError`.
+        """POST ``body`` (bytes, or its pieces in order — sent as they are, not joined); return
+        the 200 answer's bytes or raise :class:`WebhookCallError`.
 
         :param full_timeout: ``False`` when ``timeout`` is shorter than the webhook's own
             (the request's admission budget is nearly spent): a timeout is then not the
@@ -188,7 +189,7 @@ class WebhookClient:
             raise
         return data
 
-    def _post(self, target: Target, body: bytes, timeout: float) -> bytes:
+    def _post(self, target: Target, body: bytes | Sequence[bytes], timeout: float) -> bytes:
         timeout = max(timeout, 0.001)
         deadline = time.monotonic() + timeout
         shown = f"[{target.host}]" if ":" in target.host else target.host
@@ -198,7 +199,9 @@ class WebhookClient:
             ca_pem=target.ca_pem, server_name=target.server_name, name=f"webhook {target.server_name}",
         )
         try:
-            response = self.transport.send(upstream, "POST", list(_HEADERS), [body], len(body), timeout=timeout)
+            pieces = [body] if isinstance(body, bytes) else list(body)
+            response = self.transport.send(upstream, "POST", list(_HEADERS), pieces, sum(map(len, pieces)),
+                                           timeout=timeout)
         except BCSError as exc:  # the transport's one translation, mapped to our causes
             raise _cause(exc, timeout) from None
         try:

@@ -27,7 +27,6 @@ the caller's, so counting it would let one user open the breaker for everyone.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -38,7 +37,7 @@ from typing import Any, Literal, NoReturn
 
 import jsonpatch
 
-from .. import metrics
+from .. import gojson, metrics
 from ..bodies import parse_json
 from ..environ import AdmissionResult, User
 from ..errors import BadRequest, BcsCode, BCSError, ValidationError
@@ -124,6 +123,12 @@ class Outcome:
     warnings: tuple[str, ...] = ()
     audit_annotations: tuple[tuple[str, str], ...] = ()
     steps: tuple[Step, ...] = field(default=(), repr=False)
+    #: ``object``'s :func:`~bcs_middleware.gojson.dumps` when already made (else ``None``).
+    encoded: bytes | None = field(default=None, repr=False)
+
+    def encoding(self) -> bytes:
+        """What the upstream is sent: ``object`` encoded once."""
+        return self.encoded if self.encoded is not None else gojson.dumps(self.object)
 
     def result(self) -> AdmissionResult:
         return AdmissionResult(
@@ -138,7 +143,8 @@ class _Run:
     """Mutable state of one admission: the object so far, the deadline, what was done."""
 
     def __init__(self, obj: Any, deadline: float, trace: bool, user: User | None = None) -> None:
-        self.obj = obj
+        self._obj = obj
+        self._encoded: bytes | None = None
         self.deadline = deadline
         self.trace = trace
         # Why a call failed is told to superusers only; an authenticated caller who is not
@@ -151,6 +157,22 @@ class _Run:
         self.annotations: list[tuple[str, str]] = []
         self.steps: list[Step] = []
 
+    @property
+    def obj(self) -> Any:
+        return self._obj
+
+    @obj.setter
+    def obj(self, value: Any) -> None:
+        if value is not self._obj:
+            self._obj, self._encoded = value, None
+
+    def encoded(self) -> bytes:
+        """The object's one encoding (:func:`~bcs_middleware.gojson.dumps`), made once per version:
+        what every webhook is sent and what goes upstream."""
+        if self._encoded is None:
+            self._encoded = gojson.dumps(self._obj)
+        return self._encoded
+
     def outcome(self) -> Outcome:
         return Outcome(
             self.obj,
@@ -159,6 +181,7 @@ class _Run:
             tuple(self.warnings),
             tuple(self.annotations),
             tuple(self.steps),
+            encoded=self._encoded,
         )
 
 
@@ -234,8 +257,15 @@ class AdmissionEngine:
         *,
         dry_run: bool = False,
         trace: bool = False,
+        canonical: Callable[[Any], Any] | None = None,
     ) -> Outcome:
-        """Run the definition matching (``operation``, ``obj["kind"]``), if any."""
+        """Run the definition matching (``operation``, ``obj["kind"]``), if any.
+
+        ``canonical`` reads each webhook's answer as the receiver reads the request
+        body (keys in their tags' spelling, for the bcs services): the next webhook and
+        the upstream then see what the receiver will act on, and the kind, name and
+        namespace compared are the ones it will read.
+        """
         if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
             return Outcome(obj)
         definition = self.bcs_definitions().get((operation, obj["kind"].lower()))
@@ -245,7 +275,7 @@ class AdmissionEngine:
         run = _Run(obj, self._clock() + self.total_budget, trace, user)
         for webhook in definition.webhooks:
             if webhook.selects_namespace(namespace):
-                self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run)
+                self._run_bcs_webhook(run, definition, webhook, operation, user, dry_run, canonical)
         return run.outcome()
 
     def _run_bcs_webhook(
@@ -256,6 +286,7 @@ class AdmissionEngine:
         operation: str,
         user: User | None,
         dry_run: bool = False,
+        canonical: Callable[[Any], Any] | None = None,
     ) -> None:
         label = f"{definition.name}/{webhook.name}"
         if webhook.protocol == "kubernetes":
@@ -292,9 +323,15 @@ class AdmissionEngine:
                 f"bcs/{label}",
                 webhook.client,
                 webhook.timeout or self.default_timeout,
-                json.dumps(before).encode(),
+                [run.encoded()],
             )
             answer = self._checked(f"bcs/{label}", lambda: _bcs_answer(data, before))
+            if canonical is not None:
+                try:
+                    answer = canonical(answer)
+                except BadRequest as exc:  # the receiver would refuse what the webhook answered
+                    raise _PatchRefused(f"answered an object the receiver cannot read: {exc.message}",
+                                        status=400, code_name="ADMISSION_PATCH_REFUSED") from None
             _refuse_bcs_move(before, answer)
         except WebhookCallError as err:
             self._failed(run, label, "bcs", webhook.failure_policy, err)
@@ -479,8 +516,16 @@ class AdmissionEngine:
             request_attrs=asked,
             request_kind=kind_of(run.obj if run.obj is not None else old_obj, asked),
         )
+        if sent is run.obj:  # the object's one encoding, by reference inside the review
+            placeholder = f"\x00{uuid.uuid4().hex}\x00"
+            body["request"]["object"] = placeholder
+            chunks = gojson.dumps_around(body, placeholder, run.encoded())
+        else:
+            chunks = [gojson.dumps(body)]
+        del body
         try:
-            data = self._post(run, label, breaker_key, client, timeout, json.dumps(body).encode())
+            data = self._post(run, label, breaker_key, client, timeout, chunks)
+            del chunks
 
             response = self._checked(
                 breaker_key,
@@ -544,7 +589,7 @@ class AdmissionEngine:
         breaker_key: str,
         client: ClientConfig,
         timeout: float,
-        body: bytes,
+        body: list[bytes],
     ) -> bytes:
         remaining = run.deadline - self._clock()
         if remaining <= 0:

@@ -222,7 +222,7 @@ def decode_patch(raw: Any) -> tuple[dict[str, Any], ...]:
 def apply_json_patch(obj: Any, operations: Any) -> Any:
     """RFC 6902 patch applied to a copy; :class:`ValueError` if it does not apply."""
     try:
-        result = jsonpatch.JsonPatch(list(operations)).apply(copy.deepcopy(obj))
+        result = jsonpatch.JsonPatch(list(operations)).apply(obj)  # applied to a deep copy
     except (
         jsonpatch.JsonPatchException,
         jsonpointer.JsonPointerException,

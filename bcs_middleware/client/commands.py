@@ -239,9 +239,19 @@ def _documents(path: str) -> list[Any]:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError:
         raise ClientError(f"{path}: not valid JSON or YAML", exit_code=EXIT_USAGE) from None
-    if not documents or not all(isinstance(d, dict) for d in documents):
+    # The admission filter's definitions file ({"admissionwebhooks": [...], "clusters": {...}}, or a
+    # list) holds the same definitions: take them from it as they are.
+    expanded: list[Any] = []
+    for document in documents:
+        if isinstance(document, list):
+            expanded.extend(document)
+        elif isinstance(document, dict) and "apiVersion" not in document and "admissionwebhooks" in document:
+            expanded.extend(document.get("admissionwebhooks") or [])
+        else:
+            expanded.append(document)
+    if not expanded or not all(isinstance(d, dict) for d in expanded):
         raise ClientError(f"{path}: expected one or more definition objects", exit_code=EXIT_USAGE)
-    return documents
+    return expanded
 
 
 def _k8s_item(args: argparse.Namespace) -> str:
@@ -410,7 +420,8 @@ def register(sub: Any) -> None:
     p.add_argument("--cluster", help=cluster_help)
     p = _leaf(hooks, "create", webhooks_create, "create definitions from a JSON or YAML file", common)
     p.add_argument("-f", "--filename", required=True, metavar="FILE",
-                   help="the file ('-' for stdin); YAML may hold several documents")
+                   help="the file ('-' for stdin); YAML may hold several documents, and an admission "
+                        "definitions file ('admissionwebhooks:' list) is read as its definitions")
     p.add_argument("--cluster", help=cluster_help)
     p = _leaf(hooks, "delete", webhooks_delete, "delete one definition", common)
     p.add_argument("name", help="a bcs definition's name; with --cluster, mutating/NAME or validating/NAME")

@@ -7,6 +7,34 @@ admitted ``DeleteOptions`` of a DELETE, the path and query of the admitted optio
 a CONNECT. Anything else — reads, requests no definition matches — passes through
 untouched and unread.
 
+A create or update body is buffered (bounded) only when a definition could match it,
+decoded once as its receiver decodes it (:mod:`bcs_middleware.gojson`: duplicate keys
+and out-of-range numbers refused; with ``canonical`` — the driver's bcs v4 field rules —
+keys in the Go tags' spelling), and what goes on is **the re-encoding of the admitted
+object** (:func:`~bcs_middleware.gojson.dumps`, compact) — never the client's bytes, so
+what was judged is what the receiver reads. On the tunnel a body is read only when a
+webhook configuration matches the request's resource and operation; a body no webhook
+matches streams to the apiserver as sent (the apiserver decodes it, and nothing here
+decided anything from it).
+
+A bcs body (Create/Update definitions exist) must be JSON or YAML: another
+non-empty body is a 415 naming a webhook it could have met (an application behind
+the standalone filter may parse a form post anyway), an undecodable one a 400.
+A JSON body that does not even mention a covered kind (``application``,
+``deployment``; no ``\\u`` escape that could spell one) cannot match and streams
+on unread.
+
+Memory: a buffered body is held with its decoded object until its response ends,
+so the layer reserves for it from a per-process budget (``buffer_memory``,
+:class:`~bcs_middleware.bodies.BufferBudget`): before reading, what its declared
+length could cost at worst; once its text is measured (length, number of values:
+a Python object each), its estimate. One body may cost at most 12 times ``max_body``
+(a body of more values is a 413 before anything is built); a request that finds
+the budget full waits up to ``buffer_wait`` seconds, then gets a 429 with
+``Retry-After`` (as kube-apiserver's in-flight limit answers). The object is
+encoded once per version and that encoding is sent to each webhook (inside its
+AdmissionReview, by reference) and upstream.
+
 Which definitions apply:
 
 * ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
@@ -56,7 +84,8 @@ Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.request_in
 (:class:`~bcs_middleware.environ.AdmissionResult`); rewrites ``wsgi.input``,
 ``CONTENT_LENGTH`` (and, for a resolved PATCH or a DELETE, ``CONTENT_TYPE``), and for
 an admitted CONNECT ``bcs.upstream``'s path and query (without routing in front:
-``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``.
+``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``;
+and for a bcs body it decoded sets ``bcs.document`` (the admitted object).
 Webhook ``warnings`` become ``Warning: 299`` response headers.
 
 Security: webhooks are only reached over HTTPS verified against their
@@ -68,6 +97,14 @@ Security: webhooks are only reached over HTTPS verified against their
 :param cluster_reader: reads namespace labels and current objects (Kubernetes).
 :param mode: ``"auto"`` (by ``bcs.cluster``), ``"bcs"`` or ``"kubernetes"``.
 :param max_body: largest body buffered; a larger matched request is a 413.
+:param buffer_memory: bytes of estimated decoded bodies this process's layer holds at
+    once (default 128 MiB, at least two bodies at their limit).
+:param buffer_wait: seconds a request waits for room in the budget before its 429.
+:param canonical: how the receiver reads a decoded bcs body:
+    ``canonical(method, path, document)`` returns the document as the receiver
+    decodes it (the driver passes its bcs v4 field rules,
+    :func:`bcs_middleware.scheduler.routes.canonical`); by default the JSON as read.
+    Webhook answers are read through it too.
 :param total_budget: seconds all webhooks of one request may take together.
 :param default_timeout: per-call timeout of bcs webhooks without ``timeoutSeconds``.
 :param address_map: ``{"name.namespace": "host:port"}`` to connect elsewhere
@@ -88,7 +125,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -98,7 +134,7 @@ from urllib.parse import parse_qs, unquote
 import jsonpatch
 
 from .. import environ as env
-from .. import requestinfo
+from .. import gojson, requestinfo
 from ..admission.client import CircuitBreaker, WebhookClient
 from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
 from ..admission.options import connect_options, connect_target, delete_body, delete_options
@@ -114,14 +150,21 @@ from ..admission.store import (
     MemoryDefinitionStore,
     load_definitions_file,
 )
-from ..bodies import parse_json, parse_yaml, read_bounded, replace_body
+from ..bodies import (
+    BufferBudget,
+    has_body,
+    parse_json,
+    parse_yaml,
+    read_buffer,
+    replace_body,
+    yaml_node_limit,
+)
 from ..converters import asint, convert_options, mapping, seconds, size, text
 from ..errors import (
     BadGateway,
     BadRequest,
     BCSError,
     ConfigError,
-    MalformedBody,
     NotFound,
     UnsupportedMediaType,
 )
@@ -156,6 +199,17 @@ _EXEMPT_REGISTRATION_RESOURCES = frozenset({
 })
 _JSON_PATCH = "application/json-patch+json"
 _MERGE_PATCH = "application/merge-patch+json"
+Canonical = Callable[[str, str, Any], Any]
+#: One admitted body may cost at most this many times ``max_body`` once decoded (estimated
+#: before decoding, :func:`~bcs_middleware.bodies.decoded_cost`): more is a 413.
+REQUEST_COST_FACTOR = 12
+#: What a process's admission layer holds at once, by estimate, unless configured (at least two
+#: requests at their limit).
+DEFAULT_BUFFER_MEMORY = 128 * 1024 * 1024
+
+
+def _as_read(method: str, path: str, document: Any) -> Any:
+    return document
 
 
 class AdmissionMiddleware:
@@ -177,6 +231,9 @@ class AdmissionMiddleware:
         client: WebhookClient | None = None,
         namespace_ttl: float = 5.0,
         transport: Transport | None = None,
+        buffer_memory: int | None = None,
+        buffer_wait: float = 30.0,
+        canonical: Canonical | None = None,
     ) -> None:
         if mode not in ("bcs", "kubernetes", "auto"):
             raise ValueError(f"mode must be bcs, kubernetes or auto, not {mode!r}")
@@ -185,6 +242,10 @@ class AdmissionMiddleware:
         self.app = app
         self.mode = mode
         self.max_body = max_body
+        request_limit = REQUEST_COST_FACTOR * max_body
+        self.budget = BufferBudget(buffer_memory or max(DEFAULT_BUFFER_MEMORY, 2 * request_limit), request_limit,
+                                   buffer_wait, what="admission")
+        self.canonical = canonical or _as_read
         client = client or WebhookClient(
             transport=transport,
             address_map=address_map or {},
@@ -213,61 +274,86 @@ class AdmissionMiddleware:
         elif method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)  # bcs definitions know Create and Update only
         style: env.ErrorStyle = "kubernetes" if info is not None else env.get_error_style(environ)
+        slot = self.budget.claim()
         try:
             if info is not None and cluster_id is not None:
-                outcome = self._admit_kubernetes(environ, method, cluster_id, info)
+                outcome = self._admit_kubernetes(environ, method, cluster_id, info, slot=slot)
             else:
-                outcome = self._admit_bcs(environ, method)
+                outcome = self._admit_bcs(environ, method, slot=slot)
         except BCSError as exc:
+            slot.release()
             status_line, headers, payload = exc.response_parts(style)
             start_response(status_line, headers)
             return [payload]
-        if outcome is None:
-            return self.app(environ, start_response)
-        environ[env.ADMISSION] = outcome.result()
-        extra = warning_headers(outcome.warnings)
-        if not extra:
-            return self.app(environ, start_response)
-
-        def with_warnings(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            return start_response(status, [*headers, *extra], exc_info)
-
-        return self.app(environ, with_warnings)
+        except BaseException:
+            slot.release()
+            raise
+        respond = start_response
+        if outcome is not None:
+            environ[env.ADMISSION] = outcome.result()
+            extra = warning_headers(outcome.warnings)
+            if extra:
+                def respond(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+                    return start_response(status, [*headers, *extra], exc_info)
+        if not slot.held:
+            return self.app(environ, respond)
+        # The buffered body and its object live until the response ends: so does the slot.
+        try:
+            return slot.until_done(self.app(environ, respond))
+        except BaseException:
+            slot.release()
+            raise
 
     # -- bcs ------------------------------------------------------------------------
 
-    def _admit_bcs(self, environ: dict[str, Any], method: str) -> Outcome | None:
-        if method == "PATCH":
+    def _admit_bcs(self, environ: dict[str, Any], method: str, *, slot: BufferBudget.Slot) -> Outcome | None:
+        if method not in ("POST", "PUT"):
             return None
         operation: Literal["Create", "Update"] = "Create" if method == "POST" else "Update"
         kinds = self.engine.bcs_kinds(operation)
         if not kinds:
-            return None
+            return None  # no definition for this operation: nothing can match, the body streams on
         content_type = _mime(environ)
         is_yaml = "yaml" in content_type
         if content_type and "json" not in content_type and not is_yaml:
+            if not has_body(environ):
+                return None
+            # An application behind the filter may parse it anyway: never pass it unjudged.
+            raise UnsupportedMediaType(
+                f'a {gojson.printable(content_type, 100)} body cannot be admitted by webhook '
+                f'"{self._bcs_webhook(operation)}": send JSON (application/json) or YAML (application/yaml)'
+            )
+        slot.reserve_for(environ, self.max_body)
+        body = read_buffer(environ, self.max_body, what="a request body to admit")
+        if not body or (not is_yaml and b"\\u" not in body
+                        and not any(kind.encode() in body.lower() for kind in kinds)):
+            # Empty, or JSON that mentions no covered kind (which lower-case ASCII letters
+            # only spell: no \u escape, and no other character lower-cases to them): no
+            # definition can match, so nothing is judged and the bytes go on as sent.
+            replace_body(environ, bytes(body))
+            slot.release()
             return None
-        body = self._read_body(environ)
-        lowered = body.lower()
-        if not is_yaml and b"\\u" not in body and not any(kind.encode() in lowered for kind in kinds):
-            # JSON in which no covered kind is even mentioned (and none could hide in a \u escape):
-            # nothing can match, so skip parsing — the common case for requests no
-            # definition is meant for.
-            replace_body(environ, body)
-            return None
-        try:
-            obj = parse_yaml(body) if is_yaml else parse_json(body)
-        except MalformedBody:
-            obj = None  # the upstream answers what it cannot parse; too deep or aliased is refused
-        outcome = self.engine.admit_bcs(operation, obj, env.get_user(environ))
+        path = environ.get("PATH_INFO", "")
+        document = (parse_yaml(bytes(body), max_nodes=yaml_node_limit(self.budget.request_limit)) if is_yaml
+                    else parse_json(body, measure=slot.fit))
+        del body
+        document = self.canonical(method, path, document)
+        outcome = self.engine.admit_bcs(
+            operation, document, env.get_user(environ),
+            canonical=lambda answer: self.canonical(method, path, answer))
+        # What the receiver gets is what was admitted, re-encoded, whether or not a webhook changed it.
+        replace_body(environ, outcome.encoding(), content_type="application/json")
+        environ[env.DOCUMENT] = env.Document(outcome.object)
         if not outcome.webhooks and not outcome.steps:
-            replace_body(environ, body)
             return None
-        if outcome.patched or is_yaml:
-            body = json.dumps(outcome.object).encode()
-            environ["CONTENT_TYPE"] = "application/json"
-        replace_body(environ, body)
         return outcome
+
+    def _bcs_webhook(self, operation: str) -> str:
+        """A webhook a request of ``operation`` could meet (the first, by kind), for messages."""
+        for (op, _), definition in sorted(self.engine.bcs_definitions().items()):
+            if op == operation and definition.webhooks:
+                return f"{definition.name}/{definition.webhooks[0].name}"
+        return operation
 
     # -- Kubernetes -------------------------------------------------------------------
 
@@ -289,7 +375,8 @@ class AdmissionMiddleware:
         return tunnel.cluster_id if tunnel else ""
 
     def _admit_kubernetes(
-        self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo
+        self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo, *,
+        slot: BufferBudget.Slot,
     ) -> Outcome | None:
         attrs = admission_attributes(info)
         if attrs is None or (
@@ -324,8 +411,10 @@ class AdmissionMiddleware:
                 f'a {content_type} body cannot be admitted by webhook "{first}": '
                 "send application/json"
             )
-        body = self._read_body(environ)
-        document = parse_json(body)
+        slot.reserve_for(environ, self.max_body)
+        body = read_buffer(environ, self.max_body, what="a request body to admit")
+        document = parse_json(body, measure=slot.fit)
+        del body
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         dry_run = "All" in query.get("dryRun", [])
         old: Any = None
@@ -353,7 +442,8 @@ class AdmissionMiddleware:
             raise BadRequest("request body must be a JSON object")
         webhooks = matched[operation]
         if not webhooks:
-            replace_body(environ, body)
+            # Decoded, though no webhook of this operation judged it: the re-encoding goes on.
+            replace_body(environ, gojson.dumps(obj))
             return None
         outcome = self.engine.admit_k8s(
             cluster_id,
@@ -372,19 +462,18 @@ class AdmissionMiddleware:
             # used): the change from the object the caller read to the admitted one, applied
             # only if the object is still the one that was admitted.
             environ["CONTENT_TYPE"] = _JSON_PATCH
-            body = json.dumps(_guarded_patch(old, admitted)).encode()
-        elif method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
+            replace_body(environ, gojson.dumps(_guarded_patch(old, admitted)))
+            return outcome
+        if method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
             # Admitted as an UPDATE: it must not turn into a create if the object is deleted
             # meanwhile (CREATE webhooks never saw it).
             rv = _meta(old).get("resourceVersion")
             if rv and isinstance(admitted.get("metadata"), dict):
                 admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
-                body = json.dumps(admitted).encode()
-            elif outcome.patched:
-                body = json.dumps(admitted).encode()
-        elif outcome.patched:
-            body = json.dumps(admitted).encode()
-        replace_body(environ, body)
+                replace_body(environ, gojson.dumps(admitted))
+                return outcome
+        # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
+        replace_body(environ, outcome.encoding())
         return outcome
 
     def _admit_connect(
@@ -453,7 +542,7 @@ class AdmissionMiddleware:
             return Outcome(None, webhooks=(), warnings=tuple(
                 f'deletecollection not sent to admission webhook "{w.name}" (failurePolicy: Ignore)' for w in webhooks))
         content_type = _mime(environ)
-        body = self._read_body(environ)
+        body = bytes(read_buffer(environ, self.max_body, what="a DeleteOptions body"))
         if body and content_type not in ("application/json", ""):
             raise UnsupportedMediaType(
                 f'a {content_type} DeleteOptions body cannot be admitted by webhook "{webhooks[0].name}": '
@@ -465,7 +554,7 @@ class AdmissionMiddleware:
             cluster_id, "DELETE", attrs, None, old, env.get_user(environ),
             dry_run=bool(options.get("dryRun")), options=options, webhooks=webhooks,
         )
-        replace_body(environ, json.dumps(delete_body(options, old)).encode(), content_type="application/json")
+        replace_body(environ, gojson.dumps(delete_body(options, old)), content_type="application/json")
         return outcome
 
     def _current(
@@ -501,12 +590,6 @@ class AdmissionMiddleware:
         if current is None and required:
             raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
         return current
-
-    # -- bodies ---------------------------------------------------------------------
-
-    def _read_body(self, environ: dict[str, Any]) -> bytes:
-        return read_bounded(environ, self.max_body, what="a request body to admit")
-
 
 
 def _meta(obj: Any) -> Mapping[str, Any]:
@@ -560,6 +643,9 @@ def filter_factory(
         # database_url = postgresql://bcs@db/bcs
         mode = auto
         max_body = 3MiB
+        # estimated memory of the bodies buffered at once (429 beyond, after buffer_wait)
+        buffer_memory = 128MiB
+        buffer_wait = 30s
         total_budget = 15s
         default_timeout = 10s
         breaker_threshold = 5
@@ -582,6 +668,8 @@ def filter_factory(
             "breaker_threshold": asint,
             "breaker_cooldown": seconds,
             "namespace_ttl": seconds,
+            "buffer_memory": size,
+            "buffer_wait": seconds,
         },
     )
     path = options.pop("definitions_file", None)

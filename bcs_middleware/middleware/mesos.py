@@ -11,7 +11,12 @@ any byte was sent. The path upstream is ``{driver_path}{uri}``, query kept.
 ``application/x-yaml`` (and ``application/yaml``, ``text/yaml``) bodies are
 converted to JSON here with the safe loader, bounded by ``max_yaml`` (413
 beyond), and must be a mapping or a list (400 otherwise), so drivers and
-schedulers only ever see JSON.
+schedulers only ever see JSON. The conversion reads the document as the Go
+driver would read its JSON (:func:`~bcs_middleware.bodies.parse_yaml`: a key twice
+is a 400 naming it; :func:`bcs_middleware.scheduler.routes.canonical`: keys in the
+Go tags' spelling for the routes the source's driver decodes), and the driver
+gets its compact re-encoding. JSON bodies stream on as sent: the driver decodes
+and judges them.
 
 Errors are the source's bcs envelope (``bcs.error_style = "bcs"``:
 ``{"result": false, "code": <bk-bcs error number>, "message", "data": null}``)
@@ -49,7 +54,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -58,7 +62,8 @@ from typing import Any, Protocol
 
 from .. import converters as conv
 from .. import environ as env
-from ..bodies import parse_yaml, read_bounded, replace_body
+from .. import gojson
+from ..bodies import BufferBudget, parse_yaml, read_bounded, replace_body, yaml_node_limit
 from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import (
     BadRequest,
@@ -72,6 +77,7 @@ from ..errors import (
 )
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
+from ..scheduler.routes import canonical
 from ..store import ClusterRecord
 
 log = logging.getLogger(__name__)
@@ -120,27 +126,39 @@ def cluster_header(environ: Mapping[str, Any]) -> str:
     return cluster_id
 
 
-def yaml_body_to_json(environ: dict[str, Any], max_yaml: int) -> None:
-    """Replace a YAML request body by its JSON form (bounded, safe loader)."""
+def yaml_body_to_json(environ: dict[str, Any], max_yaml: int, uri: str | None = None, *,
+                      budget: BufferBudget | None = None) -> None:
+    """Replace a YAML request body by its JSON form (bounded, safe loader); with ``uri``
+    (relative to the driver prefix) the keys the source's driver matches case-insensitively
+    are spelled as their tags. With ``budget`` the decoding reserves from it (429 when full)."""
     content_type = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
     if content_type not in _YAML_TYPES:
         return
-    data = read_bounded(environ, max_yaml, what="a YAML body")
+    slot = budget.claim() if budget is not None else None
     try:
-        document = parse_yaml(data, what="the YAML body") if data else None
+        if slot is not None:
+            slot.reserve_for(environ, max_yaml)
+        _convert_yaml(environ, max_yaml, uri, budget)
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def _convert_yaml(environ: dict[str, Any], max_yaml: int, uri: str | None, budget: BufferBudget | None) -> None:
+    data = read_bounded(environ, max_yaml, what="a YAML body")
+    max_nodes = yaml_node_limit(budget.request_limit) if budget is not None else None
+    try:
+        document = parse_yaml(data, what="the YAML body", max_nodes=max_nodes) if data else None
     except BadRequest as exc:  # malformed, too deep, aliases: bcs-api's "yaml convert to json" error
         exc.bcs_code = exc.bcs_code or BcsCode.API_MEDIA_TYPE_ERROR
         raise
+    del data
     if not isinstance(document, dict | list):
         raise BadRequest("the YAML body must be a mapping or a list", code_name="BAD_YAML",
                          bcs_code=BcsCode.API_MEDIA_TYPE_ERROR)
-    try:
-        payload = json.dumps(document).encode()
-    except (TypeError, ValueError):
-        # Timestamps, sets... safe_load can build values JSON has no form for.
-        raise BadRequest("the YAML body holds values JSON cannot represent", code_name="BAD_YAML",
-                         bcs_code=BcsCode.API_MEDIA_TYPE_ERROR) from None
-    replace_body(environ, payload, content_type="application/json")
+    if uri is not None:
+        document = canonical(environ.get("REQUEST_METHOD", "GET"), uri, document, what="the YAML body")
+    replace_body(environ, gojson.dumps(document), content_type="application/json")
 
 
 class MesosRoutingMiddleware:
@@ -194,6 +212,8 @@ class MesosRoutingMiddleware:
         self.driver_path = driver_path.rstrip("/") + "/"
         self.prefer_external = prefer_external
         self.max_yaml = max_yaml
+        # YAML decodes to several hundred bytes a value: the conversions at once are bounded too.
+        self.yaml_budget = BufferBudget(max(64 << 20, 16 * max_yaml), 8 * max_yaml, 10.0, what="YAML")
         self.ca_pem = ca_pem
         self.verify = verify
         self.access = access
@@ -233,7 +253,7 @@ class MesosRoutingMiddleware:
                     raise cluster_not_found(cluster_id)  # no Mesos cluster by that id
             elif not user.is_superuser:
                 raise Forbidden("only superusers manage admission definitions here")
-            yaml_body_to_json(environ, self.max_yaml)
+            yaml_body_to_json(environ, self.max_yaml, budget=self.yaml_budget)
             environ[env.CLUSTER] = env.Cluster(cluster_id, "", "mesos")
             environ["PATH_INFO"] = self.driver_path + uri
             return self.definitions
@@ -244,7 +264,7 @@ class MesosRoutingMiddleware:
             raise ServiceUnavailable(
                 f"no live mesos-driver for cluster {cluster_id!r}", code_name="NO_LIVE_DRIVER"
             )
-        yaml_body_to_json(environ, self.max_yaml)
+        yaml_body_to_json(environ, self.max_yaml, uri, budget=self.yaml_budget)
         start = next(self._turn) % len(drivers)
         ordered = drivers[start:] + drivers[:start]
         environ[env.CLUSTER] = env.Cluster(cluster_id, "", "mesos")

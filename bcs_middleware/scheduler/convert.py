@@ -15,12 +15,12 @@ limits when only limits give a CPU; health checks ``delaySeconds`` 10,
 absent or not positive; ``ForcePullImage`` only for ``imagePullPolicy: Always``;
 volume mode ``R`` when read-only, else ``RW``.
 
-Deliberate differences: a field spelled in another case than its JSON tag
-(``networkType`` for ``networktype``) is refused with a 400 naming it, where
-Go's decoder would read it — admission reads exact keys, and the scheduler must
-not act on a field the webhooks never saw; ``raw_json`` carries the client's document as
-admitted, not Go's re-encoding of it (which adds every absent field as its zero
-value); the scheduler stores it and hands it back on definition reads.
+Documents reach these functions as :func:`.routes.canonical` made them — decoded as
+Go decodes them, keys in the tags' spelling (``networkType`` is read as the
+``networktype`` it is to Go, and rewritten so) — so they read exact keys. One
+deliberate difference: ``raw_json`` carries that document as admitted, not Go's
+re-encoding of it (which adds every absent field as its zero value and drops the
+keys Go ignores); the scheduler stores it and hands it back on definition reads.
 
 Errors are :class:`ConversionError` (400) carrying the source's message and
 its bcs error code (``bcs_code``) for the edge that renders bcs envelopes.
@@ -64,53 +64,7 @@ class ConversionError(BadRequest):
 
 
 def _get(doc: Mapping[str, Any], key: str) -> Any:
-    """``doc[key]``; 400 when the key is only there in another case.
-
-    Go's ``encoding/json`` would take ``networkType`` for the ``networktype`` tag,
-    but admission webhooks and the admission layer read exact keys: a key only
-    the scheduler would read (``Metadata``, ``Template``) is a way around them.
-    So the spelling that differs is refused by name instead of read.
-    """
-    if key in doc:
-        return doc[key]
-    folded = key.casefold()
-    for name in doc:
-        if isinstance(name, str) and name.casefold() == folded:
-            raise ConversionError(f"unknown field {name!r}: the field is spelled {key!r}",
-                                  bcs_code=BCS_JSON_DECODE, code_name="FIELD_SPELLING")
-    return None
-
-
-def unambiguous(doc: Any) -> Any:
-    """``doc``, when Go's decoder and the admission layer read it alike; else 400.
-
-    Go matches keys case-insensitively, the last of two spellings winning, so
-    ``{"kind": "x", "Kind": "clb"}`` is a ``clb`` to the scheduler and an ``x`` to
-    admission. Bodies the scheduler decodes itself (those relayed as sent, and the
-    ``raw_json`` it keeps) must therefore spell no key twice in any object, and spell
-    the keys admission reads (``kind``, ``metadata.name``/``namespace``) exactly.
-    """
-    stack = [doc]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            seen: dict[str, str] = {}
-            for key in node:
-                folded = key.casefold()
-                if folded in seen:
-                    raise ConversionError(f"fields {seen[folded]!r} and {key!r} differ only in case",
-                                          bcs_code=BCS_JSON_DECODE, code_name="FIELD_SPELLING")
-                seen[folded] = key
-            stack.extend(node.values())
-    if isinstance(doc, dict):
-        _get(doc, "kind")
-        meta = _get(doc, "metadata")
-        if isinstance(meta, dict):
-            _get(meta, "name")
-            _get(meta, "namespace")
-    return doc
+    return doc.get(key)
 
 
 def _decode_error(what: str) -> ConversionError:

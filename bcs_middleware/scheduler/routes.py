@@ -41,27 +41,42 @@ in the source.) Create, update and rollback bodies are checked for their
 ``kind`` first (``util.CheckKind``). What the table does not hold is not
 converted: the driver forwards it as it always did (``{scheduler_prefix}{uri}``).
 
+Each route with a body names the Go type the source decodes it into
+(:mod:`.v4fields`); :func:`canonical` decodes a body into it as Go does (keys in
+the tags' spelling, case variants merged), and that document is what admission
+judges, what is converted and what the scheduler receives. Bodies of routes the
+table does not hold are read as plain JSON (duplicate keys refused), keys as sent.
+
 Differences from the source, on purpose: query values and path segments taken
 from the body are percent-encoded (the source concatenated them, so a name
 could add query parameters or path segments), a scale count must be a
-non-negative integer (400), bodies relayed "as sent" are the JSON document
-admission read, re-encoded, and every body read here must be one Go's
-case-insensitive decoder reads as admission did (:func:`.convert.unambiguous`).
-README's "Mesos driver" section has the full table.
+non-negative integer (400), and bodies relayed "as sent" are the document
+admission judged, re-encoded. README's "Mesos driver" section has the full table.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
+from .. import gojson
 from ..errors import BadRequest, NotFound
-from . import convert
-from .convert import APPLICATION, CONFIGMAP, DAEMONSET, DEPLOYMENT, PROCESS, SECRET, SERVICE, ConversionError
+from ..gotypes import GoType, GoTypeError, Ptr, decode
+from . import convert, v4fields
+from .convert import (
+    APPLICATION,
+    BCS_JSON_DECODE,
+    CONFIGMAP,
+    DAEMONSET,
+    DEPLOYMENT,
+    PROCESS,
+    SECRET,
+    SERVICE,
+    ConversionError,
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +100,7 @@ def _seg(value: str) -> str:
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return gojson.dumps(value)
 
 
 def _count(value: str) -> str:
@@ -228,19 +243,23 @@ def _not_served(params: dict[str, str], query: dict[str, str], body: Body) -> Sc
 _SEG = r"[^/]+"
 
 
-def _route(method: str, template: str, handler: Handler) -> tuple[str, re.Pattern[str], Handler]:
+Route = tuple[str, "re.Pattern[str]", Handler, GoType | None]
+
+
+def _route(method: str, template: str, handler: Handler, body: GoType | None = None) -> Route:
     pattern = re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m.group(1)}>{_SEG})", template)
-    return method, re.compile(pattern + "/?"), handler
+    return method, re.compile(pattern + "/?"), handler, body
 
 
-def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
+def _table() -> list[Route]:
     routes = []
+    rc = v4fields.REPLICA_CONTROLLER
     for plural, kind in (("applications", APPLICATION), ("processes", PROCESS)):
         base = f"namespaces/{{ns}}/{plural}"
         routes += [
-            _route("POST", base, _app_create(kind)),
-            _route("PUT", f"{base}/rollback", _app_rollback(kind)),  # before {name}: "rollback" is not a name
-            _route("PUT", base, _app_update(kind)),
+            _route("POST", base, _app_create(kind), rc),
+            _route("PUT", f"{base}/rollback", _app_rollback(kind), rc),  # before {name}: "rollback" is not a name
+            _route("PUT", base, _app_update(kind), rc),
             _route("DELETE", f"{base}/{{name}}", _app_delete(kind)),
             _route("PUT", f"{base}/{{name}}/scale/{{n}}", _app_scale(kind)),
             _route("GET", base, _app_list(kind)),
@@ -248,32 +267,34 @@ def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
         ]
     routes.append(_route("GET", "namespaces/{ns}/applications/{name}/(?P<sub>tasks|taskgroups|versions)", _app_sub))
     routes += [
-        _route("POST", "namespaces/{ns}/deployments", _deployment_write("POST")),
-        _route("PUT", "namespaces/{ns}/deployments", _deployment_write("PUT")),
+        _route("POST", "namespaces/{ns}/deployments", _deployment_write("POST"), v4fields.BCS_DEPLOYMENT),
+        _route("PUT", "namespaces/{ns}/deployments", _deployment_write("PUT"), v4fields.BCS_DEPLOYMENT),
         _route("DELETE", "namespaces/{ns}/deployments/{name}", _deployment_delete),
         _route("PUT", "namespaces/{ns}/deployments/{name}/(?P<action>cancelupdate|pauseupdate|resumeupdate)",
                _deployment_action),
         _route("PUT", "namespaces/{ns}/deployments/{name}/scale/{n}", _deployment_scale),
     ]
-    for plural, kind in (("configmaps", CONFIGMAP), ("secrets", SECRET), ("services", SERVICE)):
+    for plural, kind, gotype in (("configmaps", CONFIGMAP, v4fields.BCS_CONFIG_MAP),
+                                 ("secrets", SECRET, v4fields.BCS_SECRET),
+                                 ("services", SERVICE, v4fields.BCS_SERVICE)):
         routes += [
-            _route("POST", f"namespaces/{{ns}}/{plural}", _plain_write(kind, "POST")),
-            _route("PUT", f"namespaces/{{ns}}/{plural}", _plain_write(kind, "PUT")),
+            _route("POST", f"namespaces/{{ns}}/{plural}", _plain_write(kind, "POST"), gotype),
+            _route("PUT", f"namespaces/{{ns}}/{plural}", _plain_write(kind, "PUT"), gotype),
             _route("DELETE", f"namespaces/{{ns}}/{plural}/{{name}}", _plain_delete(kind)),
         ]
     routes.append(_route("GET", r"(?P<path>cluster/(resources|endpoints|current/offers)"
                                 r"|definition/(application|deployment)/[^/]+/[^/]+)", _same_path))
     app = "namespaces/{ns}/applications/{name}"
     routes += [
-        _route("POST", f"{app}/message", _message),
-        _route("POST", f"{app}/taskgroups/{{taskgroup}}/message", _message),
+        _route("POST", f"{app}/message", _message, v4fields.SEND_MSG_OPE_PARAM),
+        _route("POST", f"{app}/taskgroups/{{taskgroup}}/message", _message, v4fields.SEND_MSG_OPE_PARAM),
         # The scheduler addresses a taskgroup by its id alone: the namespace and application are not sent.
         _route("PUT", f"{app}/taskgroups/{{tg}}/rescheduler",
                _call("PUT", "/v1/taskgroup/{tg}/rescheduler", queries=("hostRetainTime",))),
         _route("POST", f"{app}/taskgroups/{{tg}}/(?P<action>restart|reload)",
                _call("POST", "/v1/taskgroup/{tg}/{action}")),
         _route("GET", f"{app}/versions/{{version}}", _call("GET", "/v1/apps/{ns}/{name}/versions/{version}")),
-        _route("POST", "namespaces/{ns}/daemonset", _daemonset_create),
+        _route("POST", "namespaces/{ns}/daemonset", _daemonset_create, v4fields.BCS_DAEMONSET),
         _route("DELETE", "namespaces/{ns}/daemonset/{name}",
                _call("DELETE", "/v1/daemonsets/{ns}/{name}", queries=("enforce",))),
         _route("GET", "transactions/{ns}", _call("GET", "/v1/transactions/{ns}", queries=("objKind", "objName"))),
@@ -281,14 +302,18 @@ def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
         _route("GET", "agentsettings", _call("GET", "/v1/agentsettings", queries=("ips",))),
         # The source's DELETE becomes a POST to a route the scheduler has commented out (404 there).
         _route("DELETE", "agentsettings", _call("POST", "/v1/agentsettings/delete", queries=("ips",))),
-        _route("POST", "agentsettings", _call("POST", "/v1/agentsettings", with_body=True)),
+        _route("POST", "agentsettings", _call("POST", "/v1/agentsettings", with_body=True), v4fields.AGENT_SETTINGS),
         _route("POST", "agentsettings/(?P<action>enable|disable)",
                _call("POST", "/v1/agentsettings/{action}", queries=("ips",))),
-        _route("PUT", "agentsettings/(?P<action>taint|extendedresource)",
-               _call("PUT", "/v1/agentsettings/{action}", with_body=True)),
-        _route("POST", "crr/register", _call("POST", "/v1/crr/register", with_body=True)),
-        _route("POST", "crd/namespaces/{ns}/{kind}", _call("POST", "/v1/crd/namespaces/{ns}/{kind}", with_body=True)),
-        _route("PUT", "crd/namespaces/{ns}/{kind}", _call("PUT", "/v1/crd/namespaces/{ns}/{kind}", with_body=True)),
+        _route("PUT", "agentsettings/taint", _call("PUT", "/v1/agentsettings/taint", with_body=True),
+               v4fields.AGENT_SETTINGS),
+        _route("PUT", "agentsettings/extendedresource",
+               _call("PUT", "/v1/agentsettings/extendedresource", with_body=True), Ptr(v4fields.EXTENDED_RESOURCE)),
+        _route("POST", "crr/register", _call("POST", "/v1/crr/register", with_body=True), Ptr(v4fields.CRR)),
+        _route("POST", "crd/namespaces/{ns}/{kind}", _call("POST", "/v1/crd/namespaces/{ns}/{kind}", with_body=True),
+               Ptr(v4fields.CRD)),
+        _route("PUT", "crd/namespaces/{ns}/{kind}", _call("PUT", "/v1/crd/namespaces/{ns}/{kind}", with_body=True),
+               Ptr(v4fields.CRD)),
         _route("DELETE", "crd/namespaces/{ns}/{kind}/{name}", _call("DELETE", "/v1/crd/namespaces/{ns}/{kind}/{name}")),
         _route("GET", "crd/namespaces/{ns}/{kind}/{name}", _call("GET", "/v1/crd/namespaces/{ns}/{kind}/{name}")),
         _route("GET", "crd/namespaces/{ns}/{kind}", _call("GET", "/v1/crd/namespaces/{ns}/{kind}")),
@@ -299,7 +324,7 @@ def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
     for target in ("application", "deployment"):
         base = f"command/{target}/{{ns}}/{{name}}"
         routes += [
-            _route("POST", base, _call("POST", f"/v1/{base}", with_body=True)),
+            _route("POST", base, _call("POST", f"/v1/{base}", with_body=True), v4fields.BCS_COMMAND),
             _route("GET", base, _call("GET", f"/v1/{base}", queries=("id",))),
             _route("DELETE", base, _call("DELETE", f"/v1/{base}", queries=("id",))),
         ]
@@ -311,13 +336,43 @@ def _table() -> list[tuple[str, re.Pattern[str], Handler]]:
 ROUTES = _table()
 
 
+def _find(method: str, uri: str) -> tuple[Route, dict[str, str]] | None:
+    for route in ROUTES:
+        if route[0] == method:
+            match = route[1].fullmatch(uri)
+            if match:
+                return route, match.groupdict()
+    return None
+
+
+def body_type(method: str, uri: str) -> GoType | None:
+    """The Go type the source decodes the body of ``method uri`` into (``None``: not one it reads)."""
+    found = _find(method, uri)
+    return found[0][3] if found else None
+
+
+def canonical(method: str, uri: str, document: Any, *, what: str = "the request body") -> Any:
+    """``document`` as the source's driver or scheduler decodes it for ``method uri``: keys in
+    the tags' spelling, a field given in several spellings merged as Go merges it
+    (:func:`bcs_middleware.gotypes.decode`); unchanged for routes that read no v4 type.
+    What Go refuses is a 400 with the source's ``BcsErrCommJsonDecode``."""
+    gotype = body_type(method, uri)
+    if gotype is None:
+        return document
+    try:
+        return decode(document, gotype, what=what)
+    except GoTypeError as exc:
+        exc.bcs_code = BCS_JSON_DECODE
+        raise
+
+
 def scheduler_call(method: str, uri: str, query_string: str, body: Body) -> SchedulerCall | None:
     """The scheduler call for ``method uri`` (``uri`` percent-encoded, relative to the driver
-    prefix), or ``None`` when the source's driver does not convert it."""
-    for route_method, pattern, handler in ROUTES:
-        if route_method == method:
-            match = pattern.fullmatch(uri)
-            if match:
-                query = {k: v[0] for k, v in parse_qs(query_string, keep_blank_values=True).items()}
-                return handler(match.groupdict(), query, lambda: convert.unambiguous(body()))
-    return None
+    prefix), or ``None`` when the source's driver does not convert it. ``body()`` returns the
+    request's document as :func:`canonical` made it."""
+    found = _find(method, uri)
+    if found is None:
+        return None
+    (_, _, handler, _), params = found
+    query = {k: v[0] for k, v in parse_qs(query_string, keep_blank_values=True).items()}
+    return handler(params, query, body)

@@ -28,6 +28,11 @@ Mutation = Callable[[dict[str, Any]], None]
 MAX_BODY = 3 * 1024 * 1024
 
 
+def is_bcs(obj: dict[str, Any]) -> bool:
+    """A bcs v4 object (a Mesos Application, Deployment…): its containers have bcs shapes."""
+    return obj.get("apiVersion") == "v4"
+
+
 def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
     """The pod spec of a Pod, of a workload template, or of a bcs Application/Deployment."""
     spec = obj.get("spec")

@@ -64,8 +64,20 @@ DEPLOYMENT = {
 def _check_injected(obj: dict[str, Any]) -> None:
     spec = obj["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["app", "sidecar"]
-    assert {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]} >= {"/proc/meminfo"}
     assert obj["spec"]["template"]["metadata"]["annotations"]["sidecar-injector.lxcfs/status"] == "injected"
+    app, sidecar = spec["containers"]
+    if obj["apiVersion"] == "v4":
+        # bcs v4 shapes (bcs-common Container, VolumeUnit): what the Mesos driver reads
+        assert sidecar["command"] == "sh" and sidecar["args"] == ["-c", "tail -F /var/log/app/*.log"]
+        assert sidecar["resources"] == {"limits": {"cpu": "0.1", "memory": "64"}} and sidecar["type"] == "MESOS"
+        mounts = {v["volume"]["mountPath"]: v["volume"] for v in app["volumes"]}
+        assert mounts["/proc/meminfo"] == {"hostPath": "/var/lib/lxcfs/proc/meminfo", "mountPath": "/proc/meminfo",
+                                           "readOnly": True}
+        assert "volumeMounts" not in app and "volumes" not in spec
+    else:
+        assert sidecar["command"] == ["sh", "-c", "tail -F /var/log/app/*.log"]
+        assert {m["mountPath"] for m in app["volumeMounts"]} >= {"/proc/meminfo"}
+        assert {v["name"] for v in spec["volumes"]} >= {"lxcfs-proc-meminfo"}
 
 
 def test_example_injectors_speak_the_bcs_protocol(injectors, ca):

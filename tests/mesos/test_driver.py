@@ -50,20 +50,30 @@ def _route(**options: Any) -> Client:
 
 
 @pytest.mark.parametrize(
-    ("content_type", "body", "status", "expected"),
+    ("content_type", "body", "status", "expected", "uri"),
     [
         pytest.param("application/x-yaml", "kind: Application\nmetadata:\n  name: web\n", 200,
-                     {"kind": "Application", "metadata": {"name": "web"}}, id="yaml-to-json"),
-        pytest.param("text/yaml; charset=utf-8", "- a\n- b\n", 200, ["a", "b"], id="yaml-list"),
-        pytest.param("application/x-yaml", "just a string", 400, 1405065, id="not-a-mapping"),
-        pytest.param("application/x-yaml", "a: [1, 2", 400, 1405065, id="does-not-parse"),
-        pytest.param("application/x-yaml", "!!python/object:os.system {}", 400, 1405065, id="unsafe-tag"),
-        pytest.param("application/x-yaml", "k: " + "x" * 300, 413, 1405008, id="oversized"),
-        pytest.param("application/json", '{"kind": "Application"}', 200, {"kind": "Application"}, id="json-kept"),
+                     {"kind": "Application", "metadata": {"name": "web"}}, "namespaces/ns/applications",
+                     id="yaml-to-json"),
+        pytest.param("text/yaml; charset=utf-8", "- a\n- b\n", 200, ["a", "b"], "namespaces/ns/other",
+                     id="yaml-list"),
+        # the driver's Go types read a list here as no ReplicaController: refused as it would refuse it
+        pytest.param("text/yaml; charset=utf-8", "- a\n- b\n", 400, 1405010, "namespaces/ns/applications",
+                     id="yaml-list-for-an-application"),
+        pytest.param("application/x-yaml", "just a string", 400, 1405065, "namespaces/ns/applications",
+                     id="not-a-mapping"),
+        pytest.param("application/x-yaml", "a: [1, 2", 400, 1405065, "namespaces/ns/applications",
+                     id="does-not-parse"),
+        pytest.param("application/x-yaml", "!!python/object:os.system {}", 400, 1405065,
+                     "namespaces/ns/applications", id="unsafe-tag"),
+        pytest.param("application/x-yaml", "k: " + "x" * 300, 413, 1405008, "namespaces/ns/applications",
+                     id="oversized"),
+        pytest.param("application/json", '{"kind": "Application"}', 200, {"kind": "Application"},
+                     "namespaces/ns/applications", id="json-kept"),
     ],
 )
-def test_yaml_bodies_become_json(content_type, body, status, expected):
-    response = _route().post("/bcsapi/v4/scheduler/mesos/namespaces/ns/applications", data=body,
+def test_yaml_bodies_become_json(content_type, body, status, expected, uri):
+    response = _route().post(f"/bcsapi/v4/scheduler/mesos/{uri}", data=body,
                              headers={"BCS-ClusterID": "c1", "Content-Type": content_type})
     assert response.status_code == status, response.text
     if status != 200:
@@ -72,7 +82,7 @@ def test_yaml_bodies_become_json(content_type, body, status, expected):
         return
     assert json.loads(response.json["body"]) == expected
     assert response.json["content_type"] == "application/json" or content_type == "application/json"
-    assert response.json["path"] == "/mesosdriver/v4/namespaces/ns/applications"
+    assert response.json["path"] == f"/mesosdriver/v4/{uri}"
     assert response.json["cluster"] == "mesos"
 
 

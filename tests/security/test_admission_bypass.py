@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import trustme
-from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from tests.support.fake_apiserver import ApiError, FakeAPIServer, rbac_authorizer
 from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.webhooks import served_webhook
 
 TUNNEL = f"/tunnels/clusters/{CLUSTER}"
 CONFIGS = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
@@ -89,20 +88,11 @@ class Webhook:
 
 
 @pytest.fixture(scope="module")
-def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
-    ca = trustme.CA()
-    pem = tmp_path_factory.mktemp("webhook") / "hook.pem"
-    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(pem))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(pem))
-    hook = Webhook(ca_bundle=base64.b64encode(ca.cert_pem.bytes()).decode())
-    server = make_server("127.0.0.1", 0, hook.app, threaded=True, ssl_context=context)
-    hook.port = server.server_port
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield hook
-    server.shutdown()
-    server.server_close()
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    with served_webhook(hook.app) as served:
+        hook.port, hook.ca_bundle = served.port, served.ca_bundle
+        yield hook
 
 
 def _configuration(kind: str, name: str, url: str, ca_bundle: str, operations: list[str],
@@ -186,15 +176,17 @@ def tokens(gateway: Gateway) -> dict[str, str]:
 
 
 def send(gw: Gateway, method: str, path: str, token: str, body: Any = None,
-         headers: dict[str, str] | None = None, content_type: str = "application/json") -> tuple[int, Any]:
-    """One request with exactly these headers (urllib would replace ``Connection``)."""
+         headers: dict[str, str] | None = None, content_type: str | None = "application/json") -> tuple[int, Any]:
+    """One request with exactly these headers (urllib would replace ``Connection``); ``body`` is
+    sent as JSON, or as it is when ``bytes``; ``content_type=None`` sends none."""
     context = ssl.create_default_context(cafile=gw.ca_file)
     conn = http.client.HTTPSConnection("localhost", gw.server.port, context=context, timeout=30)
     try:
-        data = json.dumps(body).encode() if body is not None else None
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else None
         conn.putrequest(method, path, skip_accept_encoding=True)
         conn.putheader("Authorization", f"Bearer {token}")
-        conn.putheader("Content-Type", content_type)
+        if content_type is not None:
+            conn.putheader("Content-Type", content_type)
         for name, value in (headers or {}).items():
             conn.putheader(name, value)
         if data is not None:

@@ -654,6 +654,8 @@ class RecordedRequest:
     query: str
     headers: Headers
     body_length: int
+    #: the request body exactly as it arrived (objects' bodies; upgrades and test endpoints: empty)
+    body: bytes = b""
 
     @property
     def params(self) -> dict[str, str]:
@@ -802,7 +804,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._test_endpoint(url.query)
                 return
             body = self._read_body(MAX_OBJECT_BODY)
-            self._record(url.query)
+            self._record(url.query, body)
             recorded = True
             self._authenticate()
             self._route(body)
@@ -819,9 +821,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(500, ApiError(500, "InternalError",
                                               f"fake apiserver bug: {exc!r}").status())
 
-    def _record(self, query: str) -> None:
+    def _record(self, query: str, body: bytes = b"") -> None:
         self.fake.requests.append(RecordedRequest(
-            self.command, self.url_path, query, self.req_headers, self._body_length))
+            self.command, self.url_path, query, self.req_headers, self._body_length, body))
 
     def _authenticate(self) -> None:
         if self.fake.client_ca is not None and not self.req_headers.get("Authorization"):
