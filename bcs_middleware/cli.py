@@ -233,8 +233,10 @@ def _check_client_ca(path: str) -> None:
 def _refuse_a_second_ca(database_url: str | None, data_dir: Path, tls_dir: Path) -> None:
     """Before making a CA in ``tls_dir``: refuse when the database records the gateways' CA already —
     this instance must hand out that one, not mint its own."""
+    from bcs_middleware.store.crypto import SecretBox
+    from bcs_middleware.store.sql import SQLStore, sqlite_url
+
     from .instance_checks import recorded_ca
-    from .store import SecretBox, SQLStore, sqlite_url
 
     if (tls_dir / "ca.crt").exists():
         return
@@ -510,9 +512,10 @@ def _warn_if_few_descriptors(connections: int) -> None:
 
 def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None,
                     cert_for_api: Path | None) -> Callable[[], Any]:
+    from bcs_middleware.store.sql import open_store
+
     from .errors import ConfigError
     from .gateway import build_gateway, config_from_options
-    from .store import open_store
 
     options: dict[str, Any] = {
         "data_dir": str(data_dir),
@@ -629,7 +632,8 @@ def _registration_hooks(args: argparse.Namespace, bind: str, scheme: str, role: 
     """One ZooKeeper node per server, in the source system's layout, removed on clean exit."""
     import socket
 
-    from .discovery import DEFAULT_ROOT, Endpoint
+    from bcs_middleware.discovery.base import DEFAULT_ROOT, Endpoint
+
     from .discovery.registration import apiserver_path, driver_path, gunicorn_hooks, mesos_driver_path
 
     address = args.advertise or bind

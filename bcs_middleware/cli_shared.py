@@ -20,7 +20,7 @@ from .datadir import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE, DEFAULT_DATA_DIR, announ
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .store import SQLStore
+    from bcs_middleware.store.sql import SQLStore
 
 ROTATE_DESCRIPTION = (
     "Give a bootstrap superuser (default: admin) a new token in the gateway's database, and revoke the "
@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _open_store(args: argparse.Namespace) -> SQLStore:
-    from .store import SecretBox, SQLStore, sqlite_url
+    from bcs_middleware.store.crypto import SecretBox
+    from bcs_middleware.store.sql import SQLStore, sqlite_url
 
     data_dir = Path(args.data_dir).absolute()
     if not args.database_url and not (data_dir / "bcs.sqlite3").exists():

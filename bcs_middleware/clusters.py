@@ -24,9 +24,10 @@ import functools
 import threading
 from typing import Protocol
 
+from bcs_middleware.store.records import ClusterRecord, CredentialRecord
+
 from . import environ as env
 from .lru import LRUCache
-from .store import ClusterRecord, CredentialRecord
 
 __all__ = ["CachedDirectory", "ClusterDirectory", "impersonating", "upstream_for"]
 

@@ -45,12 +45,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bcs_middleware.discovery.base import DEFAULT_ROOT, Discovery, Endpoint
+from bcs_middleware.discovery.static import StaticDiscovery
+from bcs_middleware.scheduler.routes import scheduler_call
+
 from . import converters as conv
 from . import environ as env
 from .admission.api import AdmissionWebhookAPI
 from .admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
 from .bodies import media_type, parse_json, read_bounded, replace_body
-from .discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from .errors import (
     BadRequest,
     BcsCode,
@@ -64,7 +67,6 @@ from .errors import (
 from .middleware.admission import AdmissionMiddleware
 from .middleware.mesos import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
 from .middleware.webconsole import WEBCONSOLE, WebconsoleRouting
-from .scheduler import scheduler_call
 from .scheduler.routes import canonical
 from .upstream.addresses import AddressPolicy
 from .upstream.proxy import UpstreamProxy
@@ -383,7 +385,8 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
     if definitions_file and (database_url or data_dir):
         raise ConfigError(f"[{section}] set definitions_file or database_url/data_dir, not both")
     if database_url or data_dir:
-        from .store import open_store
+        from bcs_middleware.store.sql import open_store
+
         from .store.definitions import SQLDefinitionStore
 
         # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.

@@ -34,12 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bcs_middleware.discovery.base import Discovery, Endpoint
+from bcs_middleware.discovery.static import StaticDiscovery
+from bcs_middleware.store.records import Holder
+from bcs_middleware.store.sql import SQLStore, open_store
+
 from . import converters as conv
 from . import environ as env
 from .api.app import AGENT_REPORT, ManagementAPI
 from .api.context import APISettings
 from .clusters import CachedDirectory
-from .discovery import Discovery, Endpoint, StaticDiscovery
 from .errors import ConfigError, Forbidden, NotFound, Unauthorized
 from .metrics import BATCH
 from .middleware.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware, bearer_token
@@ -53,7 +57,6 @@ from .permissions import ClusterAuthorizer, ClusterCreators
 from .quotas import Quotas, limit_value
 from .rbac.api import RBACStatusApp
 from .rbac.service import build_service
-from .store import Holder, SQLStore, open_store
 from .store.crypto import new_token, token_digest
 from .tunnel.endpoint import AgentTunnelMiddleware
 from .tunnel.registry import LocalAgents, LocalOnlyDialer
@@ -597,7 +600,8 @@ def build_gateway(
         public_requests=(AGENT_REPORT,),
     )
     if config.audit_log:
-        from .audit import DEFAULT_POLICY, AuditMiddleware, AuditSink, load_policy
+        from bcs_middleware.audit.middleware import AuditMiddleware, AuditSink
+        from bcs_middleware.audit.policy import DEFAULT_POLICY, load_policy
 
         # Outside token auth: a tunnel request refused for its token is audited too.
         policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY

@@ -34,10 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from bcs_middleware.store.records import ClusterRecord
+
 from . import environ as env
 from .errors import Forbidden, NotFound
 from .lru import LoadingCache
-from .store import ClusterRecord
 
 VIEW = "view"
 EDIT = "edit"

@@ -36,11 +36,9 @@ import urllib3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bcs_middleware.admission import (  # noqa: E402
-    MemoryDefinitionStore,
-    WebhookClient,
-    parse_bcs_definition,
-)
+from bcs_middleware.admission.client import WebhookClient  # noqa: E402
+from bcs_middleware.admission.definitions import parse_bcs_definition  # noqa: E402
+from bcs_middleware.admission.store import MemoryDefinitionStore  # noqa: E402
 from bcs_middleware.middleware.admission import AdmissionMiddleware  # noqa: E402
 from tests.support.servers import free_port, wait_for_port  # noqa: E402
 

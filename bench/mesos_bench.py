@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bcs_middleware import environ as env  # noqa: E402
-from bcs_middleware.discovery import DEFAULT_ROOT, Endpoint, StaticDiscovery  # noqa: E402
+from bcs_middleware.discovery.base import DEFAULT_ROOT, Endpoint  # noqa: E402
 from bcs_middleware.discovery.registration import Registrar, driver_path  # noqa: E402
+from bcs_middleware.discovery.static import StaticDiscovery  # noqa: E402
 from bcs_middleware.discovery.zookeeper import ZookeeperDiscovery  # noqa: E402
 from bcs_middleware.middleware.mesos import MesosRoutingMiddleware  # noqa: E402
 from bcs_middleware.upstream.proxy import UpstreamProxy  # noqa: E402

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> None:
 
     from cryptography.fernet import Fernet
 
-    from bcs_middleware.store import SecretBox
+    from bcs_middleware.store.crypto import SecretBox
     from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerListener
 
     server = socket.create_server(("127.0.0.1", 0))

@@ -207,7 +207,7 @@ def main() -> int:
 
     from bcs_middleware.gateway import GatewayConfig, build_gateway
     from bcs_middleware.logsetup import LineWriterHandler
-    from bcs_middleware.store import open_store
+    from bcs_middleware.store.sql import open_store
     from bcs_middleware.upstream.proxy import UpstreamProxy
 
     # As ``serve`` sets it up (configure_logging), to --access-log instead of stdout.

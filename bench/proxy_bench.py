@@ -368,7 +368,7 @@ def _start_gateway(tmp: Path, name: str, upstream_url: str,
     for every contender so the comparison is about the WSGI path, not about who
     encrypts (serving nginx over TLS for the tunnel alone would tilt it).
     """
-    from bcs_middleware.store import open_store
+    from bcs_middleware.store.sql import open_store
 
     data_dir = tmp / name
     store = open_store(data_dir=data_dir)

@@ -201,7 +201,7 @@ def when_ready(server):  # type: ignore[no-untyped-def]
     hosts = os.environ.get("BCS_ZOOKEEPER")
     if not hosts:
         return
-    from bcs_middleware.discovery import Endpoint
+    from bcs_middleware.discovery.base import Endpoint
     from bcs_middleware.discovery.registration import apiserver_path, gunicorn_hooks
 
     host, _, port = bind[0].rpartition(":")

@@ -16,7 +16,7 @@ from typing import Any
 
 from hello_app import application as hello
 
-from bcs_middleware.admission import load_definitions_file
+from bcs_middleware.admission.store import load_definitions_file
 from bcs_middleware.middleware.admission import AdmissionMiddleware
 from bcs_middleware.middleware.auth import (
     Authenticator,

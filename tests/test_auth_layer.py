@@ -21,8 +21,8 @@ from bcs_middleware.middleware.auth import (
     bearer_token,
     filter_factory,
 )
-from bcs_middleware.store import open_store
 from bcs_middleware.store.crypto import token_digest
+from bcs_middleware.store.sql import open_store
 from tests.support.foreign_app import application
 from tests.support.servers import gunicorn, http_get
 

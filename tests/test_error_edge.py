@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware.discovery import StaticDiscovery
+from bcs_middleware.discovery.static import StaticDiscovery
 from bcs_middleware.driver import build_driver
 from bcs_middleware.middleware.context import RequestContextMiddleware
 

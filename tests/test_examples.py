@@ -19,8 +19,8 @@ from cryptography.fernet import Fernet
 from paste.deploy import loadapp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bcs_middleware.store import open_store
 from bcs_middleware.store.crypto import token_digest
+from bcs_middleware.store.sql import open_store
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import BIN, ServerProcess, free_port, gunicorn, http_get
 

@@ -99,7 +99,7 @@ def test_a_stop_under_load_ends_connections_only_between_requests(gateway: Gatew
     within the 2 s a stopping worker waits for it. Under heavy load a client may take longer,
     and its connection is then closed as idle.)
     """
-    from bcs_middleware.store import open_store
+    from bcs_middleware.store.sql import open_store
 
     # TCP health checks first (connect, close before TLS): each must count as one connection
     # that ended, however the worker counts them.

@@ -23,7 +23,8 @@ import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
-from bcs_middleware.store import SecretBox, SQLStore
+from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, copy_ca, register_cluster, served_gateway
 from tests.support.polling import wait_until

@@ -26,8 +26,9 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 
+from bcs_middleware.schemas.validation import validate
+
 from ..errors import ValidationError
-from ..schemas import validate
 
 FailurePolicy = Literal["Ignore", "Fail"]
 

@@ -18,12 +18,13 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request
 
+from bcs_middleware.store.sql import SQLStore
+
 from .. import converters as conv
 from ..errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ..permissions import ClusterAccess, ClusterAuthorizer, ClusterCreators, DriverDirectory
 from ..printable import escape
 from ..quotas import Quotas, limit_value
-from ..store import SQLStore
 from . import endpoints as ep
 from . import inventory
 from .context import APISettings, Ctx
@@ -167,7 +168,7 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Management
         quota_webhook_configurations_per_cluster = 20
         quota_permissions_per_cluster = 200
     """
-    from ..store import open_store
+    from bcs_middleware.store.sql import open_store
 
     opts = conv.convert_options("app:management_api", local_conf, _OPTIONS)
     store = open_store(opts.get("database_url"), data_dir=opts.get("data_dir"), secret_key=opts.get("secret_key"))

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from werkzeug.wrappers import Request, Response
 
+from bcs_middleware.store.records import ClusterRecord
+from bcs_middleware.store.sql import SQLStore
+
 from .. import environ as env
 from ..bodies import parse_json, read_bounded
 from ..errors import BadRequest, Forbidden, Unauthorized
 from ..permissions import ClusterAccess, ClusterCreators, DriverDirectory
 from ..quotas import Quotas
-from ..store import ClusterRecord, SQLStore
 
 if TYPE_CHECKING:
     from ..upstream.addresses import AddressPolicy

@@ -14,12 +14,13 @@ import yaml
 from cryptography import x509
 from werkzeug.wrappers import Response
 
+from bcs_middleware.schemas.validation import validate
+from bcs_middleware.store.records import ClusterRecord, PermissionRecord, PlacementRecord, TokenRecord, UserRecord
+
 from .. import environ as env
 from ..errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationError
 from ..middleware.auth import bearer_token
 from ..permissions import EDIT, VIEW, reserved_cluster_id
-from ..schemas import validate
-from ..store import ClusterRecord, PermissionRecord, PlacementRecord, TokenRecord, UserRecord
 from ..tunnel.registry import PLACEMENT_STALE_AFTER
 from .context import Ctx, json_response
 

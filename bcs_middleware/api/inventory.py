@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from werkzeug.wrappers import Response
 
+from bcs_middleware.schemas.validation import validate
+
 from ..errors import Conflict
 from ..permissions import EDIT
-from ..schemas import validate
 from .context import Ctx, json_response
 from .endpoints import cluster_json, user_json
 

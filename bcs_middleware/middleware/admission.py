@@ -679,8 +679,9 @@ def filter_factory(
         raise ConfigError("[filter:admission] definitions_file and database_url exclude each other")
     store: DefinitionStore = load_definitions_file(path) if path else MemoryDefinitionStore()
     if database_url:
+        from bcs_middleware.store.sql import open_store
+
         from ..clusters import CachedDirectory
-        from ..store import open_store
         from ..store.definitions import SQLDefinitionStore
         from ..upstream.cluster_api import TunnelClusterReader
         from ..upstream.transport import default_transport

@@ -336,7 +336,7 @@ def open_gateway_store(*, data_dir: str | Path | None = None, database_url: str 
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from ..store import open_store, sqlite_url
+    from bcs_middleware.store.sql import open_store, sqlite_url
 
     url = database_url
     if url is None:

@@ -60,11 +60,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from bcs_middleware.discovery.base import DEFAULT_ROOT, Discovery, Endpoint
+from bcs_middleware.discovery.static import StaticDiscovery
+from bcs_middleware.store.records import ClusterRecord
+
 from .. import converters as conv
 from .. import environ as env
 from .. import gojson
 from ..bodies import BufferBudget, parse_yaml, read_bounded, replace_body, yaml_node_limit
-from ..discovery import DEFAULT_ROOT, Discovery, Endpoint, StaticDiscovery
 from ..errors import (
     BadRequest,
     BcsCode,
@@ -78,7 +81,6 @@ from ..errors import (
 from ..paths import refuse_encoded_separators, safe_rest
 from ..permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
 from ..scheduler.routes import canonical
-from ..store import ClusterRecord
 
 log = logging.getLogger(__name__)
 

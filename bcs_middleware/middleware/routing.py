@@ -152,7 +152,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     """
     import logging
 
-    from ..store import open_store
+    from bcs_middleware.store.sql import open_store
 
     opts = conv.convert_options("filter:cluster_routing", local_conf, _OPTIONS)
     if not opts.get("database_url"):

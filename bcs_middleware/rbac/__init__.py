@@ -7,23 +7,3 @@
 * :mod:`.service` — :class:`RBACService`, the background runner;
 * :mod:`.api` — ``GET /rest/rbac/status``.
 """
-
-from __future__ import annotations
-
-from .model import Grant, Permissions, PermissionsError, load_permissions, parse_permissions
-from .service import RBACService, build_service
-from .sources import FileSource, HTTPSource, PermissionSource, SourceError
-
-__all__ = [
-    "FileSource",
-    "Grant",
-    "HTTPSource",
-    "PermissionSource",
-    "Permissions",
-    "PermissionsError",
-    "RBACService",
-    "SourceError",
-    "build_service",
-    "load_permissions",
-    "parse_permissions",
-]

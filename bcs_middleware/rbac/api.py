@@ -23,9 +23,10 @@ from typing import Any
 
 from werkzeug.wrappers import Response
 
+from bcs_middleware.store.sql import SQLStore
+
 from .. import environ as env
 from ..errors import BCSError, Forbidden, MethodNotAllowed, Unauthorized
-from ..store import SQLStore
 from .leader import LeaderLease
 from .service import CLUSTER_SCOPE, SOURCE_SCOPE, read_status
 

@@ -11,8 +11,9 @@ import json
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from bcs_middleware.store.records import CredentialRecord
+
 from ..errors import BCSError
-from ..store import CredentialRecord
 from ..upstream.cluster_api import cluster_request
 from ..upstream.transport import Transport
 from .model import RBAC_API, Binding

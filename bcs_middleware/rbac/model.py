@@ -34,9 +34,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bcs_middleware.schemas.validation import validate
+
 from ..bodies import parse_yaml
 from ..errors import BadRequest, ValidationError
-from ..schemas import validate
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "bcs-middleware"

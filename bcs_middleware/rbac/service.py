@@ -37,10 +37,12 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from bcs_middleware.store import models as m
+from bcs_middleware.store.records import CredentialRecord
+from bcs_middleware.store.sql import SQLStore
+
 from .. import metrics
 from ..errors import BCSError, ConfigError
-from ..store import CredentialRecord, SQLStore
-from ..store import models as m
 from ..upstream.addresses import AddressPolicy
 from ..upstream.transport import PooledTransport, Transport
 from .leader import LeaderLease

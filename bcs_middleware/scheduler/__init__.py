@@ -3,10 +3,3 @@
 :mod:`.routes` says which driver request becomes which scheduler call;
 :mod:`.convert` builds the scheduler's types from the v4 documents.
 """
-
-from __future__ import annotations
-
-from .convert import ConversionError
-from .routes import SchedulerCall, scheduler_call
-
-__all__ = ["ConversionError", "SchedulerCall", "scheduler_call"]

@@ -62,10 +62,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
+from bcs_middleware.scheduler import convert, v4fields
+
 from .. import gojson
 from ..errors import BadRequest, NotFound
 from ..gotypes import GoType, GoTypeError, Ptr, decode
-from . import convert, v4fields
 from .convert import (
     APPLICATION,
     BCS_JSON_DECODE,

@@ -17,6 +17,8 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from bcs_middleware.store import models as m
+
 from ..admission.definitions import (
     BcsDefinition,
     K8sConfiguration,
@@ -25,7 +27,6 @@ from ..admission.definitions import (
 )
 from ..errors import Conflict
 from ..quotas import QuotaExceeded
-from . import models as m
 from .sql import WEBHOOKS_TOPIC as TOPIC
 from .sql import SQLStore
 

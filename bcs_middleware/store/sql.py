@@ -26,10 +26,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.sql import ColumnElement
 
+from bcs_middleware.store import models as m
+
 from ..errors import Conflict, NotFound, ServiceUnavailable
 from ..quotas import QuotaExceeded
-from . import models as m
-from .crypto import SecretBox, digests_equal, new_token, token_digest
+from .crypto import SecretBox, digests_equal, load_key_source, new_token, token_digest
 from .records import (
     AuditRecord,
     ClusterRecord,
@@ -1153,3 +1154,24 @@ class SQLStore:
         with self.connection() as conn:
             value = conn.execute(select(func.max(m.revisions.c.revision)).where(m.revisions.c.topic == topic)).scalar()
         return int(value or 0)
+
+
+def open_store(
+    url: str | None = None,
+    *,
+    data_dir: str | Path | None = None,
+    secret_key: str | None = None,
+    migrate: bool = True,
+) -> SQLStore:
+    """The one way to get a store: URL (or SQLite in ``data_dir``), keys, migrations."""
+    data_path = Path(data_dir) if data_dir is not None else None
+    if url is None:
+        if data_path is None:
+            raise ValueError("open_store needs a database URL or a data directory")
+        data_path.mkdir(parents=True, exist_ok=True)
+        url = sqlite_url(data_path)
+    keys, origin = load_key_source(secret_key, data_path)
+    store = SQLStore(url, secrets=SecretBox(keys, origin=origin))
+    if migrate:
+        store.migrate()
+    return store

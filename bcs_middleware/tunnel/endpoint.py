@@ -68,11 +68,12 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 
+from bcs_middleware.store.sql import SQLStore
+
 from .. import metrics
 from ..clusters import CachedDirectory
 from ..errors import BadRequest, BCSError, Conflict, NotImplementedByServer, Unauthorized
 from ..lifecycle import serving_workers
-from ..store import SQLStore
 from ..store.crypto import token_digest
 from ..upgrade_request import upgrade_protocol
 from ..upstream.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut_client

@@ -30,9 +30,11 @@ import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.records import Holder, PlacementRecord
+
 from ..errors import AgentUnavailable
 from ..metrics import AGENT_DIALS
-from ..store import Holder, PlacementRecord, SecretBox
 from ..upstream.stream_connection import ByteStream
 from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener, split_host_port
 from .registry import PLACEMENT_STALE_AFTER, LocalAgents, PlacementStore, unavailable

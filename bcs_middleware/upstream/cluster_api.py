@@ -18,12 +18,13 @@ import json
 import logging
 from typing import Any
 
+from bcs_middleware.store.records import CredentialRecord
+
 from .. import environ as env
 from ..bodies import parse_json
 from ..clusters import CachedDirectory, upstream_for
 from ..errors import BadGateway, BadRequest, BCSError, ServiceUnavailable, UpstreamUnreachable
 from ..paths import encode_path
-from ..store import CredentialRecord
 from .transport import Transport
 
 log = logging.getLogger(__name__)

@@ -69,6 +69,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from bcs_middleware.upstream import departure
+from bcs_middleware.upstream import upgrade as upg
+
 from .. import environ as env
 from .. import metrics, upgrade_request
 from ..bodies import body_stalled, declared_length
@@ -83,8 +86,6 @@ from ..errors import (
     UpstreamUnreachable,
 )
 from ..shapes import ShapeCache
-from . import departure
-from . import upgrade as upg
 from .transport import HOP_BY_HOP, PooledTransport, Response, Transport, named_by_connection
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ import pytest
 import trustme
 from werkzeug.serving import make_server
 
-from bcs_middleware.admission import CircuitBreaker, MemoryDefinitionStore, WebhookClient
+from bcs_middleware.admission.client import CircuitBreaker, WebhookClient
+from bcs_middleware.admission.store import MemoryDefinitionStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "webhooks"
 if str(EXAMPLES) not in sys.path:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware.admission import AdmissionEngine, MemoryDefinitionStore
 from bcs_middleware.admission.api import AdmissionWebhookAPI
+from bcs_middleware.admission.engine import AdmissionEngine
+from bcs_middleware.admission.store import MemoryDefinitionStore
 from bcs_middleware.environ import USER, User
 
 from .conftest import (

@@ -273,7 +273,8 @@ def test_delete_without_a_matching_rule_passes_unread(hooks, ca) -> None:  # typ
 
 def test_a_kind_hidden_in_a_json_escape_is_still_admitted(hooks, ca) -> None:  # type: ignore[no-untyped-def]
     """The fast no-match check must not let "\\u0044eployment" slip past a Deployment definition."""
-    from bcs_middleware.admission import MemoryDefinitionStore, parse_bcs_definition
+    from bcs_middleware.admission.definitions import parse_bcs_definition
+    from bcs_middleware.admission.store import MemoryDefinitionStore
 
     from .conftest import bcs_add_label, bcs_definition, bcs_webhook
 

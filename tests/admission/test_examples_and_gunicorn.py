@@ -16,7 +16,8 @@ import trustme
 from webhook_kit import https_server
 from werkzeug.test import Client
 
-from bcs_middleware.admission import MemoryDefinitionStore, parse_bcs_definition, parse_k8s_configuration
+from bcs_middleware.admission.definitions import parse_bcs_definition, parse_k8s_configuration
+from bcs_middleware.admission.store import MemoryDefinitionStore
 from bcs_middleware.environ import CLUSTER, Cluster
 from bcs_middleware.errors import ConfigError
 from bcs_middleware.middleware.admission import AdmissionMiddleware, filter_factory

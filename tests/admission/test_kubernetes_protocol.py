@@ -10,7 +10,8 @@ import jsonpatch
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware.admission import MemoryDefinitionStore, parse_k8s_configuration
+from bcs_middleware.admission.definitions import parse_k8s_configuration
+from bcs_middleware.admission.store import MemoryDefinitionStore
 from bcs_middleware.environ import ADMISSION, CLUSTER, USER, Cluster, User
 from bcs_middleware.middleware.admission import AdmissionMiddleware
 

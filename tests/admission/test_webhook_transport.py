@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trustme
 
-from bcs_middleware.admission import CircuitBreaker, WebhookCallError, WebhookClient
+from bcs_middleware.admission.client import CircuitBreaker, WebhookCallError, WebhookClient
 from bcs_middleware.admission.definitions import ClientConfig
 from bcs_middleware.upstream.addresses import AddressPolicy
 from bcs_middleware.upstream.transport import PooledTransport

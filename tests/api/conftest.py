@@ -8,8 +8,8 @@ from cryptography.fernet import Fernet
 from werkzeug.test import Client
 
 from bcs_middleware.gateway import BootstrapUser, GatewayConfig, build_gateway
-from bcs_middleware.store import open_store
 from bcs_middleware.store.crypto import token_digest
+from bcs_middleware.store.sql import open_store
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789abcdefghijkl"
 

@@ -16,7 +16,7 @@ from bcs_middleware.gateway import config_from_options
 from bcs_middleware.middleware.auth import StoreAuthenticator, TokenAuthMiddleware
 from bcs_middleware.permissions import ClusterCreators, reserved_cluster_id
 from bcs_middleware.quotas import Quotas
-from bcs_middleware.store import open_store
+from bcs_middleware.store.sql import open_store
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import requests
 from werkzeug.serving import make_server
 
 from bcs_middleware import environ as env
-from bcs_middleware.discovery import DEFAULT_ROOT, Endpoint
+from bcs_middleware.discovery.base import DEFAULT_ROOT, Endpoint
 from bcs_middleware.discovery.registration import Registrar
 from bcs_middleware.middleware.mesos import MesosRoutingMiddleware
 from bcs_middleware.upstream.proxy import UpstreamProxy

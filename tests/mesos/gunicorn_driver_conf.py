@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from bcs_middleware.discovery import Endpoint
+from bcs_middleware.discovery.base import Endpoint
 from bcs_middleware.driver import gunicorn_hooks
 
 when_ready, on_exit = gunicorn_hooks(

@@ -23,8 +23,8 @@ import trustme
 
 from bcs_middleware.admission.definitions import parse_bcs_definition
 from bcs_middleware.errors import Conflict
-from bcs_middleware.store import open_store
 from bcs_middleware.store.definitions import SQLDefinitionStore
+from bcs_middleware.store.sql import open_store
 from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
 

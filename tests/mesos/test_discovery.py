@@ -8,8 +8,9 @@ from collections import Counter
 import pytest
 from kazoo.client import KazooClient
 
-from bcs_middleware.discovery import Endpoint, StaticDiscovery, node_sequence
+from bcs_middleware.discovery.base import Endpoint, node_sequence
 from bcs_middleware.discovery.registration import apiserver_path, driver_path
+from bcs_middleware.discovery.static import StaticDiscovery
 from bcs_middleware.discovery.zookeeper import ZookeeperDiscovery
 from tests.support.polling import wait_until
 

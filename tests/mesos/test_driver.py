@@ -13,8 +13,8 @@ from kazoo.client import KazooClient
 from werkzeug.test import Client
 
 from bcs_middleware import environ as env
-from bcs_middleware.discovery import StaticDiscovery
 from bcs_middleware.discovery.registration import driver_path
+from bcs_middleware.discovery.static import StaticDiscovery
 from bcs_middleware.discovery.zookeeper import ZookeeperDiscovery
 from bcs_middleware.driver import app_factory, build_driver
 from bcs_middleware.errors import ConfigError

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from bcs_middleware.discovery import DEFAULT_ROOT
+from bcs_middleware.discovery.base import DEFAULT_ROOT
 from bcs_middleware.discovery.registration import apiserver_path, driver_path
 from tests.support.servers import BIN, ServerProcess, free_port
 

@@ -114,7 +114,7 @@ def _children(raw: KazooClient, path: str) -> list[str]:
 
 def test_a_driver_registers_in_both_layouts_and_deregisters_first_on_sigterm(
         zookeeper, registrars, tmp_path: Path) -> None:
-    from bcs_middleware.discovery import Endpoint
+    from bcs_middleware.discovery.base import Endpoint
 
     cluster = "BCS-MESOS-SIGTERM"
     root = "/compat-sigterm"

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from bcs_middleware.rbac import FileSource, RBACService
-from bcs_middleware.store import SQLStore, open_store
+from bcs_middleware.rbac.service import RBACService
+from bcs_middleware.rbac.sources import FileSource
+from bcs_middleware.store.sql import SQLStore, open_store
 from tests.support.fake_apiserver import FakeAPIServer
 
 SA_TOKEN = "rbac-test-service-account-token-0123456789"

@@ -10,7 +10,7 @@ from werkzeug.test import Client
 
 from bcs_middleware import environ as env
 from bcs_middleware.rbac.api import RBACStatusApp
-from bcs_middleware.store import SQLStore
+from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 
 from .conftest import PermissionFile, add_cluster, make_service, run_once

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bcs_middleware.rbac.leader import LeaderLease
-from bcs_middleware.store import SQLStore, open_store
+from bcs_middleware.store.sql import SQLStore, open_store
 from tests.support.fake_apiserver import FakeAPIServer
 
 from .conftest import PermissionFile, add_cluster, binding_names, make_service, wait_until

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from bcs_middleware.errors import ConfigError
-from bcs_middleware.rbac import FileSource, build_service
 from bcs_middleware.rbac.model import Grant, binding_name, desired_bindings, load_permissions
-from bcs_middleware.store import SQLStore
+from bcs_middleware.rbac.service import build_service
+from bcs_middleware.rbac.sources import FileSource
+from bcs_middleware.store.sql import SQLStore
 
 
 @pytest.mark.parametrize("grant, name", [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bcs_middleware.rbac.model import MANAGED_BY_LABEL, OWNED_SELECTOR
-from bcs_middleware.store import SQLStore
+from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.servers import free_port
 

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import trustme
 
-from bcs_middleware.rbac import HTTPSource, PermissionsError, RBACService, SourceError
-from bcs_middleware.store import SQLStore
+from bcs_middleware.rbac.model import PermissionsError
+from bcs_middleware.rbac.service import RBACService
+from bcs_middleware.rbac.sources import HTTPSource, SourceError
+from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 
 from .conftest import add_cluster, binding_names, run_once, writes

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bcs_middleware.rbac import FileSource, RBACService
-from bcs_middleware.store import SQLStore, open_store
+from bcs_middleware.rbac.service import RBACService
+from bcs_middleware.rbac.sources import FileSource
+from bcs_middleware.store.sql import SQLStore, open_store
 from tests.support.fake_apiserver import FakeAPIServer, rbac_authorizer
 from tests.support.kube import kubectl, kubectl_path
 from tests.tunnel.conftest import CLUSTER, Gateway

@@ -28,7 +28,8 @@ import pytest
 from bcs_middleware.errors import ConfigError
 from bcs_middleware.gateway import config_from_options
 from bcs_middleware.rbac.kube import BindingClient, KubeError
-from bcs_middleware.store import CredentialRecord, open_store
+from bcs_middleware.store.records import CredentialRecord
+from bcs_middleware.store.sql import open_store
 from bcs_middleware.upstream.addresses import AddressPolicy, AddressRefused
 from bcs_middleware.upstream.cluster_api import cluster_request
 from bcs_middleware.upstream.transport import PooledTransport
@@ -303,7 +304,7 @@ def test_admission_and_rbac_reads_of_a_cluster_obey_the_policy(traps: dict[str, 
 
 def test_the_rbac_service_gets_the_gateways_policy(tmp_path: Path) -> None:
     from bcs_middleware.rbac.service import build_service
-    from bcs_middleware.store import open_store
+    from bcs_middleware.store.sql import open_store
 
     source = tmp_path / "grants.json"
     source.write_text("{}")

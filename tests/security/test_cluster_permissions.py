@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bcs_middleware.store import open_store
+from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from bcs_middleware.discovery import Endpoint
+from bcs_middleware.discovery.base import Endpoint
 from bcs_middleware.discovery.registration import Registrar, driver_path
 from tests.support import zookeeper
 from tests.support.fake_upstream import FakeUpstream

@@ -32,8 +32,8 @@ from webhook_kit import https_server
 
 from bcs_middleware.admission.definitions import parse_bcs_definition
 from bcs_middleware.bodies import MAX_DEPTH
-from bcs_middleware.store import open_store
 from bcs_middleware.store.definitions import SQLDefinitionStore
+from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.gateway import CLI, CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway

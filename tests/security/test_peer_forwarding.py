@@ -27,7 +27,10 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import update
 
-from bcs_middleware.store import Holder, SecretBox, SQLStore, models, open_store
+from bcs_middleware.store import models
+from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.records import Holder
+from bcs_middleware.store.sql import SQLStore, open_store
 from bcs_middleware.tls import self_signed_server_cert
 from bcs_middleware.tunnel.peers import GREETING, PEER_KEY_PURPOSE, PeerAddress, PeerListener
 from tests.support.fake_apiserver import FakeAPIServer

@@ -21,7 +21,7 @@ import pytest
 import trustme
 from cryptography.fernet import Fernet
 
-from bcs_middleware.store import SecretBox
+from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.tunnel.peers import GREETING, PEER_KEY_PURPOSE
 from tests.support.gateway import Gateway, served_gateway
 from tests.support.peer_link import RawPeer

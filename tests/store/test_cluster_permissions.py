@@ -8,8 +8,9 @@ from cryptography.fernet import Fernet
 from bcs_middleware import environ as env
 from bcs_middleware.errors import Conflict, NotFound
 from bcs_middleware.permissions import EDIT, VIEW, ClusterAuthorizer
-from bcs_middleware.store import SecretBox, SQLStore
+from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.migrate import upgrade
+from bcs_middleware.store.sql import SQLStore
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from cryptography.fernet import Fernet
 
 from bcs_middleware.admission.definitions import parse_bcs_definition, parse_k8s_configuration
 from bcs_middleware.errors import Conflict
-from bcs_middleware.store import open_store
 from bcs_middleware.store.definitions import SQLDefinitionStore
+from bcs_middleware.store.sql import open_store
 from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
 
 

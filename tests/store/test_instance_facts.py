@@ -10,9 +10,8 @@ from cryptography.fernet import Fernet
 
 from bcs_middleware.errors import ConfigError
 from bcs_middleware.instance_checks import check_gateway_ca, check_secret_key, record_gateway_ca, recorded_ca
-from bcs_middleware.store import SecretBox, SQLStore
-from bcs_middleware.store.crypto import token_digest
-from bcs_middleware.store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
+from bcs_middleware.store.crypto import SecretBox, token_digest
+from bcs_middleware.store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT, SQLStore
 
 
 def _key() -> str:

@@ -6,8 +6,9 @@ from alembic import command
 from cryptography.fernet import Fernet
 from sqlalchemy import inspect
 
-from bcs_middleware.store import SecretBox, SQLStore
+from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.migrate import alembic_config, current_revision, head_revision, upgrade
+from bcs_middleware.store.sql import SQLStore
 
 
 def test_upgrade_from_the_first_revision_keeps_data(database_url: str) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import Fernet
 
-from bcs_middleware.store import Holder, SecretBox, SQLStore
+from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.migrate import upgrade
+from bcs_middleware.store.records import Holder
+from bcs_middleware.store.sql import SQLStore
 
 
 @pytest.fixture

@@ -21,10 +21,11 @@ from cryptography.fernet import Fernet
 from bcs_middleware.admission.definitions import parse_bcs_definition, parse_k8s_configuration
 from bcs_middleware.errors import Conflict
 from bcs_middleware.quotas import QuotaExceeded, Quotas
-from bcs_middleware.store import SecretBox, SQLStore, open_store
 from bcs_middleware.store import models as m
+from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.migrate import upgrade
+from bcs_middleware.store.sql import SQLStore, open_store
 from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
 
 #: Racers in the concurrent cases, and the limit they race for.
@@ -233,7 +234,7 @@ def test_clusters_registered_before_the_quota_count_for_their_creator(database_u
 
 
 def test_the_migrated_schema_is_the_models(database_url: str) -> None:
-    from bcs_middleware.rbac import tables  # the RBAC service's tables are on the same metadata
+    from bcs_middleware.rbac import tables
 
     assert tables.leases.metadata is m.metadata
     store = SQLStore(database_url, secrets=SecretBox([Fernet.generate_key()]))

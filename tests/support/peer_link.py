@@ -13,7 +13,7 @@ import secrets
 import socket
 import ssl
 
-from bcs_middleware.store import Holder
+from bcs_middleware.store.records import Holder
 from bcs_middleware.tls import cert_fingerprint
 from bcs_middleware.tunnel.peers import GREETING, request_mac
 from tests.support.servers import ConnectionServer

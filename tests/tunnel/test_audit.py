@@ -220,7 +220,7 @@ def test_a_secret_is_never_written_whatever_the_policy(gw: Gateway) -> None:
 
 
 def test_policy_errors_are_clear(tmp_path: Path) -> None:
-    from bcs_middleware.audit import parse_policy
+    from bcs_middleware.audit.policy import parse_policy
     from bcs_middleware.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"rules\[0\].level"):
@@ -234,7 +234,8 @@ def _in_process(app: Any, policy: Any = None) -> tuple[Any, Any]:
 
     from werkzeug.test import Client
 
-    from bcs_middleware.audit import DEFAULT_POLICY, AuditMiddleware, AuditSink
+    from bcs_middleware.audit.middleware import AuditMiddleware, AuditSink
+    from bcs_middleware.audit.policy import DEFAULT_POLICY
 
     stream = io.StringIO()
     sink = AuditSink(stream)
@@ -339,7 +340,7 @@ def test_the_audit_filter_from_an_ini_audits_refused_and_served_requests(tmp_pat
     from paste.deploy import loadapp
     from werkzeug.test import Client
 
-    from bcs_middleware.audit import AuditMiddleware
+    from bcs_middleware.audit.middleware import AuditMiddleware
     from bcs_middleware.middleware.auth import TokenAuthMiddleware
     from bcs_middleware.middleware.context import RequestContextMiddleware
     from bcs_middleware.store.crypto import token_digest

@@ -158,8 +158,8 @@ def test_tls_server_name_override(apiserver: FakeAPIServer, server_name: str) ->
     from werkzeug.test import Client
 
     from bcs_middleware.gateway import BootstrapUser, GatewayConfig, build_gateway
-    from bcs_middleware.store import open_store
     from bcs_middleware.store.crypto import token_digest
+    from bcs_middleware.store.sql import open_store
     from bcs_middleware.upstream.transport import PooledTransport
 
     key = Fernet.generate_key().decode()

@@ -59,7 +59,7 @@ def test_routing_fills_every_upstream_field_from_the_cluster_and_its_credentials
 
     from bcs_middleware import environ as env
     from bcs_middleware.middleware.routing import ClusterRoutingMiddleware
-    from bcs_middleware.store import ClusterRecord, CredentialRecord
+    from bcs_middleware.store.records import ClusterRecord, CredentialRecord
 
     class Directory:
         def find_cluster(self, cluster_id: str) -> ClusterRecord | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bcs_middleware.store import open_store
+from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, served_gateway
 from tests.support.kube import write_kubeconfig

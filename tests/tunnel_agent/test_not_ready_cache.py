@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bcs_middleware.clusters import NOT_READY_TTL, CachedDirectory
-from bcs_middleware.store import ClusterRecord, CredentialRecord
+from bcs_middleware.store.records import ClusterRecord, CredentialRecord
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway
 from tests.support.polling import wait_until

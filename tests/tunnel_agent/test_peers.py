@@ -22,7 +22,9 @@ import pytest
 from cryptography.fernet import Fernet
 
 from bcs_middleware.errors import AgentUnavailable, ConfigError
-from bcs_middleware.store import Holder, SecretBox, SQLStore, open_store
+from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.records import Holder
+from bcs_middleware.store.sql import SQLStore, open_store
 from bcs_middleware.tls import generate_ca, issue_server_cert
 from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener
 from bcs_middleware.tunnel.router import AgentRouter

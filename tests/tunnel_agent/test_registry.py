@@ -22,8 +22,8 @@ import pytest
 from bcs_middleware.clusters import upstream_for
 from bcs_middleware.environ import Upstream
 from bcs_middleware.errors import AgentUnavailable
-from bcs_middleware.store import CredentialRecord, Holder, PlacementRecord
 from bcs_middleware.store.crypto import token_digest
+from bcs_middleware.store.records import CredentialRecord, Holder, PlacementRecord
 from bcs_middleware.tunnel.registry import LocalAgents, LocalOnlyDialer
 from bcs_middleware.tunnel.session import Session
 from bcs_middleware.upstream.addresses import AddressPolicy

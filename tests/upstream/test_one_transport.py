@@ -18,7 +18,7 @@ from bcs_middleware.admission.client import WebhookClient
 from bcs_middleware.gateway import GatewayConfig, build_gateway
 from bcs_middleware.rbac.service import RBACService, build_service
 from bcs_middleware.rbac.sources import HTTPSource
-from bcs_middleware.store import open_store
+from bcs_middleware.store.sql import open_store
 from bcs_middleware.upstream.addresses import AddressPolicy
 from bcs_middleware.upstream.transport import PooledTransport
 
