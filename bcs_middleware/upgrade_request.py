@@ -1,4 +1,7 @@
-"""Is this request a connection upgrade? — decided once, here, for every layer.
+"""HTTP header facts every layer agrees on: hop-by-hop fields, ``Connection`` options, and
+whether a request is a connection upgrade — decided once, here.
+
+Is this request a connection upgrade?
 
 The admission layer and the upstream proxy must agree on this: if admission
 treated a request as an upgrade (and skipped the webhooks) while the proxy
@@ -17,12 +20,42 @@ admits it like any other.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-# The proxy imports this module as a whole (``from .. import upgrade_request``), so the
-# transport import below may run while the upstream package is still loading.
 from . import environ as env
-from .upstream.transport import connection_tokens
+
+# Header fields that concern one connection only, never relayed by a proxy (RFC 9110 §7.6.1);
+# so are the fields a ``Connection`` header names.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
+})
+# Connection values up to this long are remembered parsed (a client's can be 8 KiB).
+_CACHED_VALUE = 256
+
+
+def connection_tokens(value: str | None) -> frozenset[str]:
+    """The lower-cased options of a ``Connection`` header value."""
+    if not value:
+        return frozenset()
+    return _tokens(value) if len(value) <= _CACHED_VALUE else _tokens.__wrapped__(value)
+
+
+def named_by_connection(value: str) -> frozenset[str]:
+    """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
+    return _named(value) if len(value) <= _CACHED_VALUE else connection_tokens(value) - HOP_BY_HOP
+
+
+@functools.lru_cache(maxsize=256)
+def _tokens(value: str) -> frozenset[str]:
+    return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
+
+
+@functools.lru_cache(maxsize=256)
+def _named(value: str) -> frozenset[str]:
+    return _tokens(value) - HOP_BY_HOP
+
 
 #: ``Upgrade`` values spliced (lower case); anything else is proxied as plain HTTP.
 PROTOCOLS = frozenset({"spdy/3.1", "websocket"})

@@ -42,16 +42,9 @@ import re
 import httptools
 
 from ..errors import BadRequest
+from ..upgrade_request import HOP_BY_HOP, connection_tokens, named_by_connection
 
-# Header fields that concern one connection only, never relayed by a proxy (RFC 9110 §7.6.1);
-# so are the fields a ``Connection`` header names.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
-})
 MAX_HEAD = 256 * 1024
-# Connection values up to this long are remembered parsed (a client's can be 8 KiB).
-_CACHED_VALUE = 256
 _CTL_IN_REASON = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
@@ -61,28 +54,6 @@ class UpstreamProtocolError(Exception):
 
 class UpstreamClosed(ConnectionError):
     """The upstream closed the connection before its answer was complete."""
-
-
-def connection_tokens(value: str | None) -> frozenset[str]:
-    """The lower-cased options of a ``Connection`` header value."""
-    if not value:
-        return frozenset()
-    return _tokens(value) if len(value) <= _CACHED_VALUE else _tokens.__wrapped__(value)
-
-
-def named_by_connection(value: str) -> frozenset[str]:
-    """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
-    return _named(value) if len(value) <= _CACHED_VALUE else connection_tokens(value) - HOP_BY_HOP
-
-
-@functools.lru_cache(maxsize=256)
-def _tokens(value: str) -> frozenset[str]:
-    return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
-
-
-@functools.lru_cache(maxsize=256)
-def _named(value: str) -> frozenset[str]:
-    return _tokens(value) - HOP_BY_HOP
 
 
 def request_head(method: str, target: str, host: str, headers: list[tuple[str, str]],
