@@ -36,7 +36,6 @@ Bytes after a complete answer are not relayed and make its connection unusable.
 
 from __future__ import annotations
 
-import functools
 import re
 
 import httptools
