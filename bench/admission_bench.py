@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bcs_middleware.admission.client import WebhookClient  # noqa: E402
 from bcs_middleware.admission.definitions import parse_bcs_definition  # noqa: E402
 from bcs_middleware.admission.store import MemoryDefinitionStore  # noqa: E402
-from bcs_middleware.middleware.admission import AdmissionMiddleware  # noqa: E402
+from bcs_middleware.layers.admission import AdmissionMiddleware  # noqa: E402
 from tests.support.servers import free_port, wait_for_port  # noqa: E402
 
 OBJ = {"apiVersion": "v4", "kind": "Deployment",

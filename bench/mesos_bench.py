@@ -31,13 +31,13 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bcs_middleware import environ as env  # noqa: E402
+from bcs_middleware.apps.proxy import UpstreamProxy  # noqa: E402
+from bcs_middleware.core import environ as env  # noqa: E402
 from bcs_middleware.discovery.base import DEFAULT_ROOT, Endpoint  # noqa: E402
 from bcs_middleware.discovery.registration import Registrar, driver_path  # noqa: E402
 from bcs_middleware.discovery.static import StaticDiscovery  # noqa: E402
 from bcs_middleware.discovery.zookeeper import ZookeeperDiscovery  # noqa: E402
-from bcs_middleware.middleware.mesos import MesosRoutingMiddleware  # noqa: E402
-from bcs_middleware.upstream.proxy import UpstreamProxy  # noqa: E402
+from bcs_middleware.layers.mesos_route import MesosRoutingMiddleware  # noqa: E402
 
 CLUSTER = "BCS-MESOS-BENCH"
 
@@ -56,7 +56,7 @@ def gateway() -> Any:
 
 def driver() -> Any:
     """gunicorn factory ``mesos_bench:driver()``."""
-    from bcs_middleware.driver import app_factory
+    from bcs_middleware.compose.driver import app_factory
 
     return app_factory({}, cluster_id=CLUSTER, zookeeper_hosts=os.environ["ZK_HOSTS"])
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What does the peer link (``bcs_middleware.tunnel.peers``) add to a stream to an agent?
+"""What does the peer link (``bcs_middleware.agent_tunnel.peers``) add to a stream to an agent?
 
 A requester reaching an agent held by another worker or instance opens a pipe through the
 holder's peer listener (TCP, TLS 1.3, challenge, HMAC credential, answer) and its bytes then
@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> None:
 
     from cryptography.fernet import Fernet
 
+    from bcs_middleware.agent_tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerListener
     from bcs_middleware.store.crypto import SecretBox
-    from bcs_middleware.tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerListener
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]

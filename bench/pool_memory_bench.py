@@ -3,7 +3,7 @@
 
 Pushes ``--clusters`` distinct upstream identities (each its own CA bundle text,
 TLS server name and address prefix, as 10,000 clusters would be) through one
-:class:`~bcs_middleware.upstream.transport.PooledTransport`, one request each,
+:class:`~bcs_middleware.outbound.transport.PooledTransport`, one request each,
 against a few loopback TLS servers (asyncio, in a child process), then keeps using
 one hot upstream while the idle state ages out. Prints this process's RSS before,
 after the burst and after the idle period, and the size of the transport's tables.
@@ -115,8 +115,8 @@ def main() -> int:
     server.start()
     ports = [ports_queue.get() for _ in range(args.servers)]
 
-    from bcs_middleware.environ import Upstream
-    from bcs_middleware.upstream.transport import PooledTransport
+    from bcs_middleware.core.environ import Upstream
+    from bcs_middleware.outbound.transport import PooledTransport
 
     wanted = {"idle_timeout": args.idle_timeout, "state_ttl": args.state_ttl, "read_timeout": 10.0}
     accepted = inspect.signature(PooledTransport).parameters

@@ -112,8 +112,8 @@ class _CannedSocket:
 def canned_transport(answer: bytes) -> Any:
     """The real transport over a socket that answers at once: the Python cost without the network's."""
     # Imported here: the metrics directory must be set before bcs_middleware loads.
-    from bcs_middleware.upstream.pool import SocketConnection
-    from bcs_middleware.upstream.transport import PooledTransport
+    from bcs_middleware.outbound.pool import SocketConnection
+    from bcs_middleware.outbound.transport import PooledTransport
 
     class CannedTransport(PooledTransport):
         def _connect(self, key: Any, label: str, *_args: Any, **_kwargs: Any) -> SocketConnection:
@@ -142,8 +142,8 @@ def _layer_cases(gateway: Any, path: str, headers: dict[str, str], store: Any, t
     """
     import dataclasses
 
-    from bcs_middleware import environ as env
-    from bcs_middleware.gateway import build_gateway
+    from bcs_middleware.compose.gateway import build_gateway
+    from bcs_middleware.core import environ as env
 
     chain = [gateway]
     while True:
@@ -199,16 +199,16 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="proxy-profile-"))
     tmp.chmod(0o755)
     (tmp / "metrics").mkdir()
-    # Must precede the first import of bcs_middleware.metrics, as under ``serve``.
+    # Must precede the first import of bcs_middleware.telemetry.metrics, as under ``serve``.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(tmp / "metrics")
     import logging
 
     import proxy_bench as pb
 
-    from bcs_middleware.gateway import GatewayConfig, build_gateway
-    from bcs_middleware.logsetup import LineWriterHandler
+    from bcs_middleware.apps.proxy import UpstreamProxy
+    from bcs_middleware.compose.gateway import GatewayConfig, build_gateway
     from bcs_middleware.store.sql import open_store
-    from bcs_middleware.upstream.proxy import UpstreamProxy
+    from bcs_middleware.telemetry.logsetup import LineWriterHandler
 
     # As ``serve`` sets it up (configure_logging), to --access-log instead of stdout.
     access = logging.getLogger("bcs_middleware.access")

@@ -4,7 +4,7 @@
 Contenders, all serving the same static bytes:
 
 1. ``nginx``         — nginx itself (the upstream of the proxies), the floor of any cost;
-2. ``upstream_proxy`` — ``bcs_middleware.upstream.proxy`` under gunicorn, in front of nginx;
+2. ``upstream_proxy`` — ``bcs_middleware.apps.proxy`` under gunicorn, in front of nginx;
 3. ``werkzeug``      — werkzeug's ``ProxyMiddleware`` under the same gunicorn settings;
 4. ``ceiling``       — a gunicorn app answering the same bytes without proxying: the most any
    Python WSGI proxy under these gunicorn settings could reach.
@@ -87,8 +87,8 @@ def gateway_app():  # type: ignore[no-untyped-def]
     Logging is configured by the same function ``serve`` uses, so the JSON access
     line goes to stdout (the server's log file here) exactly as in production.
     """
-    from bcs_middleware.gateway import GatewayConfig, build_gateway
-    from bcs_middleware.logsetup import configure_logging
+    from bcs_middleware.compose.gateway import GatewayConfig, build_gateway
+    from bcs_middleware.telemetry.logsetup import configure_logging
 
     configure_logging("info")
     return build_gateway(GatewayConfig(data_dir=Path(os.environ["BENCH_DATA_DIR"]),
@@ -435,8 +435,8 @@ def _production_config(tmp: Path) -> Path:
     conf = tmp / "gunicorn_production.py"
     if not conf.exists():
         conf.write_text(
-            "from bcs_middleware.cli import connection_slots\n"
-            "from bcs_middleware.tls import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
+            "from bcs_middleware.cli.main import connection_slots\n"
+            "from bcs_middleware.pki.certs import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
             f"globals().update(connection_slots({GUNICORN['worker_class']!r}, {GUNICORN['threads']!r}))\n"
         )
     return conf
@@ -452,7 +452,7 @@ def _serve_tls(ctx: Context, app: str, env: dict[str, str] | None = None) -> Ser
     if settings["worker_class"] == "gevent" and SERVE_WORKER:
         # serve's own gevent worker (its head/idle timeouts, its writes and Date header), so
         # that the ceiling and upstream_proxy differ from serve only by the application.
-        settings["worker_class"] = "bcs_middleware.serving.GatewayGeventWorker"
+        settings["worker_class"] = "bcs_middleware.serving.gevent_worker.GatewayGeventWorker"
     return gunicorn(app, extra=extra, env=env, **tls, **settings)  # type: ignore[arg-type]
 
 
@@ -856,7 +856,7 @@ def main() -> int:
                              "instead of --reuse-port: shows the accept imbalance")
     parser.add_argument("--stock-gevent", action="store_true",
                         help="the HTTPS ceiling and upstream_proxy on gunicorn's own gevent worker "
-                             "instead of serve's (bcs_middleware.serving.GatewayGeventWorker)")
+                             "instead of serve's (bcs_middleware.serving.gevent_worker.GatewayGeventWorker)")
     parser.add_argument("--batch-peers", action="store_true",
                         help="run wrk and every nginx under SCHED_BATCH: they no longer preempt the "
                              "servers when a write wakes them (as peers on other machines)")
@@ -942,7 +942,7 @@ def main() -> int:
                 "connections": levels}
     result: dict[str, object] = {"medians": med, "ratios": ratios_by_view, "settings": settings}
     targets: dict[str, bool] = {}
-    for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("tunnel/ceiling req/s", 0.5),
+    for name, goal in (("upstream_proxy/ceiling req/s", 0.6), ("agent_tunnel/ceiling req/s", 0.5),
                        ("tunnel_imp/ceiling req/s", 0.45)):
         if name in ratios:
             targets[f"{name} >= {goal}"] = ratios[name] >= goal

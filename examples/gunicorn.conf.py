@@ -24,13 +24,13 @@ stops the server with one message.
 
 Worker class: long watch, ``logs -f`` and exec streams stay open for as long as their clients
 keep them. The default is the gateway's **gevent** worker
-(:class:`bcs_middleware.serving.GatewayGeventWorker`): each connection is a greenlet of a few
+(:class:`bcs_middleware.serving.gevent_worker.GatewayGeventWorker`): each connection is a greenlet of a few
 kilobytes, so one worker holds thousands of streams; a request head must arrive within
 ``BCS_HEADER_TIMEOUT`` (TLS handshake included), a request body may not stall longer than
 ``BCS_BODY_IDLE_TIMEOUT``, idle keep-alive connections are closed after ``keepalive``, and beyond
 ``worker_connections`` a client is answered 503 with Retry-After instead of queueing.
 ``BCS_WORKER_CLASS=gthread`` runs gunicorn's threaded worker instead
-(:class:`bcs_middleware.gthread_worker.GatewayThreadWorker`): a thread per stream (size
+(:class:`bcs_middleware.serving.gthread_worker.GatewayThreadWorker`): a thread per stream (size
 ``threads`` for the streams one worker may hold), none of the limits above.
 
 gevent must patch the standard library before the application's modules are imported (a module
@@ -51,14 +51,14 @@ if _WORKER_CLASS == "gevent":
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bcs_middleware import datadir  # noqa: E402
-from bcs_middleware.tls import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki  # noqa: E402
+from bcs_middleware.pki.certs import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki  # noqa: E402
+from bcs_middleware.serving import datadir  # noqa: E402
 
 bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
 workers = int(os.environ.get("BCS_WORKERS", "2"))
 keepalive = int(os.environ.get("BCS_KEEPALIVE", "75"))
 if _WORKER_CLASS == "gevent":
-    from bcs_middleware.serving import gevent_worker
+    from bcs_middleware.serving.gevent_worker import gevent_worker
 
     worker_class = gevent_worker(
         header_timeout=float(os.environ.get("BCS_HEADER_TIMEOUT", "10")),
@@ -68,12 +68,12 @@ if _WORKER_CLASS == "gevent":
     # Each connection holds two descriptors (client and upstream): raise the open-file limit.
     worker_connections = int(os.environ.get("BCS_WORKER_CONNECTIONS", "8192"))
 else:
-    from bcs_middleware.cli import connection_slots
+    from bcs_middleware.cli.main import connection_slots
 
     # gunicorn's gthread with each connection counted once (a TCP health check was counted twice,
     # and a stopping worker then left with a kept-alive client's request unanswered) and its
     # lingering close off the main thread.
-    worker_class = "bcs_middleware.gthread_worker.GatewayThreadWorker"
+    worker_class = "bcs_middleware.serving.gthread_worker.GatewayThreadWorker"
     threads = int(os.environ.get("BCS_THREADS", "512"))
     # gthread counts idle keep-alive connections against worker_connections and closes a
     # connection after its answer when worker_connections - threads are idle already: clients
@@ -123,7 +123,7 @@ else:
 
 def ssl_context(conf, default_ssl_context_factory):  # type: ignore[no-untyped-def]
     # gthread asks for a server context per connection; reuse one while the files are unchanged.
-    from bcs_middleware.tls import gunicorn_ssl_context
+    from bcs_middleware.pki.certs import gunicorn_ssl_context
 
     return gunicorn_ssl_context(conf, default_ssl_context_factory)
 
@@ -136,7 +136,7 @@ logconfig_dict = {
     "disable_existing_loggers": False,
     "formatters": {
         # Escapes control characters in messages: a client's text in a log line forges no line.
-        "plain": {"class": "bcs_middleware.logsetup.EscapingFormatter",
+        "plain": {"class": "bcs_middleware.telemetry.logsetup.EscapingFormatter",
                   "format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"},
         "json": {"format": "%(message)s"},
     },
@@ -163,7 +163,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 def on_starting(server):  # type: ignore[no-untyped-def]
     # Build the application once, here, before the socket is bound and any worker starts: it
     # migrates, checks what instances sharing the database agree on and makes the admin token.
-    from bcs_middleware.lifecycle import check_in_master
+    from bcs_middleware.serving.hooks import check_in_master
 
     check_in_master(server)
     if _admin_token_existed:
@@ -181,7 +181,7 @@ def post_worker_init(worker):  # type: ignore[no-untyped-def]
     # Notes the worker's listening sockets (the upstream address policy refuses them), starts the
     # worker's peer listener (other workers and instances reach the kube-agents it holds), and
     # SIGTERM ends open watch/log streams cleanly instead of cutting them at graceful_timeout.
-    from bcs_middleware.lifecycle import post_worker_init as bcs_post_worker_init
+    from bcs_middleware.serving.hooks import post_worker_init as bcs_post_worker_init
 
     bcs_post_worker_init(worker)
 

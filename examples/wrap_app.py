@@ -17,8 +17,9 @@ from typing import Any
 from hello_app import application as hello
 
 from bcs_middleware.admission.store import load_definitions_file
-from bcs_middleware.middleware.admission import AdmissionMiddleware
-from bcs_middleware.middleware.auth import (
+from bcs_middleware.apps.proxy import UpstreamProxy
+from bcs_middleware.layers.admission import AdmissionMiddleware
+from bcs_middleware.layers.auth import (
     Authenticator,
     CachingAuthenticator,
     StaticAuthenticator,
@@ -26,7 +27,6 @@ from bcs_middleware.middleware.auth import (
     TokenAuthMiddleware,
     open_gateway_store,
 )
-from bcs_middleware.upstream.proxy import UpstreamProxy
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,7 +1,7 @@
 """Calling webhooks: pooled, TLS-verified, time-bounded, size-bounded, circuit-broken.
 
 :class:`WebhookClient` is the only code that calls webhooks, over the gateway's one
-outbound stack (:mod:`bcs_middleware.upstream.transport`).
+outbound stack (:mod:`bcs_middleware.outbound.transport`).
 Every failure leaves it as a :class:`WebhookCallError` with a short ``cause``
 (``timeout``, ``connect``, ``tls``, ``status``, ``malformed``, ``circuit_open``)
 — the metric label — and a ``detail`` safe to show a client (names, addresses
@@ -32,11 +32,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .. import environ as env
-from ..errors import BCSError
-from ..upstream.addresses import AddressRefused
-from ..upstream.failures import UpstreamFailure, UpstreamTimeout
-from ..upstream.transport import Transport, default_transport
+from ..core import environ as env
+from ..core.errors import BCSError
+from ..outbound.addresses import AddressRefused
+from ..outbound.failures import UpstreamFailure, UpstreamTimeout
+from ..outbound.transport import Transport, default_transport
 from .definitions import ClientConfig
 
 #: What a caller who is not a superuser reads for any failure to call a webhook.
@@ -115,15 +115,15 @@ class CircuitBreaker:
 class WebhookClient:
     """POST JSON to webhooks over verified HTTPS, on the gateway's one outbound transport.
 
-    A call is a POST to an :class:`~bcs_middleware.environ.Upstream` (the caBundle as
+    A call is a POST to an :class:`~bcs_middleware.core.environ.Upstream` (the caBundle as
     ``ca_pem``, the service or URL host as ``server_name``) through
-    :class:`~bcs_middleware.upstream.transport.PooledTransport`: its strict codec, its
+    :class:`~bcs_middleware.outbound.transport.PooledTransport`: its strict codec, its
     bounded pool (keep-alive connections per webhook identity), its address policy
     (a webhook URL at the metadata service or the gateway's own port is refused before
     connecting) and its one error translation, mapped here to a ``cause``.
 
     :param transport: the process's transport (the gateway passes the one all layers
-        share); default :func:`~bcs_middleware.upstream.transport.default_transport`.
+        share); default :func:`~bcs_middleware.outbound.transport.default_transport`.
     :param address_map: ``{"name.namespace": "host:port"}`` — connect there while
         still verifying the certificate against the service name (the gateway
         usually cannot resolve cluster service names).

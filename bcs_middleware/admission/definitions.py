@@ -26,9 +26,8 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 
-from bcs_middleware.schemas.validation import validate
-
-from ..errors import ValidationError
+from ..core.errors import ValidationError
+from ..core.schemas.validation import validate
 
 FailurePolicy = Literal["Ignore", "Fail"]
 

@@ -1,8 +1,8 @@
 """The admission engine: which webhooks match a request, calling them in order, the verdict.
 
-Framework-neutral: the WSGI layer (:mod:`bcs_middleware.middleware.admission`) and
+Framework-neutral: the WSGI layer (:mod:`bcs_middleware.layers.admission`) and
 the dry-run endpoint (:func:`review`) both drive it. A rejection is raised as
-:class:`AdmissionRejected` (a :class:`~bcs_middleware.errors.BCSError`, so it renders
+:class:`AdmissionRejected` (a :class:`~bcs_middleware.core.errors.BCSError`, so it renders
 itself); otherwise an :class:`Outcome` carries the final object.
 
 Failure semantics follow the kube-apiserver: with ``failurePolicy: Ignore`` a
@@ -37,12 +37,13 @@ from typing import Any, Literal, NoReturn
 
 import jsonpatch
 
-from .. import gojson, metrics
-from ..bodies import parse_json
-from ..environ import AdmissionResult, User
-from ..errors import BadRequest, BcsCode, BCSError, ValidationError
-from ..lru import LoadingCache
-from ..printable import escape
+from ..core import gojson
+from ..core.bodies import parse_json
+from ..core.environ import AdmissionResult, User
+from ..core.errors import BadRequest, BcsCode, BCSError, ValidationError
+from ..core.lru import LoadingCache
+from ..core.printable import escape
+from ..telemetry import metrics
 from .client import PUBLIC_FAILURE, WebhookCallError, WebhookClient
 from .definitions import BcsDefinition, BcsWebhook, ClientConfig, K8sWebhook
 from .equivalence import convertible, equivalents
@@ -123,7 +124,7 @@ class Outcome:
     warnings: tuple[str, ...] = ()
     audit_annotations: tuple[tuple[str, str], ...] = ()
     steps: tuple[Step, ...] = field(default=(), repr=False)
-    #: ``object``'s :func:`~bcs_middleware.gojson.dumps` when already made (else ``None``).
+    #: ``object``'s :func:`~bcs_middleware.core.gojson.dumps` when already made (else ``None``).
     encoded: bytes | None = field(default=None, repr=False)
 
     def encoding(self) -> bytes:
@@ -167,7 +168,7 @@ class _Run:
             self._obj, self._encoded = value, None
 
     def encoded(self) -> bytes:
-        """The object's one encoding (:func:`~bcs_middleware.gojson.dumps`), made once per version:
+        """The object's one encoding (:func:`~bcs_middleware.core.gojson.dumps`), made once per version:
         what every webhook is sent and what goes upstream."""
         if self._encoded is None:
             self._encoded = gojson.dumps(self._obj)

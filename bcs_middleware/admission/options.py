@@ -31,10 +31,10 @@ import copy
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ..bodies import parse_json
-from ..errors import BadRequest, BCSError
-from ..paths import encode_path, safe_rest
-from ..requestinfo import RequestInfo, classify, parse_query
+from ..core.bodies import parse_json
+from ..core.errors import BadRequest, BCSError
+from ..core.paths import encode_path, safe_rest
+from ..core.requestinfo import RequestInfo, classify, parse_query
 
 __all__ = ["connect_options", "connect_target", "delete_body", "delete_options"]
 

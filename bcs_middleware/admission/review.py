@@ -19,11 +19,11 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
-from ..bodies import parse_json
-from ..environ import User
-from ..errors import BadRequest
-from ..paths import encode_path
-from ..requestinfo import RequestInfo
+from ..core.bodies import parse_json
+from ..core.environ import User
+from ..core.errors import BadRequest
+from ..core.paths import encode_path
+from ..core.requestinfo import RequestInfo
 from .client import WebhookCallError
 
 ADMISSION_GROUP = "admission.k8s.io"
@@ -60,7 +60,7 @@ def admission_attributes(info: RequestInfo) -> RequestAttributes | None:
 
     The resource, subresource, name and namespace are the ``RequestInfo``'s, except that
     the deprecated ``/proxy/`` verb prefix is admitted as the ``proxy`` subresource it
-    reaches (:mod:`bcs_middleware.requestinfo`).
+    reaches (:mod:`bcs_middleware.core.requestinfo`).
     """
     if not info.is_resource or info.admission_operation is None:
         return None

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..bodies import parse_json, parse_yaml
-from ..environ import Upstream
-from ..errors import BadRequest, ConfigError, Conflict, ValidationError
-from ..quotas import QuotaExceeded
+from ..core.bodies import parse_json, parse_yaml
+from ..core.environ import Upstream
+from ..core.errors import BadRequest, ConfigError, Conflict, ValidationError
+from ..core.quotas import QuotaExceeded
 from .definitions import (
     BcsDefinition,
     K8sConfiguration,
@@ -43,9 +43,9 @@ class DefinitionStore(Protocol):
     def put_bcs(self, definition: BcsDefinition, *, limit: int | None = None) -> bool:
         """Create or replace by name; ``True`` if created.
 
-        Raises :class:`~bcs_middleware.errors.Conflict` when another definition
+        Raises :class:`~bcs_middleware.core.errors.Conflict` when another definition
         already covers the same (operation, kind), and
-        :class:`~bcs_middleware.quotas.QuotaExceeded` when creating would make the
+        :class:`~bcs_middleware.core.quotas.QuotaExceeded` when creating would make the
         cluster's definitions and configurations more than ``limit``.
         """
 
@@ -184,7 +184,7 @@ class ClusterReader(Protocol):
     def get_object_as(self, upstream: Upstream, api_path: str) -> dict[str, Any] | None:
         """The object at ``api_path`` read as the request's caller: with ``upstream``'s
         credential and impersonation headers (``bcs.upstream``); ``None`` if absent,
-        :class:`~bcs_middleware.errors.BCSError` with the cluster's status (403) otherwise."""
+        :class:`~bcs_middleware.core.errors.BCSError` with the cluster's status (403) otherwise."""
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
         """The labels of a namespace (``{}`` when it has none)."""

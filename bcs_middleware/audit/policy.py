@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..bodies import parse_yaml
-from ..errors import ConfigError
-from ..requestinfo import RequestInfo
+from ..core.bodies import parse_yaml
+from ..core.errors import ConfigError
+from ..core.requestinfo import RequestInfo
 
 Level = Literal["None", "Metadata", "Request", "RequestResponse"]
 LEVELS: tuple[Level, ...] = ("None", "Metadata", "Request", "RequestResponse")

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from ..bodies import parse_json
-from ..errors import BadRequest
+from ..core.bodies import parse_json
+from ..core.errors import BadRequest
 
 DEFAULT_ROOT = "/bcs/services/endpoints"
 DRIVER_DIR = "mesosdriver"

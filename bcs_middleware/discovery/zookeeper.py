@@ -37,7 +37,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from .. import metrics
+from ..telemetry import metrics
 from .base import DEFAULT_ROOT, DRIVER_DIR, SCHEDULER_DIR, Endpoint, node_sequence
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def make_client(hosts: str, timeout: float) -> Any:
 
 
 def _gevent_active() -> bool:
-    from ..upstream.departure import gevent_active
+    from ..apps.departure import gevent_active
 
     return gevent_active()
 

@@ -11,11 +11,10 @@ import json
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from bcs_middleware.store.records import CredentialRecord
-
-from ..errors import BCSError
-from ..upstream.cluster_api import cluster_request
-from ..upstream.transport import Transport
+from ..clusters.reader import cluster_request
+from ..core.errors import BCSError
+from ..core.records import CredentialRecord
+from ..outbound.transport import Transport
 from .model import RBAC_API, Binding
 
 MAX_ANSWER = 16 * 1024 * 1024

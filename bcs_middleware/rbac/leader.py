@@ -26,9 +26,8 @@ from typing import Any
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bcs_middleware.store.sql import SQLStore
-
-from ..errors import ServiceUnavailable
+from ..core.errors import ServiceUnavailable
+from ..store.sql import SQLStore
 from .tables import leases
 
 log = logging.getLogger(__name__)

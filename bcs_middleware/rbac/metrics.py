@@ -1,4 +1,4 @@
-"""The RBAC reconciler's Prometheus metrics (defined once, like ``bcs_middleware.metrics``)."""
+"""The RBAC reconciler's Prometheus metrics (defined once, like ``bcs_middleware.telemetry.metrics``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Permission data → the Kubernetes RBAC bindings each cluster should hold.
 
-The data format (JSON or YAML; schema ``schemas/rbac_permissions.json``)::
+The data format (JSON or YAML; schema ``core/schemas/rbac_permissions.json``)::
 
     {"version": 1,
      "grants": [
@@ -34,10 +34,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bcs_middleware.schemas.validation import validate
-
-from ..bodies import parse_yaml
-from ..errors import BadRequest, ValidationError
+from ..core.bodies import parse_yaml
+from ..core.errors import BadRequest, ValidationError
+from ..core.schemas.validation import validate
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "bcs-middleware"

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from bcs_middleware.store.records import CredentialRecord
-
-from ..upstream.transport import Transport
+from ..core.records import CredentialRecord
+from ..outbound.transport import Transport
 from .kube import BindingClient, KubeError
 from .model import OWNED_SELECTOR, Binding, Permissions, desired_bindings, is_owned, needs_update
 

@@ -9,7 +9,7 @@ seconds the service
    (naming the field) and the previous grants stay in force — if no valid data
    was ever loaded, nothing is applied at all (an empty start never revokes);
 3. publishes which clusters each subject is granted anything on to the store,
-   where every process's :class:`~bcs_middleware.permissions.ClusterAuthorizer`
+   where every process's :class:`~bcs_middleware.clusters.permissions.ClusterAuthorizer`
    reads it (a grant gives ``view`` on the cluster);
 4. lists the Kubernetes clusters that have credentials and hands the due ones
    to the :class:`~.reconciler.Reconciler` (at start, on change, periodically,
@@ -37,14 +37,13 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bcs_middleware.store import models as m
-from bcs_middleware.store.records import CredentialRecord
-from bcs_middleware.store.sql import SQLStore
-
-from .. import metrics
-from ..errors import BCSError, ConfigError
-from ..upstream.addresses import AddressPolicy
-from ..upstream.transport import PooledTransport, Transport
+from ..core.errors import BCSError, ConfigError
+from ..core.records import CredentialRecord
+from ..outbound.addresses import AddressPolicy
+from ..outbound.transport import PooledTransport, Transport
+from ..store import models as m
+from ..store.sql import SQLStore
+from ..telemetry import metrics
 from .leader import LeaderLease
 from .metrics import RBAC_LEADER, RBAC_OPERATIONS, RBAC_RUNS, RBAC_SOURCE_REJECTED
 from .model import Permissions, PermissionsError

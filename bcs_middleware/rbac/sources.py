@@ -12,7 +12,7 @@ file or a half-written answer never revokes anything.
   and changes nothing), presents a bearer token read from a file at every poll
   (so a rotated token is picked up), verifies TLS (system store or a CA file),
   and bounds the answer's size and the whole request's time. It calls over the
-  gateway's one outbound transport (:mod:`bcs_middleware.upstream.transport`):
+  gateway's one outbound transport (:mod:`bcs_middleware.outbound.transport`):
   its codec, pool, address policy and error translation.
 """
 
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from .. import environ as env
-from ..errors import BCSError
-from ..upstream.failures import UpstreamFailure, UpstreamTimeout
-from ..upstream.transport import Transport, default_transport
+from ..core import environ as env
+from ..core.errors import BCSError
+from ..outbound.failures import UpstreamFailure, UpstreamTimeout
+from ..outbound.transport import Transport, default_transport
 from .model import MAX_DOCUMENT, Permissions, load_permissions
 
 log = logging.getLogger(__name__)

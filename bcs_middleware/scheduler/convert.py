@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import BadRequest
+from ..core.errors import BadRequest
 
 APPLICATION, PROCESS, DEPLOYMENT, DAEMONSET = "application", "process", "deployment", "daemonset"
 CONFIGMAP, SECRET, SERVICE = "configmap", "secret", "service"

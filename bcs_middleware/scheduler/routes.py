@@ -62,11 +62,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
-from bcs_middleware.scheduler import convert, v4fields
-
-from .. import gojson
-from ..errors import BadRequest, NotFound
-from ..gotypes import GoType, GoTypeError, Ptr, decode
+from ..core import gojson
+from ..core.errors import BadRequest, NotFound
+from ..core.gotypes import GoType, GoTypeError, Ptr, decode
+from . import convert, v4fields
 from .convert import (
     APPLICATION,
     BCS_JSON_DECODE,
@@ -355,7 +354,7 @@ def body_type(method: str, uri: str) -> GoType | None:
 def canonical(method: str, uri: str, document: Any, *, what: str = "the request body") -> Any:
     """``document`` as the source's driver or scheduler decodes it for ``method uri``: keys in
     the tags' spelling, a field given in several spellings merged as Go merges it
-    (:func:`bcs_middleware.gotypes.decode`); unchanged for routes that read no v4 type.
+    (:func:`bcs_middleware.core.gotypes.decode`); unchanged for routes that read no v4 type.
     What Go refuses is a 400 with the source's ``BcsErrCommJsonDecode``."""
     gotype = body_type(method, uri)
     if gotype is None:

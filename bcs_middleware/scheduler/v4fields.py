@@ -9,7 +9,7 @@ its pod types), ``deployment.go``, ``daemonset.go``, ``constraint.go``,
 ``endpoint.go`` (``TargetRef``); and the driver's own ``SendMsgOpeParam``
 (``bcs-mesos-driver/mesosdriver/backend/v4http/types.go``).
 
-Each :class:`~bcs_middleware.gotypes.Struct` lists the fields Go's ``encoding/json``
+Each :class:`~bcs_middleware.core.gotypes.Struct` lists the fields Go's ``encoding/json``
 decodes, in Go's field order, by the name it matches: the tag's name, or the Go
 field name where the field has no tag (``Uri``, ``ExtendedResource``;
 ``BcsConfigMapItem.RemoteUser``'s tag is misspelt ``josn:`` in the source, so its
@@ -22,7 +22,7 @@ Which route decodes into which type is :mod:`bcs_middleware.scheduler.routes`
 
 from __future__ import annotations
 
-from ..gotypes import (
+from ..core.gotypes import (
     ANY,
     BOOL,
     FLOAT64,

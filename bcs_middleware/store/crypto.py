@@ -24,7 +24,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,16 +17,15 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bcs_middleware.store import models as m
-
 from ..admission.definitions import (
     BcsDefinition,
     K8sConfiguration,
     parse_bcs_definition,
     parse_k8s_configuration,
 )
-from ..errors import Conflict
-from ..quotas import QuotaExceeded
+from ..core.errors import Conflict
+from ..core.quotas import QuotaExceeded
+from . import models as m
 from .sql import WEBHOOKS_TOPIC as TOPIC
 from .sql import SQLStore
 

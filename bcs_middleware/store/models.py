@@ -56,7 +56,7 @@ clusters = Table(
     Column("cluster_type", String(16), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     # Who registered it (a users.id): what the clusters_per_user quota counts
-    # (bcs_middleware.quotas). Kept when edit passes to others, so nobody can hand their
+    # (bcs_middleware.core.quotas). Kept when edit passes to others, so nobody can hand their
     # clusters to another user's quota; cleared by the store when that user is deleted.
     # No foreign key: adding one to this table makes SQLite rebuild it, and dropping the
     # old table would cascade to every table referencing clusters.
@@ -160,7 +160,7 @@ audit_log = Table(
 )
 
 # What every gateway instance sharing this database must agree on, one row per fact
-# (bcs_middleware.instance_checks): written by the first instance, checked by the others.
+# (bcs_middleware.compose.instance_checks): written by the first instance, checked by the others.
 instance_facts = Table(
     "instance_facts",
     metadata,

@@ -3,7 +3,7 @@
 The only module (with ``models`` and the migrations) that imports SQLAlchemy.
 Uniqueness is left to the database's constraints, so two gateway processes
 racing to create the same user or cluster get one success and one
-:class:`~bcs_middleware.errors.Conflict` — never a duplicate, never a 500.
+:class:`~bcs_middleware.core.errors.Conflict` — never a duplicate, never a 500.
 
 Engines are created lazily and re-created after a fork (gunicorn workers), so a
 ``SQLStore`` may be built in the master and used in every worker.
@@ -26,12 +26,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.sql import ColumnElement
 
-from bcs_middleware.store import models as m
-
-from ..errors import Conflict, NotFound, ServiceUnavailable
-from ..quotas import QuotaExceeded
-from .crypto import SecretBox, digests_equal, load_key_source, new_token, token_digest
-from .records import (
+from ..core.errors import Conflict, NotFound, ServiceUnavailable
+from ..core.quotas import QuotaExceeded
+from ..core.records import (
     AuditRecord,
     ClusterRecord,
     CredentialRecord,
@@ -41,6 +38,8 @@ from .records import (
     TokenRecord,
     UserRecord,
 )
+from . import models as m
+from .crypto import SecretBox, digests_equal, load_key_source, new_token, token_digest
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
@@ -77,7 +76,7 @@ def _require_driver(url: str) -> None:
     """A clear ConfigError at start, not a ModuleNotFoundError traceback, when a driver is missing."""
     import importlib
 
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
 
     driver = make_url(url).drivername
     if driver not in _DRIVERS:
@@ -181,7 +180,7 @@ class SQLStore:
     """
 
     def __init__(self, url: str, *, secrets: SecretBox) -> None:
-        from ..errors import ConfigError
+        from ..core.errors import ConfigError
 
         try:
             self.url = normalize_url(url)
@@ -259,7 +258,7 @@ class SQLStore:
         :raises ConfigError: the database cannot be reached or opened — the message names
             it (password hidden) and the driver's reason.
         """
-        from ..errors import ConfigError
+        from ..core.errors import ConfigError
         from .migrate import upgrade
 
         try:

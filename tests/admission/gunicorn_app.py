@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from bcs_middleware.middleware.admission import filter_factory
+from bcs_middleware.layers.admission import filter_factory
 
 from .apps import echo_app
 

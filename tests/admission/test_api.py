@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware.admission.api import AdmissionWebhookAPI
 from bcs_middleware.admission.engine import AdmissionEngine
 from bcs_middleware.admission.store import MemoryDefinitionStore
-from bcs_middleware.environ import USER, User
+from bcs_middleware.apps.admission_api import AdmissionWebhookAPI
+from bcs_middleware.core.environ import USER, User
 
 from .conftest import (
     bcs_add_label,

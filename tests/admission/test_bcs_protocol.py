@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware import gojson
 from bcs_middleware.admission.client import PUBLIC_FAILURE
 from bcs_middleware.admission.definitions import parse_bcs_definition
 from bcs_middleware.admission.store import MemoryDefinitionStore
-from bcs_middleware.environ import ADMISSION, USER, AdmissionResult, User
-from bcs_middleware.middleware.admission import AdmissionMiddleware
+from bcs_middleware.core import gojson
+from bcs_middleware.core.environ import ADMISSION, USER, AdmissionResult, User
+from bcs_middleware.layers.admission import AdmissionMiddleware
 
 from .apps import echo_app
 from .conftest import (

@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware.environ import CLUSTER, USER, Cluster, User
-from bcs_middleware.middleware.admission import AdmissionMiddleware
+from bcs_middleware.core.environ import CLUSTER, USER, Cluster, User
+from bcs_middleware.layers.admission import AdmissionMiddleware
 
 from .apps import echo_app
 from .conftest import client_for, k8s_allow, k8s_configuration, k8s_webhook, review_answer

@@ -18,9 +18,9 @@ from werkzeug.test import Client
 
 from bcs_middleware.admission.definitions import parse_bcs_definition, parse_k8s_configuration
 from bcs_middleware.admission.store import MemoryDefinitionStore
-from bcs_middleware.environ import CLUSTER, Cluster
-from bcs_middleware.errors import ConfigError
-from bcs_middleware.middleware.admission import AdmissionMiddleware, filter_factory
+from bcs_middleware.core.environ import CLUSTER, Cluster
+from bcs_middleware.core.errors import ConfigError
+from bcs_middleware.layers.admission import AdmissionMiddleware, filter_factory
 from tests.support.servers import gunicorn
 
 from .apps import echo_app

@@ -12,8 +12,8 @@ from werkzeug.test import Client
 
 from bcs_middleware.admission.definitions import parse_k8s_configuration
 from bcs_middleware.admission.store import MemoryDefinitionStore
-from bcs_middleware.environ import ADMISSION, CLUSTER, USER, Cluster, User
-from bcs_middleware.middleware.admission import AdmissionMiddleware
+from bcs_middleware.core.environ import ADMISSION, CLUSTER, USER, Cluster, User
+from bcs_middleware.layers.admission import AdmissionMiddleware
 
 from .apps import echo_app
 from .conftest import client_for, k8s_add_label, k8s_allow, k8s_configuration, k8s_webhook, review_answer

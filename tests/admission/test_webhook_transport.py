@@ -21,8 +21,8 @@ import trustme
 
 from bcs_middleware.admission.client import CircuitBreaker, WebhookCallError, WebhookClient
 from bcs_middleware.admission.definitions import ClientConfig
-from bcs_middleware.upstream.addresses import AddressPolicy
-from bcs_middleware.upstream.transport import PooledTransport
+from bcs_middleware.outbound.addresses import AddressPolicy
+from bcs_middleware.outbound.transport import PooledTransport
 from tests.support.servers import TrapListener
 
 from .conftest import Hook, review_answer

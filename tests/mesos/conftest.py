@@ -11,11 +11,11 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from bcs_middleware import environ as env
+from bcs_middleware.apps.proxy import UpstreamProxy
+from bcs_middleware.core import environ as env
 from bcs_middleware.discovery.base import DEFAULT_ROOT, Endpoint
 from bcs_middleware.discovery.registration import Registrar
-from bcs_middleware.middleware.mesos import MesosRoutingMiddleware
-from bcs_middleware.upstream.proxy import UpstreamProxy
+from bcs_middleware.layers.mesos_route import MesosRoutingMiddleware
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.zookeeper import ZookeeperServer, available
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from bcs_middleware.driver import app_factory
+from bcs_middleware.compose.driver import app_factory
 
 app = app_factory(
     {},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from bcs_middleware.compose.driver import gunicorn_hooks
 from bcs_middleware.discovery.base import Endpoint
-from bcs_middleware.driver import gunicorn_hooks
 
 when_ready, on_exit = gunicorn_hooks(
     zookeeper_hosts=os.environ["ZK_HOSTS"],

@@ -22,7 +22,7 @@ import pytest
 import trustme
 
 from bcs_middleware.admission.definitions import parse_bcs_definition
-from bcs_middleware.errors import Conflict
+from bcs_middleware.core.errors import Conflict
 from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.sql import open_store
 from tests.support.polling import wait_until

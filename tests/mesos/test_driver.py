@@ -12,13 +12,13 @@ import trustme
 from kazoo.client import KazooClient
 from werkzeug.test import Client
 
-from bcs_middleware import environ as env
+from bcs_middleware.compose.driver import app_factory, build_driver
+from bcs_middleware.core import environ as env
+from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.discovery.registration import driver_path
 from bcs_middleware.discovery.static import StaticDiscovery
 from bcs_middleware.discovery.zookeeper import ZookeeperDiscovery
-from bcs_middleware.driver import app_factory, build_driver
-from bcs_middleware.errors import ConfigError
-from bcs_middleware.middleware.mesos import MesosRoutingMiddleware, filter_factory
+from bcs_middleware.layers.mesos_route import MesosRoutingMiddleware, filter_factory
 from tests.admission.conftest import SERVICE_NAMES, Hook, bcs_add_label, bcs_definition, bcs_webhook
 from tests.support.polling import wait_until
 from tests.support.servers import free_port, gunicorn

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware import environ as env
+from bcs_middleware.compose.driver import app_factory, build_driver
+from bcs_middleware.core import environ as env
+from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.discovery.static import StaticDiscovery
-from bcs_middleware.driver import app_factory, build_driver
-from bcs_middleware.errors import ConfigError
 
 
 def _capture(environ: dict[str, Any], start_response: Any) -> list[bytes]:

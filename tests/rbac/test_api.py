@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from bcs_middleware import environ as env
-from bcs_middleware.rbac.api import RBACStatusApp
+from bcs_middleware.apps.rbac_status import RBACStatusApp
+from bcs_middleware.core import environ as env
 from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bcs_middleware.errors import ConfigError
+from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.rbac.model import Grant, binding_name, desired_bindings, load_permissions
 from bcs_middleware.rbac.service import build_service
 from bcs_middleware.rbac.sources import FileSource

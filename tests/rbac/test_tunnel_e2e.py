@@ -17,13 +17,13 @@ import pytest
 from bcs_middleware.rbac.service import RBACService
 from bcs_middleware.rbac.sources import FileSource
 from bcs_middleware.store.sql import SQLStore, open_store
-from tests.support.fake_apiserver import FakeAPIServer, rbac_authorizer
-from tests.support.kube import kubectl, kubectl_path
-from tests.tunnel.conftest import CLUSTER, Gateway
+from tests.kubernetes_route.conftest import CLUSTER, Gateway
 
 # The tunnel tests' module-scoped fixtures: a real gateway and its fake cluster.
-from tests.tunnel.conftest import apiserver as apiserver
-from tests.tunnel.conftest import gateway as gateway
+from tests.kubernetes_route.conftest import apiserver as apiserver
+from tests.kubernetes_route.conftest import gateway as gateway
+from tests.support.fake_apiserver import FakeAPIServer, rbac_authorizer
+from tests.support.kube import kubectl, kubectl_path
 
 PODS = f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods"
 

@@ -24,15 +24,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from bcs_middleware.clusters.reader import cluster_request
 
-from bcs_middleware.errors import ConfigError
-from bcs_middleware.gateway import config_from_options
+from bcs_middleware.compose.gateway import config_from_options
+from bcs_middleware.core.errors import ConfigError
+from bcs_middleware.core.records import CredentialRecord
+from bcs_middleware.outbound.addresses import AddressPolicy, AddressRefused
+from bcs_middleware.outbound.transport import PooledTransport
 from bcs_middleware.rbac.kube import BindingClient, KubeError
-from bcs_middleware.store.records import CredentialRecord
 from bcs_middleware.store.sql import open_store
-from bcs_middleware.upstream.addresses import AddressPolicy, AddressRefused
-from bcs_middleware.upstream.cluster_api import cluster_request
-from bcs_middleware.upstream.transport import PooledTransport
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLI, SA_TOKEN, Gateway, served_gateway
 from tests.support.servers import TrapListener as Trap

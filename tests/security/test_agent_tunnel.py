@@ -18,10 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
-from tests.support.servers import TrapListener
-from tests.tunnel_agent.conftest import (
+from tests.agent_tunnel.conftest import (
     CONNECT,
     DENY_LOOPBACK,
     Agent,
@@ -30,6 +27,9 @@ from tests.tunnel_agent.conftest import (
     tunnel_headers,
     tunnel_params,
 )
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
+from tests.support.servers import TrapListener
 
 VICTIM = "BCS-K8S-VICTIM"
 OTHER = "BCS-K8S-OTHER"
@@ -232,8 +232,8 @@ def test_the_agent_cannot_open_connections_on_the_gateway_side(
 ) -> None:
     """A hostile agent sends Connect itself, towards a listener beside the gateway: refused with an
     Error and cut (1008, as remotedialer's server ends a session on a Connect), nothing dialled."""
-    from bcs_middleware.tunnel.frames import Message, MessageType, decode, encode
-    from bcs_middleware.tunnel.wschannel import WebSocketChannel
+    from bcs_middleware.agent_tunnel.frames import Message, MessageType, decode, encode
+    from bcs_middleware.agent_tunnel.wschannel import WebSocketChannel
 
     cluster = "BCS-K8S-HOSTILE"
     token = create_cluster(gateway, cluster)

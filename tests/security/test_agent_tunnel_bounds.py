@@ -1,7 +1,7 @@
 """Attacks on the gateway's memory through an agent tunnel, through a real ``serve``.
 
 Any user may create a cluster, and so hold its register token and connect an "agent" of
-their own. Such an agent — here :class:`~tests.tunnel_agent.hostile.HostileAgent`, raw
+their own. Such an agent — here :class:`~tests.agent_tunnel.hostile.HostileAgent`, raw
 frames over real TLS — floods every kind of message and never reads its socket. The
 gateway worker's RSS (``/proc/<worker>/status``) must stay within a generous bound, and
 the connection must be closed with the documented code (1008: a bound was broken; 1009:
@@ -17,13 +17,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from bcs_middleware.tunnel.frames import Message, MessageType
-from bcs_middleware.tunnel.wsframes import OP_CONTINUATION
+from bcs_middleware.agent_tunnel.frames import Message, MessageType
+from bcs_middleware.agent_tunnel.wsframes import OP_CONTINUATION
+from tests.agent_tunnel.conftest import DENY_LOOPBACK, create_cluster, tunnel_headers, tunnel_params
+from tests.agent_tunnel.hostile import Flood, HostileAgent, reset_peak, vm_bytes, worker_pid
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
 from tests.support.polling import wait_until
-from tests.tunnel_agent.conftest import DENY_LOOPBACK, create_cluster, tunnel_headers, tunnel_params
-from tests.tunnel_agent.hostile import Flood, HostileAgent, reset_peak, vm_bytes, worker_pid
 
 MiB = 1024 * 1024
 #: What the worker may grow by while one hostile agent does its worst (it grew by ~128 MiB

@@ -161,7 +161,7 @@ def test_the_serve_log_formatter_escapes_what_a_log_call_did_not(tmp_path: Path)
     import io
     import logging
 
-    from bcs_middleware.logsetup import EscapingFormatter
+    from bcs_middleware.telemetry.logsetup import EscapingFormatter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

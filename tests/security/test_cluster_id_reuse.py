@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import trustme
 
+from tests.agent_tunnel.conftest import Agent, create_cluster
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, SA_TOKEN, Gateway, served_gateway
 from tests.support.polling import wait_until
-from tests.tunnel_agent.conftest import Agent, create_cluster
 
 K8S, MESOS = "reused-k8s", "BCS-MESOS-REUSED"
 BUNDLE = base64.b64encode(trustme.CA().cert_pem.bytes()).decode()

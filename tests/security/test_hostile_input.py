@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from webhook_kit import https_server
 
 from bcs_middleware.admission.definitions import parse_bcs_definition
-from bcs_middleware.bodies import MAX_DEPTH
+from bcs_middleware.core.bodies import MAX_DEPTH
 from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer

@@ -27,12 +27,12 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import update
 
+from bcs_middleware.agent_tunnel.peers import GREETING, PEER_KEY_PURPOSE, PeerAddress, PeerListener
+from bcs_middleware.core.records import Holder
+from bcs_middleware.pki.certs import self_signed_server_cert
 from bcs_middleware.store import models
 from bcs_middleware.store.crypto import SecretBox
-from bcs_middleware.store.records import Holder
 from bcs_middleware.store.sql import SQLStore, open_store
-from bcs_middleware.tls import self_signed_server_cert
-from bcs_middleware.tunnel.peers import GREETING, PEER_KEY_PURPOSE, PeerAddress, PeerListener
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
 from tests.support.peer_link import RawPeer, StandInAgents

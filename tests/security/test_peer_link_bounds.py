@@ -21,14 +21,14 @@ import pytest
 import trustme
 from cryptography.fernet import Fernet
 
+from bcs_middleware.agent_tunnel.peers import GREETING, PEER_KEY_PURPOSE
 from bcs_middleware.store.crypto import SecretBox
-from bcs_middleware.tunnel.peers import GREETING, PEER_KEY_PURPOSE
+from tests.agent_tunnel.conftest import DENY_LOOPBACK, Agent, create_cluster
+from tests.agent_tunnel.hostile import reset_peak, vm_bytes, worker_pid
 from tests.support.gateway import Gateway, served_gateway
 from tests.support.peer_link import RawPeer
 from tests.support.polling import wait_until
 from tests.support.servers import ConnectionServer, free_port
-from tests.tunnel_agent.conftest import DENY_LOOPBACK, Agent, create_cluster
-from tests.tunnel_agent.hostile import reset_peak, vm_bytes, worker_pid
 
 KEY = Fernet.generate_key().decode()
 PEER_KEY = SecretBox([KEY]).derive(PEER_KEY_PURPOSE)[0]

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import trustme
 
-from bcs_middleware import environ as env
 from bcs_middleware.admission.client import PUBLIC_FAILURE, WebhookClient
 from bcs_middleware.admission.definitions import parse_k8s_configuration
 from bcs_middleware.admission.engine import AdmissionEngine, review
 from bcs_middleware.admission.store import MemoryDefinitionStore
+from bcs_middleware.core import environ as env
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 from tests.support.servers import TrapListener, free_port

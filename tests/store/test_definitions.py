@@ -9,7 +9,7 @@ import trustme
 from cryptography.fernet import Fernet
 
 from bcs_middleware.admission.definitions import parse_bcs_definition, parse_k8s_configuration
-from bcs_middleware.errors import Conflict
+from bcs_middleware.core.errors import Conflict
 from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.sql import open_store
 from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook

@@ -8,8 +8,8 @@ import pytest
 import trustme
 from cryptography.fernet import Fernet
 
-from bcs_middleware.errors import ConfigError
-from bcs_middleware.instance_checks import check_gateway_ca, check_secret_key, record_gateway_ca, recorded_ca
+from bcs_middleware.compose.instance_checks import check_gateway_ca, check_secret_key, record_gateway_ca, recorded_ca
+from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.store.crypto import SecretBox, token_digest
 from bcs_middleware.store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT, SQLStore
 

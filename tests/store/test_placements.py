@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import Fernet
 
+from bcs_middleware.core.records import Holder
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.migrate import upgrade
-from bcs_middleware.store.records import Holder
 from bcs_middleware.store.sql import SQLStore
 
 

@@ -19,8 +19,8 @@ from alembic.runtime.migration import MigrationContext
 from cryptography.fernet import Fernet
 
 from bcs_middleware.admission.definitions import parse_bcs_definition, parse_k8s_configuration
-from bcs_middleware.errors import Conflict
-from bcs_middleware.quotas import QuotaExceeded, Quotas
+from bcs_middleware.core.errors import Conflict
+from bcs_middleware.core.quotas import QuotaExceeded, Quotas
 from bcs_middleware.store import models as m
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.definitions import SQLDefinitionStore

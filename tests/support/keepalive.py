@@ -4,7 +4,7 @@ Each client holds one HTTPS keep-alive connection and never reconnects: a reques
 complete answer ends it (``failure``), and so does an answer saying ``Connection: close``
 (``told_close_after``). Even clients list the clusters (``GET /rest/clusters/``), odd ones
 register a new cluster each time (``POST /rest/clusters/bcs``), unless ``kinds`` says otherwise.
-Used by ``tests/test_keepalive.py`` and ``bench/keepalive_soak.py``.
+Used by ``tests/serving/test_keepalive.py`` and ``bench/keepalive_soak.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stand-ins and raw clients for the peer link (``bcs_middleware.tunnel.peers``).
+"""Stand-ins and raw clients for the peer link (``bcs_middleware.agent_tunnel.peers``).
 
 :class:`StandInAgents` is what the peer listener and the router use of ``LocalAgents``:
 its "agent streams" are TCP connections to a local server (an echo server, a fake
@@ -13,9 +13,9 @@ import secrets
 import socket
 import ssl
 
-from bcs_middleware.store.records import Holder
-from bcs_middleware.tls import cert_fingerprint
-from bcs_middleware.tunnel.peers import GREETING, request_mac
+from bcs_middleware.agent_tunnel.peers import GREETING, request_mac
+from bcs_middleware.core.records import Holder
+from bcs_middleware.pki.certs import cert_fingerprint
 from tests.support.servers import ConnectionServer
 
 
@@ -107,7 +107,7 @@ class QuickAPIServer(ConnectionServer):
     def __init__(self, tmp: str) -> None:
         import os
 
-        from bcs_middleware.tls import generate_ca, issue_server_cert
+        from bcs_middleware.pki.certs import generate_ca, issue_server_cert
 
         ca = generate_ca("quick-apiserver-ca")
         leaf = issue_server_cert(ca, ["127.0.0.1", "localhost"])

@@ -5,7 +5,7 @@ Revises: 0005_cluster_creators
 Create Date: 2026-11-26 09:00:00
 
 ``instance_facts`` holds one row per fact, written by the first instance that starts
-and checked by every later one (``bcs_middleware.instance_checks``): a value encrypted
+and checked by every later one (``bcs_middleware.compose.instance_checks``): a value encrypted
 with the secret key (an instance whose key cannot decrypt it refuses to start) and the
 CA the gateways hand to clients (an instance with another CA refuses to start).
 Nothing in it is a secret: the check value decrypts to a fixed text, the CA is public.

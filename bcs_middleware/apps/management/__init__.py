@@ -1,0 +1,1 @@
+"""The management REST API (users, tokens, clusters, credentials, permissions): one function per endpoint."""

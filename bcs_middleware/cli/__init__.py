@@ -1,0 +1,1 @@
+"""The ``bcs-middleware`` command: ``serve``, ``kube-agent``, certificates, admin tasks and the REST client."""

@@ -1,0 +1,480 @@
+"""The driver composition (the source system's "mesos-driver" role) and its app factory.
+
+One driver (usually three replicas) per Mesos cluster. Request flow::
+
+    DriverApp
+      ├ /healthz /readyz                         health; readiness = discovery fresh + a master known
+      ├ {driver_prefix}namespaces/{ns}/admissionwebhook…, {driver_prefix}admissionwebhooks
+      │                                          AdmissionWebhookAPI (definition CRUD, never intercepted)
+      └ {driver_prefix}{uri}                     BCS-ClusterID == cluster_id, else 400 (1405234)
+          ├ webconsole/{uri}?host_ip=IP          WebconsoleRouting → the console proxy of that host
+          │                                      (HTTP or WebSocket; layers/webconsole_route.py)
+          └ AdmissionMiddleware (bcs definitions)
+              └ SchedulerRouting                 bcs.upstream = scheduler master (read per request)
+                  └ UpstreamProxy                → the scheduler's /v1 call (bcs_middleware.scheduler),
+                                                   or {scheduler_prefix}{uri}?{query} for the rest
+
+Protocol conversion: the routes the source's driver converts (applications,
+processes, deployments, configmaps, secrets, services ...) become the
+bcs-scheduler's own ``/v1`` calls, after admission saw the v4 body — see
+:mod:`bcs_middleware.scheduler.routes`. The scheduler's answer is relayed as
+it came (status and body), as the source relays it.
+
+A body is decoded once, as the source's Go driver and scheduler decode it
+(:func:`bcs_middleware.scheduler.routes.canonical`: keys matched to the Go types'
+JSON tags case-insensitively and rewritten to the tags' spelling, a field given in
+several spellings merged as Go merges it, duplicate keys refused): admission judges
+that document (``bcs.document``), and the conversion and the scheduler get it.
+
+The scheduler master is read from the discovery snapshot for every request, so
+when the master changes the next request follows it.
+
+Errors under ``{driver_prefix}`` are the source's bcs envelope
+(``bcs.error_style = "bcs"``); the header filter and admission failures are
+HTTP 400 with code 1405234, as the source's driver answers them.
+
+Registration: the driver announces itself in ZooKeeper once per gunicorn
+server (not per worker) — see :func:`gunicorn_hooks`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
+from ..apps.admission_api import AdmissionWebhookAPI
+from ..apps.proxy import UpstreamProxy
+from ..core import converters as conv
+from ..core import environ as env
+from ..core.bodies import media_type, parse_json, read_bounded, replace_body
+from ..core.errors import (
+    BadRequest,
+    BcsCode,
+    BCSError,
+    ConfigError,
+    NotFound,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+    answer_unexpected,
+)
+from ..discovery.base import DEFAULT_ROOT, Discovery, Endpoint
+from ..discovery.static import StaticDiscovery
+from ..layers.admission import AdmissionMiddleware
+from ..layers.mesos_route import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
+from ..layers.webconsole_route import WEBCONSOLE, WebconsoleRouting
+from ..outbound.addresses import AddressPolicy
+from ..outbound.transport import PooledTransport
+from ..scheduler.routes import canonical, scheduler_call
+
+log = logging.getLogger(__name__)
+
+
+
+def _json(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
+    payload = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload))),
+                            ("Cache-Control", "no-store")])
+    return [payload]
+
+
+class SchedulerRouting:
+    """Set ``bcs.upstream`` to the scheduler master for ``{driver_prefix}{uri}``.
+
+    :param app: the upstream proxy.
+    :param discovery: where the scheduler master is (read per request, from memory).
+    :param driver_prefix: the incoming path prefix.
+    :param scheduler_prefix: the path prefix on the scheduler.
+    :param ca_pem: PEM bundle ``https`` schedulers must chain to.
+    :param verify: ``False`` turns TLS verification towards schedulers off (explicit, logged).
+    :param convert: turn the source's converted routes into scheduler ``/v1`` calls
+        (:mod:`bcs_middleware.scheduler`); ``False`` forwards everything unchanged.
+    :param max_body: largest body read for a conversion (413 beyond).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        discovery: Discovery,
+        driver_prefix: str = DRIVER_PATH,
+        scheduler_prefix: str = "/v4/",
+        ca_pem: str | None = None,
+        verify: bool = True,
+        convert: bool = True,
+        max_body: int = 3 * 1024 * 1024,
+    ) -> None:
+        self.app = app
+        self.discovery = discovery
+        self.driver_prefix = driver_prefix
+        self.scheduler_prefix = scheduler_prefix.rstrip("/") + "/"
+        self.ca_pem = ca_pem
+        self.verify = verify
+        self.convert = convert
+        self.max_body = max_body
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        try:
+            uri = safe_subpath(environ.get("PATH_INFO", ""), self.driver_prefix,
+                               environ.get("RAW_URI") or environ.get("REQUEST_URI"))
+            master = self.discovery.scheduler_master()
+            if master is None:
+                raise ServiceUnavailable("no scheduler master is known", code_name="NO_SCHEDULER",
+                                         bcs_code=BcsCode.HTTP_DO)
+            path, query = self.scheduler_prefix + uri, environ.get("QUERY_STRING", "")
+            call = self.scheduler_call(environ, uri) if self.convert else None
+        except BCSError as exc:
+            return exc(environ, start_response)
+        if call is not None:
+            environ["REQUEST_METHOD"], path, query = call.method, call.path, call.query
+            replace_body(environ, call.body or b"", content_type="application/json" if call.body else None)
+        environ[env.UPSTREAM] = env.Upstream(
+            base_urls=(master.base_url(),),
+            path=path,
+            query=query,
+            ca_pem=self.ca_pem,
+            verify=self.verify,
+            name="scheduler",
+        )
+        return self.app(environ, start_response)
+
+    def scheduler_call(self, environ: dict[str, Any], uri: str) -> Any:
+        method = environ.get("REQUEST_METHOD", "GET")
+
+        def body() -> Any:
+            admitted = env.get_document(environ)
+            if admitted is not None:  # admission decoded it for this receiver and judged it
+                return admitted.value
+            # Only JSON is converted: admission reads JSON and YAML, and a YAML body it did not
+            # read (no definition could match) is not turned into objects here either.
+            mime = media_type(environ)
+            if mime and ("json" not in mime or "yaml" in mime):
+                raise UnsupportedMediaType("the body must be JSON (application/json)")
+            document = parse_json(read_bounded(environ, self.max_body), what="the request body")
+            return canonical(method, uri, document)
+
+        return scheduler_call(method, uri, environ.get("QUERY_STRING", ""), body)
+
+
+class DriverApp:
+    """The mesos-driver role as one WSGI app (see module doc).
+
+    :param cluster_id: the Mesos cluster this driver serves.
+    :param discovery: where the scheduler master is.
+    :param admission: the admission layer wrapping the scheduler route.
+    :param definitions_api: the definition CRUD app.
+    :param driver_prefix: path prefix of the driver API.
+    :param webconsole: the webconsole route (``None``: no webconsole).
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster_id: str,
+        discovery: Discovery,
+        admission: Any,
+        definitions_api: Any,
+        driver_prefix: str = DRIVER_PATH,
+        webconsole: Any = None,
+    ) -> None:
+        self.webconsole = webconsole
+        self.cluster_id = cluster_id
+        self.discovery = discovery
+        self.admission = admission
+        self.definitions_api = definitions_api
+        self.driver_prefix = driver_prefix
+        self.cluster = env.Cluster(cluster_id, "", "mesos")
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        # The driver's edge: an exception no layer meant is a 500 in the route's style.
+        begun: list[str] = []
+
+        def noting_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            begun.append(status)
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        try:
+            return self._route(environ, noting_start_response)
+        except OSError:
+            raise  # the client's connection, or a handed-over socket: the server closes it
+        except Exception:
+            if begun:
+                raise
+            return answer_unexpected(environ, start_response)
+
+    def _route(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            return _json(start_response, "200 OK", {"status": "ok"})
+        if path == "/readyz":
+            return self.readyz(start_response)
+        if not path.startswith(self.driver_prefix):
+            return NotFound(f"no route for {path}")(environ, start_response)
+        environ[env.ERROR_STYLE] = "bcs"
+        rest = path[len(self.driver_prefix):]
+        if DEFINITION_PATHS.match(rest):
+            return self.definitions_api(environ, start_response)
+        cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
+        if cluster_id != self.cluster_id:
+            # The source's header filter: a missing and a wrong header are one failure.
+            return BadRequest(
+                f"http header BCS-ClusterID {cluster_id!r} is not this driver's cluster {self.cluster_id!r}",
+                code_name="CLUSTER_ID_REQUIRED" if not cluster_id else "WRONG_CLUSTER",
+                bcs_code=BcsCode.MESOS_DRIVER_HTTP_FILTER_FAILED,
+            )(environ, start_response)
+        environ[env.CLUSTER] = self.cluster
+        if rest.startswith(WEBCONSOLE) and self.webconsole is not None:
+            return self.webconsole(environ, start_response)
+        return self.admission(environ, start_response)
+
+    def readyz(self, start_response: Any) -> list[bytes]:
+        stale = self.discovery.stale()
+        master = self.discovery.scheduler_master()
+        body = {
+            "status": "ready" if not stale and master is not None else "not ready",
+            "cluster": self.cluster_id,
+            "discovery": "stale" if stale else "ok",
+            "scheduler": master.base_url() if master is not None else None,
+        }
+        status = "200 OK" if body["status"] == "ready" else "503 Service Unavailable"
+        return _json(start_response, status, body)
+
+
+def build_driver(
+    *,
+    cluster_id: str,
+    discovery: Discovery,
+    admission_store: DefinitionStore | None = None,
+    scheduler_prefix: str = "/v4/",
+    driver_prefix: str = DRIVER_PATH,
+    proxy: Any = None,
+    scheduler_ca_pem: str | None = None,
+    scheduler_verify: bool = True,
+    admission_options: Mapping[str, Any] | None = None,
+    definitions_require_superuser: bool = True,
+    convert: bool = True,
+    webconsole_options: Mapping[str, Any] | None = None,
+) -> DriverApp:
+    """Assemble the driver role.
+
+    :param admission_store: bcs admission definitions (an in-memory store by default).
+    :param proxy: the terminal app (an :class:`UpstreamProxy` by default).
+    :param admission_options: extra keyword arguments for :class:`AdmissionMiddleware`
+        (``total_budget``, ``address_map``, ``client`` ...).
+    :param definitions_require_superuser: the definition CRUD needs a superuser
+        ``bcs.user`` — put the token auth layer in front of the driver to manage
+        definitions through it.
+    :param convert: the source's protocol conversion to the scheduler's ``/v1``
+        API (``False``: forward every request to ``{scheduler_prefix}{uri}``).
+    :param webconsole_options: keyword arguments for :class:`WebconsoleRouting`
+        (``port``, ``scheme``, ``ca_pem``, ``verify``, ``client_cert``).
+    """
+    if not cluster_id or "/" in cluster_id:
+        raise ConfigError(f"bad cluster id {cluster_id!r}")
+    if not driver_prefix.startswith("/") or not driver_prefix.endswith("/"):
+        raise ConfigError("driver_prefix must start and end with '/'")
+    store = admission_store if admission_store is not None else MemoryDefinitionStore()
+    proxy = proxy if proxy is not None else UpstreamProxy()
+    routing = SchedulerRouting(
+        proxy,
+        discovery=discovery,
+        driver_prefix=driver_prefix,
+        scheduler_prefix=scheduler_prefix,
+        ca_pem=scheduler_ca_pem,
+        verify=scheduler_verify,
+        convert=convert,
+        **({"max_body": admission_options["max_body"]} if admission_options and "max_body" in admission_options
+           else {}),
+    )
+    def decode_for_scheduler(method: str, path: str, document: Any) -> Any:
+        uri = path[len(driver_prefix):] if path.startswith(driver_prefix) else path
+        return canonical(method, uri, document)
+
+    admission = AdmissionMiddleware(routing, store=store, mode="bcs", canonical=decode_for_scheduler,
+                                    **dict(admission_options or {}))
+    api = AdmissionWebhookAPI(store, engine=admission.engine,
+                              require_superuser=definitions_require_superuser)
+    webconsole = WebconsoleRouting(proxy, driver_prefix=driver_prefix, **dict(webconsole_options or {}))
+    return DriverApp(cluster_id=cluster_id, discovery=discovery, admission=admission,
+                     definitions_api=api, driver_prefix=driver_prefix, webconsole=webconsole)
+
+
+def _schedulers(value: str) -> list[Endpoint]:
+    return [Endpoint.from_url(item) for item in conv.aslist(value)]
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    "cluster_id": conv.text,
+    "zookeeper_hosts": conv.text,
+    "zookeeper_root": conv.text,
+    "zookeeper_timeout": conv.seconds,
+    "static_schedulers": _schedulers,
+    "scheduler_prefix": conv.text,
+    "scheduler_ca_file": conv.text,
+    "scheduler_verify": conv.asbool,
+    "definitions_file": conv.text,
+    "database_url": conv.text,
+    "data_dir": conv.text,
+    "secret_key": conv.text,
+    "definitions_require_superuser": conv.asbool,
+    "convert": conv.asbool,
+    "console_port": conv.asint,
+    "console_scheme": conv.text,
+    "console_ca_file": conv.text,
+    "console_verify": conv.asbool,
+    "console_cert_file": conv.text,
+    "console_key_file": conv.text,
+    "upstream_allow": conv.networks,
+    "upstream_deny": conv.networks,
+    "total_budget": conv.seconds,
+    "default_timeout": conv.seconds,
+    "max_body": conv.size,
+    "address_map": conv.mapping,
+    "connect_timeout": conv.seconds,
+    "read_timeout": conv.seconds,
+}
+
+
+def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
+    """PasteDeploy app ``egg:bcs-middleware#driver``::
+
+        [app:driver]
+        use = egg:bcs-middleware#driver
+        cluster_id = BCS-MESOS-10001
+        zookeeper_hosts = zk1:2181,zk2:2181,zk3:2181
+        # static_schedulers = http://10.0.0.9:8080   ; without ZooKeeper (first = master)
+        scheduler_prefix = /v4/           ; for the routes the driver does not convert
+        # convert = true                  ; the source's conversion to the scheduler's /v1 API
+        # webconsole: {driver_prefix}webconsole/{uri}?host_ip=IP -> https://IP:8083/bcsapi/v1/consoleproxy/{uri}
+        # console_port = 8083
+        # console_ca_file = /etc/bcs/console-ca.pem
+        # console_cert_file = /etc/bcs/driver.crt   ; with console_key_file: presented to the console
+        # upstream_deny = 10.0.0.0/24              ; where neither schedulers nor consoles may be
+        # admission definitions: the shared SQL store (or SQLite in data_dir), or a file (else in memory)
+        database_url = postgresql://bcs@db/bcs
+        # definitions_file = /etc/bcs/admission.yaml
+        total_budget = 15s
+    """
+    section = "app:driver"
+    opts = conv.convert_options(section, local_conf, _OPTIONS)
+    cluster_id = opts.pop("cluster_id", "")
+    if not cluster_id:
+        raise ConfigError(f"[{section}] cluster_id is required")
+    hosts = opts.pop("zookeeper_hosts", None)
+    schedulers = opts.pop("static_schedulers", None)
+    if hosts and schedulers:
+        raise ConfigError(f"[{section}] set zookeeper_hosts or static_schedulers, not both")
+    discovery: Discovery
+    if hosts:
+        from ..discovery.zookeeper import ZookeeperDiscovery
+
+        discovery = ZookeeperDiscovery(hosts, root=opts.pop("zookeeper_root", DEFAULT_ROOT),
+                                       timeout=opts.pop("zookeeper_timeout", 10.0))
+    elif schedulers:
+        discovery = StaticDiscovery(schedulers=schedulers)
+    else:
+        raise ConfigError(f"[{section}] zookeeper_hosts or static_schedulers is required")
+    store: DefinitionStore
+    definitions_file, database_url = opts.pop("definitions_file", None), opts.pop("database_url", None)
+    secret_key, data_dir = opts.pop("secret_key", None), opts.pop("data_dir", None)
+    if definitions_file and (database_url or data_dir):
+        raise ConfigError(f"[{section}] set definitions_file or database_url/data_dir, not both")
+    if database_url or data_dir:
+        from ..store.definitions import SQLDefinitionStore
+        from ..store.sql import open_store
+
+        # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
+        # The gateway-wide definitions and this cluster's own (managed through the gateway's
+        # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
+        if data_dir and not database_url:
+            from ..serving.datadir import prepare
+
+            data_dir = prepare(data_dir)  # the gateway's data directory: created 0700, as serve does
+        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
+                                   bcs_cluster=cluster_id, inherit=True)
+    elif definitions_file:
+        store = load_definitions_file(definitions_file)
+    else:
+        store = MemoryDefinitionStore()
+    ca_pem = None
+    ca_file = opts.pop("scheduler_ca_file", None)
+    if ca_file:
+        try:
+            ca_pem = Path(ca_file).read_text()
+        except OSError as exc:
+            raise ConfigError(f"[{section}] cannot read scheduler_ca_file {ca_file!r}: {exc.strerror}") from None
+    verify = opts.pop("scheduler_verify", True)
+    if not verify:
+        log.warning("TLS verification towards the Mesos scheduler is OFF (scheduler_verify = false)")
+    # Webconsole hosts come from the request: every connection goes through the address policy.
+    policy = AddressPolicy(allow=opts.pop("upstream_allow", ()), deny=opts.pop("upstream_deny", ()))
+    proxy = UpstreamProxy(transport=PooledTransport(connect_timeout=opts.pop("connect_timeout", 5.0),
+                                                    read_timeout=opts.pop("read_timeout", 60.0),
+                                                    address_policy=policy))
+    console: dict[str, Any] = {}
+    for key in ("port", "scheme", "verify"):
+        if f"console_{key}" in opts:
+            console[key] = opts.pop(f"console_{key}")
+    if console.get("verify") is False:
+        log.warning("TLS verification towards webconsole proxies is OFF (console_verify = false)")
+    console_ca = opts.pop("console_ca_file", None)
+    if console_ca:
+        try:
+            console["ca_pem"] = Path(console_ca).read_text()
+        except OSError as exc:
+            raise ConfigError(f"[{section}] cannot read console_ca_file {console_ca!r}: {exc.strerror}") from None
+    cert_file, key_file = opts.pop("console_cert_file", None), opts.pop("console_key_file", None)
+    if bool(cert_file) != bool(key_file):
+        raise ConfigError(f"[{section}] set console_cert_file and console_key_file together")
+    if cert_file and key_file:
+        console["client_cert"] = (cert_file, key_file)
+    admission_keys = ("total_budget", "default_timeout", "max_body", "address_map")
+    admission_options: dict[str, Any] = {k: opts.pop(k) for k in admission_keys if k in opts}
+    return build_driver(
+        cluster_id=cluster_id,
+        discovery=discovery,
+        admission_store=store,
+        scheduler_prefix=opts.pop("scheduler_prefix", "/v4/"),
+        proxy=proxy,
+        scheduler_ca_pem=ca_pem,
+        scheduler_verify=verify,
+        admission_options=admission_options,
+        definitions_require_superuser=opts.pop("definitions_require_superuser", True),
+        convert=opts.pop("convert", True),
+        webconsole_options=console,
+    )
+
+
+def gunicorn_hooks(
+    *,
+    zookeeper_hosts: str,
+    cluster_id: str,
+    endpoint: Endpoint,
+    root: str = DEFAULT_ROOT,
+    timeout: float = 10.0,
+) -> tuple[Any, Any]:
+    """``(when_ready, on_exit)`` for a gunicorn config: register this driver once per server,
+    under both ZooKeeper layouts, and deregister first on SIGTERM.
+
+    ``gunicorn.conf.py``::
+
+        from bcs_middleware.discovery import Endpoint
+        from bcs_middleware.compose.driver import gunicorn_hooks
+
+        when_ready, on_exit = gunicorn_hooks(
+            zookeeper_hosts="zk1:2181", cluster_id="BCS-MESOS-10001",
+            endpoint=Endpoint(ip="10.0.0.5", port=8443, scheme="https"))
+    """
+    import dataclasses
+
+    from ..discovery.registration import driver_path, mesos_driver_path
+    from ..discovery.registration import gunicorn_hooks as hooks
+
+    if not endpoint.cluster:
+        endpoint = dataclasses.replace(endpoint, cluster=cluster_id)
+    # Both layouts, as bk-bcs's driver registers (bk-bcs #136): the gateways' and the Mesos cluster's own.
+    return hooks(zookeeper_hosts, driver_path(cluster_id, root), endpoint, timeout=timeout,
+                 also=[(mesos_driver_path(root), endpoint)])

@@ -1,0 +1,157 @@
+"""The only place the ``bcs.*`` WSGI environ keys are spelled.
+
+Layers talk to each other through these keys and nothing else. Each value is a
+frozen dataclass so a layer further down cannot change what an earlier one decided.
+
+========================  ==================================================
+key                       value
+========================  ==================================================
+``bcs.user``              :class:`User` — the authenticated principal
+``bcs.agent``             :class:`ClusterAgent` — a cluster's register token
+``bcs.cluster``           :class:`Cluster` — the cluster the request targets
+``bcs.upstream``          :class:`Upstream` — where the proxy sends it
+``bcs.admission``         :class:`AdmissionResult` — what admission did
+``bcs.request_id``        ``str`` — the request id (accepted or generated)
+``bcs.error_style``       ``"json"``, ``"kubernetes"`` or ``"bcs"`` — how errors render
+``bcs.upgrade``           ``str`` — the upgrade protocol, ``""`` for none
+                          (:mod:`bcs_middleware.core.http` decides)
+``bcs.request_info``      :class:`~bcs_middleware.core.requestinfo.RequestInfo` — the
+                          Kubernetes request as kube-apiserver classifies it
+                          (:func:`bcs_middleware.core.requestinfo.of` decides, once)
+``bcs.document``          :class:`Document` — the request body as decoded for its
+                          receiver and admitted (``wsgi.input`` holds its encoding)
+========================  ==================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+USER = "bcs.user"
+AGENT = "bcs.agent"
+CLUSTER = "bcs.cluster"
+UPSTREAM = "bcs.upstream"
+ADMISSION = "bcs.admission"
+REQUEST_ID = "bcs.request_id"
+ERROR_STYLE = "bcs.error_style"
+UPGRADE = "bcs.upgrade"
+REQUEST_INFO = "bcs.request_info"
+DOCUMENT = "bcs.document"
+
+ErrorStyle = Literal["json", "kubernetes", "bcs"]
+ClusterType = Literal["k8s", "mesos"]
+
+
+@dataclass(frozen=True)
+class User:
+    """A gateway user, as the token auth layer found it."""
+
+    id: int
+    name: str
+    is_superuser: bool = False
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterAgent:
+    """A caller holding a cluster's register token (the kube-agent).
+
+    Deliberately not a :class:`User`: it may only report its own cluster's
+    credentials, and every other route sees the request as anonymous.
+    """
+
+    cluster_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    id: str
+    project_id: str
+    cluster_type: ClusterType
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Everything the upstream proxy needs to forward one request.
+
+    :param base_urls: ``scheme://host:port`` candidates, tried in order on
+        connection errors (failover); the proxy never tries one twice.
+    :param path: the path (already percent-encoded) to request upstream.
+    :param query: the raw query string to send (no leading ``?``).
+    :param ca_pem: PEM bundle the upstream certificate must chain to;
+        ``None`` means the system trust store.
+    :param server_name: the TLS server name to verify instead of the host in
+        the URL (the source system always used ``kubernetes``).
+    :param verify: ``False`` only when an operator explicitly turned checking off.
+    :param bearer_token: credential presented upstream as ``Authorization``.
+    :param set_headers: headers the proxy sets after dropping the client's
+        ``Authorization`` and hop-by-hop headers (impersonation, for example).
+    :param client_cert: ``(certfile, keyfile)`` to present, if any.
+    :param name: a label for logs and metrics (never a credential).
+    :param tunnel: the cluster id whose kube-agent tunnel carries the connection
+        (its apiserver is dialled through that agent, not directly); ``None``: direct.
+    """
+
+    base_urls: tuple[str, ...]
+    path: str = "/"
+    query: str = ""
+    ca_pem: str | None = None
+    server_name: str | None = None
+    verify: bool = True
+    bearer_token: str | None = field(default=None, repr=False)
+    set_headers: tuple[tuple[str, str], ...] = ()
+    client_cert: tuple[str, str] | None = None
+    name: str = ""
+    tunnel: str | None = None
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    """What the admission layer did to one request (for logs and audit)."""
+
+    webhooks: tuple[str, ...] = ()
+    patched: bool = False
+    warnings: tuple[str, ...] = ()
+    audit_annotations: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Document:
+    """The request body as the admission layer decoded (for its receiver) and admitted it.
+
+    ``wsgi.input`` then holds exactly its encoding; a later layer that needs the object
+    (the driver's conversion) takes it from here instead of decoding the body again.
+    """
+
+    value: Any
+
+
+def get_document(environ: dict[str, Any]) -> Document | None:
+    document = environ.get(DOCUMENT)
+    return document if isinstance(document, Document) else None
+
+
+def get_user(environ: dict[str, Any]) -> User | None:
+    user = environ.get(USER)
+    return user if isinstance(user, User) else None
+
+
+def get_agent(environ: dict[str, Any]) -> ClusterAgent | None:
+    agent = environ.get(AGENT)
+    return agent if isinstance(agent, ClusterAgent) else None
+
+
+def get_cluster(environ: dict[str, Any]) -> Cluster | None:
+    cluster = environ.get(CLUSTER)
+    return cluster if isinstance(cluster, Cluster) else None
+
+
+def get_upstream(environ: dict[str, Any]) -> Upstream | None:
+    upstream = environ.get(UPSTREAM)
+    return upstream if isinstance(upstream, Upstream) else None
+
+
+def get_error_style(environ: dict[str, Any]) -> ErrorStyle:
+    style = environ.get(ERROR_STYLE)
+    return style if style == "kubernetes" or style == "bcs" else "json"

@@ -1,0 +1,695 @@
+"""Admission interception: writes, deletions and connections pass through webhook chains first.
+
+:class:`AdmissionMiddleware` runs the webhooks a definition matches (mutating first,
+validating after) and hands the downstream app what they admitted: the admitted body
+of a create or update (a fresh ``wsgi.input`` with the right ``Content-Length``), the
+admitted ``DeleteOptions`` of a DELETE, the path and query of the admitted options of
+a CONNECT. Anything else — reads, requests no definition matches — passes through
+untouched and unread.
+
+A create or update body is buffered (bounded) only when a definition could match it,
+decoded once as its receiver decodes it (:mod:`bcs_middleware.core.gojson`: duplicate keys
+and out-of-range numbers refused; with ``canonical`` — the driver's bcs v4 field rules —
+keys in the Go tags' spelling), and what goes on is **the re-encoding of the admitted
+object** (:func:`~bcs_middleware.core.gojson.dumps`, compact) — never the client's bytes, so
+what was judged is what the receiver reads. On the tunnel a body is read only when a
+webhook configuration matches the request's resource and operation; a body no webhook
+matches streams to the apiserver as sent (the apiserver decodes it, and nothing here
+decided anything from it).
+
+A bcs body (Create/Update definitions exist) must be JSON or YAML: another
+non-empty body is a 415 naming a webhook it could have met (an application behind
+the standalone filter may parse a form post anyway), an undecodable one a 400.
+A JSON body that does not even mention a covered kind (``application``,
+``deployment``; no ``\\u`` escape that could spell one) cannot match and streams
+on unread.
+
+Memory: a buffered body is held with its decoded object until its response ends,
+so the layer reserves for it from a per-process budget (``buffer_memory``,
+:class:`~bcs_middleware.core.bodies.BufferBudget`): before reading, what its declared
+length could cost at worst; once its text is measured (length, number of values:
+a Python object each), its estimate. One body may cost at most 12 times ``max_body``
+(a body of more values is a 413 before anything is built); a request that finds
+the budget full waits up to ``buffer_wait`` seconds, then gets a 429 with
+``Retry-After`` (as kube-apiserver's in-flight limit answers). The object is
+encoded once per version and that encoding is sent to each webhook (inside its
+AdmissionReview, by reference) and upstream.
+
+Which definitions apply:
+
+* ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
+  webhook configurations of that cluster, matched on the request as kube-apiserver
+  classifies it (:func:`bcs_middleware.core.requestinfo.of`, ``bcs.request_info``: the
+  tunnel path after ``/tunnels/clusters/{id}``, else ``PATH_INFO``);
+* otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
+  POST = Create / PUT = Update and the body's ``kind``.
+
+The operation is the one the apiserver admits (:mod:`bcs_middleware.core.requestinfo`):
+``POST`` is CREATE, a ``PUT`` is UPDATE when the object exists and CREATE when it does
+not (asked of the cluster, as the caller), ``PATCH`` is UPDATE, ``DELETE`` is DELETE,
+and **every method** on the ``exec``/``attach``/``portforward``/``proxy`` subresources
+of pods (``proxy`` of nodes and services) is CONNECT — headers change none of this.
+
+A CONNECT is admitted as ``ConnectResource`` admits it (:mod:`bcs_middleware.admission.options`):
+the review's object is the connect options decoded from the query (and the proxied
+path), and what goes on is the request rebuilt from the options the webhooks admitted —
+never the client's own query. A DELETE of one object is reviewed with the object read
+as the caller (``oldObject``) and its ``DeleteOptions`` (``options``), and goes on with
+those options as its body, preconditioned on the ``uid`` and ``resourceVersion`` the
+webhooks saw: an object swapped under its name meanwhile is not deleted (409). A
+deletecollection, which the apiserver admits item by item, is refused (501, naming the
+webhook) when a ``Fail`` webhook matches it, and passes with a ``Warning`` when only
+``Ignore`` ones do.
+
+A matched ``PATCH`` (JSON Patch or merge patch) is resolved against the current
+object read **as the caller** (with ``bcs.upstream``'s credential and impersonation:
+the caller's RBAC decides what they may see, and their 403/404 is the answer),
+admitted as an UPDATE, and forwarded as a ``PATCH`` — a JSON Patch from the object
+read to the admitted one, guarded by a ``test`` of its ``resourceVersion`` — so the
+cluster's RBAC checks the ``patch`` verb the caller used. An UPDATE by ``PUT`` is
+sent guarded by the ``resourceVersion`` read, so it cannot turn into an unadmitted
+create. (The reverse cannot be guarded in a PUT: an object created by someone else
+between the gateway's read and the write is updated by a body admitted as CREATE.)
+Resolving a PUT, PATCH or DELETE needs the caller to be allowed to ``get`` the object.
+Strategic-merge and apply patches cannot be resolved without the resource's schema
+and are refused (415) rather than let through unadmitted.
+
+Exempt are only the webhook-definition routes of the gateway and the mesos-driver
+(whole paths) and, on the tunnel, a cluster's own webhook and admission-policy
+configurations (``admissionregistration.k8s.io``, judged on the parsed API path),
+which the kube-apiserver does not send to webhooks either.
+
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.request_info``
+(classifying the request when no layer did); sets ``bcs.admission``
+(:class:`~bcs_middleware.core.environ.AdmissionResult`); rewrites ``wsgi.input``,
+``CONTENT_LENGTH`` (and, for a resolved PATCH or a DELETE, ``CONTENT_TYPE``), and for
+an admitted CONNECT ``bcs.upstream``'s path and query (without routing in front:
+``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``;
+and for a bcs body it decoded sets ``bcs.document`` (the admitted object).
+Webhook ``warnings`` become ``Warning: 299`` response headers.
+
+Security: webhooks are only reached over HTTPS verified against their
+``caBundle`` and service name; no credential of the request is sent to them
+(the object and the user's name and groups only).
+
+:param app: the WSGI app to protect.
+:param store: the :class:`~bcs_middleware.admission.DefinitionStore`.
+:param cluster_reader: reads namespace labels and current objects (Kubernetes).
+:param mode: ``"auto"`` (by ``bcs.cluster``), ``"bcs"`` or ``"kubernetes"``.
+:param max_body: largest body buffered; a larger matched request is a 413.
+:param buffer_memory: bytes of estimated decoded bodies this process's layer holds at
+    once (default 128 MiB, at least two bodies at their limit).
+:param buffer_wait: seconds a request waits for room in the budget before its 429.
+:param canonical: how the receiver reads a decoded bcs body:
+    ``canonical(method, path, document)`` returns the document as the receiver
+    decodes it (the driver passes its bcs v4 field rules,
+    :func:`bcs_middleware.scheduler.routes.canonical`); by default the JSON as read.
+    Webhook answers are read through it too.
+:param total_budget: seconds all webhooks of one request may take together.
+:param default_timeout: per-call timeout of bcs webhooks without ``timeoutSeconds``.
+:param address_map: ``{"name.namespace": "host:port"}`` to connect elsewhere
+    while verifying the service name.
+:param breaker_threshold: consecutive failures that open a webhook's breaker.
+:param breaker_cooldown: seconds an open breaker fails calls fast.
+:param client: a ready :class:`~bcs_middleware.admission.WebhookClient` (the
+    address map, breaker and transport options are then ignored).
+:param transport: the outbound transport webhooks are called over (the gateway's one,
+    shared with the proxy); default the process's
+    :func:`~bcs_middleware.outbound.transport.default_transport`.
+
+Example::
+
+    app = AdmissionMiddleware(app, store=MemoryDefinitionStore(), total_budget=5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote
+
+import jsonpatch
+
+from ..admission.client import CircuitBreaker, WebhookClient
+from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
+from ..admission.options import connect_options, connect_target, delete_body, delete_options
+from ..admission.review import (
+    RequestAttributes,
+    admission_attributes,
+    apply_json_patch,
+    apply_merge_patch,
+)
+from ..admission.store import (
+    ClusterReader,
+    DefinitionStore,
+    MemoryDefinitionStore,
+    load_definitions_file,
+)
+from ..core import environ as env
+from ..core import gojson, requestinfo
+from ..core.bodies import (
+    BufferBudget,
+    has_body,
+    parse_json,
+    parse_yaml,
+    read_buffer,
+    replace_body,
+    yaml_node_limit,
+)
+from ..core.converters import asint, convert_options, mapping, seconds, size, text
+from ..core.errors import (
+    BadGateway,
+    BadRequest,
+    BCSError,
+    ConfigError,
+    NotFound,
+    UnsupportedMediaType,
+)
+from ..core.paths import TUNNEL_PREFIX, parse_tunnel_path
+from ..core.printable import escape
+from ..core.requestinfo import RequestInfo, parse_query
+from ..outbound.transport import Transport
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["bcs", "kubernetes", "auto"]
+StartResponse = Callable[..., Any]
+
+# The gateway's and the mesos-driver's own webhook-definition routes, matched on the whole
+# path: no webhook intercepts changes to webhook definitions (a webhook that refused them
+# could never be removed). Nothing else is exempt — above all nothing under /tunnels/, where
+# a namespace or object may carry any of these names.
+_MANAGEMENT_PATHS = re.compile(
+    r"(?:/mesosdriver/v4|/bcsapi/v4/scheduler/mesos)"
+    r"/(?:namespaces/[^/]+/admissionwebhook(?:/[^/]+)?|admissionwebhooks)/?"
+    r"|/rest/(?:admissionwebhooks(?:/[^/]+)?"
+    r"|clusters/[^/]+/admissionwebhookconfigurations(?:/[^/]+/[^/]+)?|admission/review)/?"
+)
+# A cluster's own webhook (and admission policy) configurations: the kube-apiserver calls no
+# webhook for these (k8s.io/apiserver .../webhook/predicates/rules.IsExemptAdmissionConfigurationResource),
+# so the gateway, which must not be stricter than the cluster it fronts, does not either.
+_REGISTRATION_GROUP = "admissionregistration.k8s.io"
+_EXEMPT_REGISTRATION_RESOURCES = frozenset({
+    "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
+    "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+    "mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
+})
+_JSON_PATCH = "application/json-patch+json"
+_MERGE_PATCH = "application/merge-patch+json"
+Canonical = Callable[[str, str, Any], Any]
+#: One admitted body may cost at most this many times ``max_body`` once decoded (estimated
+#: before decoding, :func:`~bcs_middleware.core.bodies.decoded_cost`): more is a 413.
+REQUEST_COST_FACTOR = 12
+#: What a process's admission layer holds at once, by estimate, unless configured (at least two
+#: requests at their limit).
+DEFAULT_BUFFER_MEMORY = 128 * 1024 * 1024
+
+
+def _as_read(method: str, path: str, document: Any) -> Any:
+    return document
+
+
+class AdmissionMiddleware:
+    """Run matching admission webhooks before a create/update reaches ``app`` (see module doc)."""
+
+    def __init__(
+        self,
+        app: Callable[..., Iterable[bytes]],
+        *,
+        store: DefinitionStore,
+        cluster_reader: ClusterReader | None = None,
+        mode: Mode = "auto",
+        max_body: int = 3 * 1024 * 1024,
+        total_budget: float = 15.0,
+        default_timeout: float = 10.0,
+        address_map: Mapping[str, str] | None = None,
+        breaker_threshold: int = 5,
+        breaker_cooldown: float = 30.0,
+        client: WebhookClient | None = None,
+        namespace_ttl: float = 5.0,
+        transport: Transport | None = None,
+        buffer_memory: int | None = None,
+        buffer_wait: float = 30.0,
+        canonical: Canonical | None = None,
+    ) -> None:
+        if mode not in ("bcs", "kubernetes", "auto"):
+            raise ValueError(f"mode must be bcs, kubernetes or auto, not {mode!r}")
+        if max_body <= 0 or total_budget <= 0 or default_timeout <= 0:
+            raise ValueError("max_body, total_budget and default_timeout must be positive")
+        self.app = app
+        self.mode = mode
+        self.max_body = max_body
+        request_limit = REQUEST_COST_FACTOR * max_body
+        self.budget = BufferBudget(buffer_memory or max(DEFAULT_BUFFER_MEMORY, 2 * request_limit), request_limit,
+                                   buffer_wait, what="admission")
+        self.canonical = canonical or _as_read
+        client = client or WebhookClient(
+            transport=transport,
+            address_map=address_map or {},
+            breaker=CircuitBreaker(breaker_threshold, breaker_cooldown),
+        )
+        self.engine = AdmissionEngine(
+            store,
+            client=client,
+            cluster_reader=cluster_reader,
+            total_budget=total_budget,
+            default_timeout=default_timeout,
+            namespace_ttl=namespace_ttl,
+        )
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        try:
+            cluster_id = self._kubernetes_cluster(environ)
+            # The request as kube-apiserver classifies it, decided once (audit may have asked first).
+            info = requestinfo.of(environ) if cluster_id is not None else None
+        except BCSError as exc:  # an unsafe tunnel path, refused as routing refuses it
+            return exc(environ, start_response)
+        if info is not None:
+            if info.admission_operation is None:
+                return self.app(environ, start_response)  # get, list, watch, logs: nothing to admit
+        elif method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", "")):
+            return self.app(environ, start_response)  # bcs definitions know Create and Update only
+        style: env.ErrorStyle = "kubernetes" if info is not None else env.get_error_style(environ)
+        slot = self.budget.claim()
+        try:
+            if info is not None and cluster_id is not None:
+                outcome = self._admit_kubernetes(environ, method, cluster_id, info, slot=slot)
+            else:
+                outcome = self._admit_bcs(environ, method, slot=slot)
+        except BCSError as exc:
+            slot.release()
+            status_line, headers, payload = exc.response_parts(style)
+            start_response(status_line, headers)
+            return [payload]
+        except BaseException:
+            slot.release()
+            raise
+        respond = start_response
+        if outcome is not None:
+            environ[env.ADMISSION] = outcome.result()
+            extra = warning_headers(outcome.warnings)
+            if extra:
+                def respond(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+                    return start_response(status, [*headers, *extra], exc_info)
+        if not slot.held:
+            return self.app(environ, respond)
+        # The buffered body and its object live until the response ends: so does the slot.
+        try:
+            return slot.until_done(self.app(environ, respond))
+        except BaseException:
+            slot.release()
+            raise
+
+    # -- bcs ------------------------------------------------------------------------
+
+    def _admit_bcs(self, environ: dict[str, Any], method: str, *, slot: BufferBudget.Slot) -> Outcome | None:
+        if method not in ("POST", "PUT"):
+            return None
+        operation: Literal["Create", "Update"] = "Create" if method == "POST" else "Update"
+        kinds = self.engine.bcs_kinds(operation)
+        if not kinds:
+            return None  # no definition for this operation: nothing can match, the body streams on
+        content_type = _mime(environ)
+        is_yaml = "yaml" in content_type
+        if content_type and "json" not in content_type and not is_yaml:
+            if not has_body(environ):
+                return None
+            # An application behind the filter may parse it anyway: never pass it unjudged.
+            raise UnsupportedMediaType(
+                f'a {gojson.printable(content_type, 100)} body cannot be admitted by webhook '
+                f'"{self._bcs_webhook(operation)}": send JSON (application/json) or YAML (application/yaml)'
+            )
+        slot.reserve_for(environ, self.max_body)
+        body = read_buffer(environ, self.max_body, what="a request body to admit")
+        if not body or (not is_yaml and b"\\u" not in body
+                        and not any(kind.encode() in body.lower() for kind in kinds)):
+            # Empty, or JSON that mentions no covered kind (which lower-case ASCII letters
+            # only spell: no \u escape, and no other character lower-cases to them): no
+            # definition can match, so nothing is judged and the bytes go on as sent.
+            replace_body(environ, bytes(body))
+            slot.release()
+            return None
+        path = environ.get("PATH_INFO", "")
+        document = (parse_yaml(bytes(body), max_nodes=yaml_node_limit(self.budget.request_limit)) if is_yaml
+                    else parse_json(body, measure=slot.fit))
+        del body
+        document = self.canonical(method, path, document)
+        outcome = self.engine.admit_bcs(
+            operation, document, env.get_user(environ),
+            canonical=lambda answer: self.canonical(method, path, answer))
+        # What the receiver gets is what was admitted, re-encoded, whether or not a webhook changed it.
+        replace_body(environ, outcome.encoding(), content_type="application/json")
+        environ[env.DOCUMENT] = env.Document(outcome.object)
+        if not outcome.webhooks and not outcome.steps:
+            return None
+        return outcome
+
+    def _bcs_webhook(self, operation: str) -> str:
+        """A webhook a request of ``operation`` could meet (the first, by kind), for messages."""
+        for (op, _), definition in sorted(self.engine.bcs_definitions().items()):
+            if op == operation and definition.webhooks:
+                return f"{definition.name}/{definition.webhooks[0].name}"
+        return operation
+
+    # -- Kubernetes -------------------------------------------------------------------
+
+    def _kubernetes_cluster(self, environ: dict[str, Any]) -> str | None:
+        """The cluster whose Kubernetes definitions apply (``""``: none named), else ``None``.
+
+        Behind routing the cluster is ``bcs.cluster``; without routing in front (a pipeline
+        in ``kubernetes`` mode) it is the tunnel path's, split by the routing layer's parser.
+        """
+        cluster = env.get_cluster(environ)
+        if self.mode == "bcs" or (
+            self.mode == "auto" and (cluster is None or cluster.cluster_type != "k8s")
+        ):
+            return None
+        if cluster is not None:
+            return cluster.id
+        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+        tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
+        return tunnel.cluster_id if tunnel else ""
+
+    def _admit_kubernetes(
+        self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo, *,
+        slot: BufferBudget.Slot,
+    ) -> Outcome | None:
+        attrs = admission_attributes(info)
+        if attrs is None or (
+            attrs.group == _REGISTRATION_GROUP and attrs.resource in _EXEMPT_REGISTRATION_RESOURCES
+        ):
+            return None
+        if info.admission_operation == "CONNECT":
+            return self._admit_connect(environ, cluster_id, info, attrs)
+        if info.admission_operation == "DELETE":
+            return self._admit_delete(environ, cluster_id, info, attrs)
+        if method not in ("POST", "PUT", "PATCH"):
+            return None  # a create or update verb only these methods carry
+        # The operation the apiserver will perform: POST creates, PATCH updates, and PUT
+        # updates an object that exists but creates one that does not.
+        candidates: tuple[Operation, ...] = (
+            ("CREATE",) if method == "POST" else ("UPDATE",) if method == "PATCH" else ("CREATE", "UPDATE")
+        )
+        matched = {op: self.engine.k8s_matching(cluster_id, op, attrs) for op in candidates}
+        first = next((hooks[0].name for hooks in matched.values() if hooks), None)
+        if first is None:
+            return None
+        content_type = _mime(environ)
+        if method == "PATCH":
+            if content_type not in (_JSON_PATCH, _MERGE_PATCH):
+                raise UnsupportedMediaType(
+                    f'{content_type or "this"} patch cannot be admitted by webhook "{first}": '
+                    f"send a JSON Patch ({_JSON_PATCH}), a merge patch ({_MERGE_PATCH}) "
+                    "or a full update"
+                )
+        elif content_type not in ("application/json", ""):
+            raise UnsupportedMediaType(
+                f'a {content_type} body cannot be admitted by webhook "{first}": '
+                "send application/json"
+            )
+        slot.reserve_for(environ, self.max_body)
+        body = read_buffer(environ, self.max_body, what="a request body to admit")
+        document = parse_json(body, measure=slot.fit)
+        del body
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        dry_run = "All" in query.get("dryRun", [])
+        old: Any = None
+        operation: Operation = candidates[0]
+        if method == "PATCH":
+            old = self._current(environ, cluster_id, attrs, required=True)
+            try:
+                obj = (
+                    apply_json_patch(old, document)
+                    if content_type == _JSON_PATCH
+                    else apply_merge_patch(old, document)
+                )
+            except ValueError as exc:
+                raise BCSError(
+                    f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
+                ) from None
+            if isinstance(obj, dict) and not _meta(obj).get("resourceVersion"):
+                obj.setdefault("metadata", {})["resourceVersion"] = _meta(old).get("resourceVersion")
+        else:
+            obj = document
+            if method == "PUT":
+                old = self._current(environ, cluster_id, attrs, required=False)
+                operation = "UPDATE" if old is not None or attrs.subresource else "CREATE"
+        if not isinstance(obj, dict):
+            raise BadRequest("request body must be a JSON object")
+        webhooks = matched[operation]
+        if not webhooks:
+            # Decoded, though no webhook of this operation judged it: the re-encoding goes on.
+            replace_body(environ, gojson.dumps(obj))
+            return None
+        outcome = self.engine.admit_k8s(
+            cluster_id,
+            operation,
+            attrs,
+            obj,
+            old,
+            env.get_user(environ),
+            dry_run=dry_run,
+            options=_options(operation, query),
+            webhooks=webhooks,
+        )
+        admitted = outcome.object
+        if method == "PATCH":
+            # Forwarded as a PATCH (the cluster's RBAC checks the "patch" verb the caller
+            # used): the change from the object the caller read to the admitted one, applied
+            # only if the object is still the one that was admitted.
+            environ["CONTENT_TYPE"] = _JSON_PATCH
+            replace_body(environ, gojson.dumps(_guarded_patch(old, admitted)))
+            return outcome
+        if method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
+            # Admitted as an UPDATE: it must not turn into a create if the object is deleted
+            # meanwhile (CREATE webhooks never saw it).
+            rv = _meta(old).get("resourceVersion")
+            if rv and isinstance(admitted.get("metadata"), dict):
+                admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
+                replace_body(environ, gojson.dumps(admitted))
+                return outcome
+        # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
+        replace_body(environ, outcome.encoding())
+        return outcome
+
+    def _admit_connect(
+        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
+    ) -> Outcome | None:
+        """CONNECT (exec, attach, port-forward, proxy) as ``ConnectResource`` admits it.
+
+        The webhooks get the connect options decoded from the query and path; what goes on
+        is the request rebuilt from the options they admitted (a mutating webhook may
+        change them, as it may on the apiserver), never the client's own query.
+        """
+        webhooks = self.engine.k8s_matching(cluster_id, "CONNECT", attrs)
+        if not webhooks:
+            return None
+        query = str(environ.get("QUERY_STRING", ""))
+        if "dryRun" in parse_query(query):
+            raise BadRequest("dryRun is not supported", code_name="DRY_RUN_UNSUPPORTED")
+        options = connect_options(info, query)
+        outcome = self.engine.admit_k8s(
+            cluster_id, "CONNECT", attrs, options, None, env.get_user(environ),
+            dry_run=False, options=None, webhooks=webhooks,
+        )
+        admitted = outcome.object if isinstance(outcome.object, dict) else options
+        path, forwarded_query = connect_target(info, admitted, query)
+        upstream = env.get_upstream(environ)
+        if upstream is not None:
+            environ[env.UPSTREAM] = dataclasses.replace(upstream, path=path, query=forwarded_query)
+        else:  # no routing in front: the next layer reads the request itself
+            raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+            tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
+            environ["PATH_INFO"] = (TUNNEL_PREFIX + tunnel.cluster_id if tunnel else "") + unquote(path)
+            environ["QUERY_STRING"] = forwarded_query
+            for key in ("RAW_URI", "REQUEST_URI"):
+                environ.pop(key, None)
+        environ[env.REQUEST_INFO] = requestinfo.classify(
+            environ.get("REQUEST_METHOD", "GET"), unquote(path), forwarded_query)
+        return outcome
+
+    def _admit_delete(
+        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
+    ) -> Outcome | None:
+        """DELETE as ``handlers/delete.go`` admits it: ``oldObject`` the object, ``options`` its DeleteOptions.
+
+        The object is read as the caller. The DELETE goes on carrying the admitted options
+        as its body, with preconditions on the uid and resourceVersion read, so only the
+        object the webhooks saw can be deleted. A deletecollection is admitted by the
+        apiserver once per item it deletes, which the gateway cannot do: refused when a
+        ``Fail`` webhook matches it, passed with a ``Warning`` (and logged) for ``Ignore``.
+        """
+        webhooks = self.engine.k8s_matching(cluster_id, "DELETE", attrs)
+        if not webhooks:
+            return None
+        if info.verb == "deletecollection" or not attrs.name:
+            failing = [w.name for w in webhooks if w.failure_policy == "Fail"]
+            if failing:
+                raise BCSError(
+                    f'webhook "{failing[0]}" (failurePolicy: Fail) admits the DELETE of {attrs.resource}, and the '
+                    "gateway cannot send a deletecollection to admission item by item: delete the objects one "
+                    "by one",
+                    status=501,
+                    code_name="ADMISSION_OPERATION_UNSUPPORTED",
+                )
+            for webhook in webhooks:
+                log.warning("admission: a deletecollection of %s is not sent to webhook %s (failurePolicy: Ignore)",
+                            escape(attrs.resource), webhook.name)
+            return Outcome(None, webhooks=(), warnings=tuple(
+                f'deletecollection not sent to admission webhook "{w.name}" (failurePolicy: Ignore)' for w in webhooks))
+        content_type = _mime(environ)
+        body = bytes(read_buffer(environ, self.max_body, what="a DeleteOptions body"))
+        if body and content_type not in ("application/json", ""):
+            raise UnsupportedMediaType(
+                f'a {content_type} DeleteOptions body cannot be admitted by webhook "{webhooks[0].name}": '
+                "send application/json"
+            )
+        options = delete_options(body, str(environ.get("QUERY_STRING", "")))
+        old = self._current(environ, cluster_id, attrs, required=True)
+        outcome = self.engine.admit_k8s(
+            cluster_id, "DELETE", attrs, None, old, env.get_user(environ),
+            dry_run=bool(options.get("dryRun")), options=options, webhooks=webhooks,
+        )
+        replace_body(environ, gojson.dumps(delete_body(options, old)), content_type="application/json")
+        return outcome
+
+    def _current(
+        self, environ: dict[str, Any], cluster_id: str, attrs: RequestAttributes, *, required: bool
+    ) -> Any:
+        """The object the request acts on, read as its caller; ``None`` when it does not exist.
+
+        With ``bcs.upstream`` (the tunnel) the read carries the request's own credential and
+        impersonation, so the caller's RBAC decides: what they may not read is their 403 (or
+        404), exactly as the cluster answers, never something the gateway's credential saw.
+        """
+        reader = self.engine.cluster_reader
+        if reader is None or not attrs.name:
+            if required:
+                raise BadGateway(
+                    "cannot resolve the patch for admission: the cluster cannot be read"
+                )
+            return None
+        upstream = env.get_upstream(environ)
+        try:
+            if upstream is not None:
+                current = reader.get_object_as(upstream, attrs.api_path)
+            else:
+                current = reader.get_object(cluster_id, attrs.api_path)
+        except BCSError:
+            raise
+        except Exception:
+            log.warning("admission: cannot read %s from cluster %s", attrs.api_path, cluster_id,
+                        exc_info=True)
+            raise BadGateway(
+                "cannot read the current object from the cluster for admission"
+            ) from None
+        if current is None and required:
+            raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
+        return current
+
+
+def _meta(obj: Any) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _guarded_patch(old: Any, admitted: Any) -> list[dict[str, Any]]:
+    """A JSON Patch from ``old`` to ``admitted`` that applies only to ``old``'s resourceVersion."""
+    operations = list(jsonpatch.make_patch(old, admitted).patch)
+    rv = _meta(old).get("resourceVersion")
+    if isinstance(rv, str) and rv:
+        operations.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    return operations
+
+
+def _mime(environ: Mapping[str, Any]) -> str:
+    return str(environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
+
+
+def _options(operation: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+    kind = "CreateOptions" if operation == "CREATE" else "UpdateOptions"
+    options: dict[str, Any] = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
+    if query.get("dryRun"):
+        options["dryRun"] = query["dryRun"]
+    if query.get("fieldManager"):
+        options["fieldManager"] = query["fieldManager"][0]
+    return options
+
+
+def _mode(value: str) -> Mode:
+    value = value.strip().lower()
+    if value not in ("bcs", "kubernetes", "auto"):
+        raise ValueError("must be bcs, kubernetes or auto")
+    return value  # type: ignore[return-value]
+
+
+def filter_factory(
+    global_conf: Mapping[str, Any], **local_conf: str
+) -> Callable[[Any], AdmissionMiddleware]:
+    """PasteDeploy filter ``admission``.
+
+    .. code-block:: ini
+
+        [filter:admission]
+        use = egg:bcs-middleware#admission
+        # JSON or YAML: {"admissionwebhooks": [...], "clusters": {"<id>": [...]}}
+        definitions_file = /etc/bcs/admission.yaml
+        # ... or the gateway's database (definitions managed through its REST API;
+        # Kubernetes definitions then read namespaces/objects with the cluster's credentials)
+        # database_url = postgresql://bcs@db/bcs
+        mode = auto
+        max_body = 3MiB
+        # estimated memory of the bodies buffered at once (429 beyond, after buffer_wait)
+        buffer_memory = 128MiB
+        buffer_wait = 30s
+        total_budget = 15s
+        default_timeout = 10s
+        breaker_threshold = 5
+        breaker_cooldown = 30s
+        address_map =
+            sidecar-webhook-service.sidecar-webhook-namespace = 10.0.0.12:8443
+    """
+    options = convert_options(
+        "filter:admission",
+        local_conf,
+        {
+            "definitions_file": text,
+            "database_url": text,
+            "secret_key": text,
+            "mode": _mode,
+            "max_body": size,
+            "total_budget": seconds,
+            "default_timeout": seconds,
+            "address_map": mapping,
+            "breaker_threshold": asint,
+            "breaker_cooldown": seconds,
+            "namespace_ttl": seconds,
+            "buffer_memory": size,
+            "buffer_wait": seconds,
+        },
+    )
+    path = options.pop("definitions_file", None)
+    database_url = options.pop("database_url", None)
+    secret_key = options.pop("secret_key", None)
+    if path and database_url:
+        raise ConfigError("[filter:admission] definitions_file and database_url exclude each other")
+    store: DefinitionStore = load_definitions_file(path) if path else MemoryDefinitionStore()
+    if database_url:
+        from ..clusters.directory import CachedDirectory
+        from ..clusters.reader import TunnelClusterReader
+        from ..outbound.transport import default_transport
+        from ..store.definitions import SQLDefinitionStore
+        from ..store.sql import open_store
+
+        sql = open_store(database_url, secret_key=secret_key, migrate=False)
+        store = SQLDefinitionStore(sql)
+        options.setdefault("cluster_reader", TunnelClusterReader(CachedDirectory(sql), default_transport()))
+
+    def make(app: Any) -> AdmissionMiddleware:
+        return AdmissionMiddleware(app, store=store, **options)
+
+    return make

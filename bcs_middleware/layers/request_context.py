@@ -1,0 +1,296 @@
+"""The outermost layer: request id, error style, metrics and the JSON access log.
+
+:class:`RequestContextMiddleware` gives every request an id (a client's
+``X-Request-Id`` is kept when it is short and printable, else one is generated)
+and returns it in the response; marks tunnel paths so errors render as
+Kubernetes ``Status`` and Mesos paths (``/bcsapi/``, ``/mesosdriver/``) so they
+render as the bcs envelope; counts requests and latency per route kind; and writes one
+JSON line per request to the ``bcs_middleware.access`` logger when the response
+is finished (closed)::
+
+    {"time": "...", "request_id": "...", "user": "alice", "cluster": "BCS-K8S-001",
+     "method": "GET", "path": "/tunnels/clusters/BCS-K8S-001/api/v1/pods", "status": 200,
+     "bytes": 5120, "duration_ms": 12.3, "kind": "tunnel", "webhooks": ["sidecar.example.com"]}
+
+It never logs a query string, a header or a body, so no token or credential can
+reach the log through it; what it logs of the request (path, user, cluster) is JSON
+with every control character escaped, so no client forges a line or a terminal escape.
+
+It is also the gateway's edge for errors nobody meant: an exception that escapes every
+layer before the answer began is logged (with its traceback, for the operator) and
+answered ``500`` in the route's error style — a Kubernetes ``Status`` on tunnel paths,
+the bcs envelope on Mesos paths, ``{"code_name", "message"}`` elsewhere — never the
+server's HTML page, which kubectl and bcs clients cannot read.
+
+Reads ``bcs.user``, ``bcs.cluster``, ``bcs.admission`` (set by the layers inside,
+read when the response is closed); sets ``bcs.request_id`` and ``bcs.error_style``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from time import monotonic
+from typing import Any, NamedTuple
+
+from ..agent_tunnel.handshake import CONNECT_PATH
+from ..core import converters as conv
+from ..core import environ as env
+from ..core.errors import answer_unexpected
+from ..core.printable import json_line
+from ..telemetry.logsetup import LineWriterHandler
+from ..telemetry.metrics import BATCH
+from .kubernetes_route import TUNNEL_PREFIX
+
+access_log = logging.getLogger("bcs_middleware.access")
+
+
+class AccessLine(NamedTuple):
+    """An access-log message that becomes its JSON text only when ``str()`` is taken.
+
+    The request thread captures what it has — the ``bcs.*`` objects themselves,
+    monotonic seconds; turning them into names, milliseconds and JSON happens on the
+    log writer thread of ``bcs-middleware serve``, off the request's path. Any other
+    handler gets the same text from ``record.getMessage()``.
+    """
+
+    when: float  # time.time()
+    request_id: str
+    remote_addr: str
+    user: Any  # the bcs.* values, or None
+    agent: Any
+    cluster: Any
+    admission: Any
+    method: str
+    path: str
+    status: int
+    sent: int
+    seconds: float
+    kind: str
+
+    def __str__(self) -> str:
+        if isinstance(self.user, env.User):
+            user_name: str | None = self.user.name
+        elif isinstance(self.agent, env.ClusterAgent):
+            user_name = f"cluster-agent:{self.agent.cluster_id}"
+        else:
+            user_name = None
+        admission = self.admission
+        # JSON escapes every control character a client put in a path or a name (DEL too).
+        return json_line({
+            "time": _timestamp(self.when), "request_id": self.request_id,
+            "remote_addr": self.remote_addr, "user": user_name,
+            "cluster": self.cluster.id if isinstance(self.cluster, env.Cluster) else None,
+            "method": self.method, "path": self.path, "status": self.status, "bytes": self.sent,
+            "duration_ms": round(self.seconds * 1000, 3), "kind": self.kind,
+            "webhooks": list(admission.webhooks) if isinstance(admission, env.AdmissionResult) else [],
+        })
+
+
+# (second, "YYYY-MM-DDTHH:MM:SS"): many lines share a second; formatting it is not free.
+_second: tuple[int, str] = (0, "")
+
+
+_ID_BATCH = 256
+_ids: Iterator[str] = iter(())
+
+
+def _new_request_id() -> str:
+    """32 hex digits from ``os.urandom``, fetched 256 ids at a time.
+
+    One ``getrandom`` per request is a syscall, and every syscall lets the other
+    threads of a gthread worker take the GIL (bench/README.md). Threads racing on
+    an empty batch each fetch their own; an id is never handed out twice.
+    """
+    global _ids
+    for request_id in _ids:  # next() on a list iterator is atomic under the GIL
+        return request_id
+    raw = os.urandom(16 * _ID_BATCH).hex()
+    batch = iter([raw[i:i + 32] for i in range(32, len(raw), 32)])
+    _ids = batch
+    return raw[:32]
+
+
+# A forked worker must not hand out the ids its parent had fetched.
+os.register_at_fork(after_in_child=lambda: globals().__setitem__("_ids", iter(())))
+
+
+def _timestamp(now: float | None = None) -> str:
+    """UTC ``now`` (default: now) as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated,
+    as isoformat does)."""
+    global _second
+    if now is None:
+        now = time.time()
+    sec = int(now)
+    cached = _second
+    if cached[0] != sec:
+        cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{cached[1]}.{int((now - sec) * 1000):03d}Z"
+
+
+def route_kind(path: str) -> str:
+    """The ``kind`` label of request metrics and access-log lines."""
+    if path.startswith(TUNNEL_PREFIX):
+        return "tunnel"
+    if path.startswith(("/rest/", "/clusters/")):
+        return "rest"
+    if path.startswith(("/bcsapi/", "/mesosdriver/")):
+        return "agent" if path == CONNECT_PATH else "mesos"
+    return "other"
+
+
+class _Finished:
+    """Wraps the response body: counts bytes, and logs once when the server closes it."""
+
+    __slots__ = ("_done", "_iterable", "_on_close", "sent")
+
+    def __init__(self, iterable: Iterable[bytes], on_close: Callable[[int], None]) -> None:
+        self._iterable = iterable
+        self._on_close = on_close
+        self._done = False
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._iterable:
+            self.sent += len(piece)
+            yield piece
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            close = getattr(self._iterable, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._on_close(self.sent)
+
+
+class _FinishedList(list[bytes]):
+    """A list body (the proxy's small answers, every error), logged once when closed.
+
+    Its size is known up front, so the server iterates the list itself rather than
+    a generator counting each piece; it counts as sent whole, as the generator
+    counts each piece when it hands it over.
+    """
+
+    __slots__ = ("_on_close",)
+
+    def __init__(self, body: list[bytes], on_close: Callable[[int], None]) -> None:
+        super().__init__(body)
+        self._on_close: Callable[[int], None] | None = on_close
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close(sum(map(len, self)))
+
+
+class RequestContextMiddleware:
+    """Request id, error style, request metrics and the access log.
+
+    :param app: the WSGI application.
+    :param access_log: write the JSON access-log line (``bcs_middleware.access``).
+    """
+
+    def __init__(self, app: Any, *, access_log: bool = True) -> None:
+        self.app = app
+        self.access_log = access_log
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        # The tunnel's hot path: every call and allocation here is paid by every
+        # request, several times over under gunicorn's threads (bench/README.md).
+        incoming = environ.get("HTTP_X_REQUEST_ID")
+        request_id = (incoming if incoming and len(incoming) <= 128 and incoming.isprintable()
+                      else _new_request_id())
+        environ[env.REQUEST_ID] = request_id
+        path = environ.get("PATH_INFO", "")
+        kind = route_kind(path)
+        if kind == "tunnel":
+            environ[env.ERROR_STYLE] = "kubernetes"
+        elif kind == "mesos":
+            environ[env.ERROR_STYLE] = "bcs"  # bcs clients parse the envelope, even of a 401
+        started = monotonic()
+        method = environ.get("REQUEST_METHOD", "GET")
+        status_code = 0
+
+        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            nonlocal status_code
+            headers.append(("X-Request-Id", request_id))
+            code = status[:3]
+            status_code = int(code)
+            cluster = environ.get(env.CLUSTER)
+            BATCH.request(kind, cluster.id if type(cluster) is env.Cluster else "", method, code,
+                          monotonic() - started)
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        if not self.access_log:
+            try:
+                return self.app(environ, _start_response)
+            except OSError:
+                raise  # the client's connection (or a handed-over socket): the server closes it
+            except Exception:
+                if status_code:
+                    raise  # the answer has begun: only the server can end it (it closes the connection)
+                return answer_unexpected(environ, _start_response)
+
+        def _log(sent: int) -> None:
+            if not access_log.isEnabledFor(logging.INFO):
+                return
+            line = AccessLine(
+                when=time.time(), request_id=request_id, remote_addr=environ.get("REMOTE_ADDR", ""),
+                user=environ.get(env.USER), agent=environ.get(env.AGENT),
+                cluster=environ.get(env.CLUSTER), admission=environ.get(env.ADMISSION),
+                method=method, path=path, status=status_code, sent=sent,
+                seconds=monotonic() - started, kind=kind,
+            )
+            writer = LineWriterHandler.sole_handler(access_log, logging.INFO)
+            if writer is not None:
+                writer.submit(line)
+                return
+            # Logger.info would walk the stack to find the caller (findCaller) for
+            # every line; the record is built directly instead, then handled
+            # exactly as info() would (filters, handlers, propagation).
+            access_log.handle(
+                access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, line, (),
+                                      None, "_log")
+            )
+
+        try:
+            body = self.app(environ, _start_response)
+        except OSError:
+            raise
+        except Exception:
+            if status_code:
+                raise
+            body = answer_unexpected(environ, _start_response)
+        if type(body) is list:
+            return _FinishedList(body, _log)
+        return _Finished(body, _log)
+
+
+_OPTIONS: dict[str, conv.Converter] = {"access_log": conv.asbool}
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#request_context``: request id, metrics, access log.
+
+    Outermost in a pipeline, so that every layer after it (and the audit events) share the
+    request id::
+
+        [filter:request_context]
+        use = egg:bcs-middleware#request_context
+        access_log = true
+
+        [pipeline:main]
+        pipeline = request_context audit token_auth myapp
+    """
+    opts = conv.convert_options("filter:request_context", local_conf, _OPTIONS)
+
+    def make(app: Any) -> RequestContextMiddleware:
+        return RequestContextMiddleware(app, access_log=opts.get("access_log", True))
+
+    return make

@@ -1,0 +1,1 @@
+"""Running under gunicorn: the gevent and gthread workers, the server hooks and the data directory."""

@@ -1,1 +1,0 @@
-"""The streaming upstream proxy (terminal app) and the transport that owns upstream connections."""
