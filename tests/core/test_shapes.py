@@ -62,7 +62,7 @@ def test_ordinary_shapes_are_remembered() -> None:
 
 
 def test_long_connection_values_and_header_names_are_not_remembered() -> None:
-    from bcs_middleware.outbound import codec
+    from bcs_middleware.core import http as codec
 
     tokens_before = codec._tokens.cache_info().currsize
     named_before = codec._named.cache_info().currsize
