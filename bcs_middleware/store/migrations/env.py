@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from ..models import metadata
+from bcs_middleware.store.models import metadata
 
 config = context.config
 connection = config.attributes.get("connection")
