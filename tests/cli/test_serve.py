@@ -277,7 +277,7 @@ def test_new_connections_resume_their_tls_session(tmp_path: Path) -> None:
 def test_postgresql_without_its_driver_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from bcs_middleware.cli.main import main as cli
+    from bcs_middleware.cli import main as cli
 
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the postgresql extra were not installed
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
@@ -305,6 +305,6 @@ def test_postgresql_without_its_driver_is_a_clear_error(
     ],
 )
 def test_serve_and_the_tunnelling_agent_run_gevent_unless_told_otherwise(argv: list[str], gevent: bool) -> None:
-    from bcs_middleware.cli.main import main as cli
+    from bcs_middleware.cli import main as cli
 
     assert cli._runs_on_gevent(argv) is gevent
