@@ -67,16 +67,21 @@ def make_client(hosts: str, timeout: float) -> Any:
     after monkey-patching, but kazoo documents the gevent handler as the one to use.
     """
     handler = None
+    retry_sleep: dict[str, Any] = {}
     if _gevent_active():
         from kazoo.handlers.gevent import SequentialGeventHandler
 
         handler = SequentialGeventHandler()
+        # kazoo refuses retry policies whose sleep is not the handler's; the retry's default is
+        # the ``time.sleep`` bound when kazoo was first imported, which is the unpatched one when
+        # a gunicorn master imported kazoo (its ZooKeeper hooks) before the worker patched.
+        retry_sleep = {"sleep_func": handler.sleep_func}
     return KazooClient(
         hosts=hosts,
         handler=handler,
         timeout=timeout,
-        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 2.0},
-        command_retry={"max_tries": 3, "delay": 0.1, "max_delay": 1.0, "deadline": timeout},
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 2.0, **retry_sleep},
+        command_retry={"max_tries": 3, "delay": 0.1, "max_delay": 1.0, "deadline": timeout, **retry_sleep},
     )
 
 
