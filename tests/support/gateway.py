@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.kube import write_kubeconfig
-from tests.support.servers import BIN, ServerProcess, free_port
+from tests.support.servers import BIN, ServerProcess, free_port, worker_class_under_test
 
 CLI = str(BIN / "bcs-middleware")
 ADMIN = "tunnel-admin-token-" + "a" * 24
@@ -83,10 +83,8 @@ def served_gateway(data: Path, *, args: Sequence[str] = (), env: dict[str, str] 
     port = free_port()
     argv = [CLI, "serve", "--data-dir", str(data), "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
             "--threads", str(threads), "--graceful-timeout", "3", *args]
-    # BCS_TEST_WORKER_CLASS=gthread runs a suite under the other supported worker class.
-    worker_class = os.environ.get("BCS_TEST_WORKER_CLASS")
-    if worker_class and "--worker-class" not in args:
-        argv += ["--worker-class", worker_class]
+    if not any(arg.startswith("--worker-class") for arg in args):
+        argv += ["--worker-class", worker_class_under_test()]
     with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN, **(env or {})}, scheme="https",
                        timeout=60) as server:
         yield Gateway(server, data, str(data / "tls" / "ca.crt"))
