@@ -12,6 +12,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -118,6 +119,25 @@ def register_cluster(gw: Gateway, cluster_id: str, *, server_url: str, ca_pem: s
     assert agent.returncode == 0, agent.stderr
     assert register_token not in agent.stderr + agent.stdout and sa_token not in agent.stderr
     return register_token
+
+
+#: How often the workers of a gateway started with :func:`short_admission_refresh` re-read the
+#: admission definitions (the default, 2 s, is a production bound no test should wait out).
+ADMISSION_REFRESH = 0.25
+
+
+def short_admission_refresh(data: Path, **options: str) -> list[str]:
+    """``serve`` arguments for a gateway in ``data`` whose workers re-read the admission
+    definitions every :data:`ADMISSION_REFRESH` seconds (``options``: more ini options)."""
+    ini = gateway_ini(data.with_name(f"{data.name}.ini"), data, admission_refresh=f"{ADMISSION_REFRESH}s", **options)
+    return ["--config", str(ini)]
+
+
+def wait_out_admission_refresh() -> None:
+    """Sleep past :data:`ADMISSION_REFRESH`: the store re-reads the definitions' revision on the
+    first request after that bound, so from then on every worker admits with the new ones."""
+    # The bound is the rule (store/definitions.py); nothing outside a worker shows its cache.
+    time.sleep(2 * ADMISSION_REFRESH)
 
 
 def gateway_ini(path: Path, data: Path, **options: str) -> Path:
