@@ -576,8 +576,9 @@ def test_request_to_the_instance_without_the_agent_works(
         assert "namespace/default" in result.stdout
         assert "forwarded to its holder" in two.server.output()
         # A watch and an exec (websocket upgrade) through the other instance too.
+        before = apiserver.open_watches
         with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
-            time.sleep(0.5)
+            assert wait_until(lambda: apiserver.open_watches > before, 20), watch.lines  # open before the event
             apiserver.create("configmaps", {"metadata": {"name": "seen-through-peer", "namespace": "default"}},
                              "default")
             watch.wait_for("configmap/seen-through-peer", timeout=15)
@@ -591,20 +592,20 @@ def test_request_to_the_instance_without_the_agent_works(
             apiserver.on_upgrade(None)
         assert result.returncode == 0, result.stderr
         assert result.stdout == "echo via the peer\n"
-        # The hop's cost: a few hundred requests each way (a figure for the report, not an assert),
-        # to an apiserver that answers at once (the fake's own latency would drown the figure).
+        # Requests each way on one kept-alive connection, to an apiserver that answers at once; the
+        # hop's cost as a figure is bench/peer_link_bench.py's (a scale run), here a glance only.
         quick = QuickAPIServer(str(tmp_path_factory.mktemp("quick")))
         quick_agent = _connect_agent(one, quick, "BCS-K8S-QUICK", tmp_path_factory.mktemp("quick-agent"))
         try:
             _wait_agent_placed(store, "BCS-K8S-QUICK")
             quick_path = "/tunnels/clusters/BCS-K8S-QUICK/version"
-            local, forwarded = sorted(_timed_gets(one, quick_path, 300)), sorted(_timed_gets(two, quick_path, 300))
+            local, forwarded = sorted(_timed_gets(one, quick_path, 40)), sorted(_timed_gets(two, quick_path, 40))
         finally:
             quick_agent.stop()
             quick.close()
-        print(f"\nGET through the agent, 300 each on one kept-alive connection: held by this instance "
-              f"p50 {local[150] * 1e3:.2f} ms p90 {local[270] * 1e3:.2f} ms; by the other instance "
-              f"p50 {forwarded[150] * 1e3:.2f} ms p90 {forwarded[270] * 1e3:.2f} ms")
+        print(f"\nGET through the agent, 40 each on one kept-alive connection: held by this instance "
+              f"p50 {local[20] * 1e3:.2f} ms p90 {local[36] * 1e3:.2f} ms; by the other instance "
+              f"p50 {forwarded[20] * 1e3:.2f} ms p90 {forwarded[36] * 1e3:.2f} ms")
         path = f"/tunnels/clusters/{cluster}/api/v1/namespaces"
         # The agent leaves: the other instance answers 503 at once, naming the cluster.
         agent.stop()

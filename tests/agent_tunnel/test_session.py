@@ -113,7 +113,8 @@ def test_a_slow_reader_does_not_stall_a_fast_stream(tls: TLS, echo: TargetServer
             slow = gw.open("tcp", source.address, 5)  # nobody reads it for now
             fast = gw.open("tcp", echo.address, 5)
             fast.settimeout(5)
-            time.sleep(0.5)  # the source fills the slow stream's window
+            slow_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
+            assert wait_until(lambda: slow_stream.sent_pause, 15)  # the source filled its window
             started = time.monotonic()
             for i in range(200):
                 fast.sendall(b"ping %04d" % i)
@@ -163,11 +164,15 @@ def test_an_apiserver_that_stops_reading_holds_only_its_own_upload(tls: TLS, ech
             pusher = threading.Thread(target=push, daemon=True)
             pusher.start()
             stack.callback(upload.close)
-            time.sleep(0.5)
-            assert pusher.is_alive()  # held: the socket pair and the stream's window are full
             gw_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
+
+            def paused() -> bool:  # the agent's end of the stream exists once its dial is done
+                agent_stream = agent._streams.get(1)
+                return agent_stream is not None and agent_stream.sent_pause and gw_stream.peer_paused
+
+            assert wait_until(paused, 15)
+            assert pusher.is_alive()  # held: the socket pair and the stream's window are full
             agent_stream = agent._streams[1]
-            assert gw_stream.peer_paused and agent_stream.sent_pause
             assert len(agent_stream.out) < window + 16 * 1024 * 1024  # in flight when the Pause left
             fast = stack.enter_context(gw.open("tcp", echo.address, 5))
             fast.settimeout(5)
@@ -496,7 +501,8 @@ def test_a_slow_memory_stream_is_paused_and_does_not_stall_a_fast_one(tls: TLS, 
         with tunnel(tls, gw={"window": window}) as (gw, _agent):
             slow = gw.open_stream("tcp", source.address, 5)  # nobody reads it for now
             fast = gw.open_stream("tcp", echo.address, 5)
-            time.sleep(0.5)
+            slow_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
+            assert wait_until(lambda: slow_stream.sent_pause, 15)  # the source filled its window
             started = time.monotonic()
             for i in range(200):
                 fast.send(b"ping %04d" % i, 5)
