@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -60,3 +61,38 @@ def database_url(request, tmp_path):  # type: ignore[no-untyped-def]
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'bcs.sqlite3'}"
     return request.getfixturevalue("postgres_url")
+
+
+def _migrated(url: str) -> None:
+    from cryptography.fernet import Fernet
+
+    from bcs_middleware.store.sql import open_store
+
+    open_store(url, secret_key=Fernet.generate_key().decode()).dispose()
+
+
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory):  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("migrated-sqlite") / "bcs.sqlite3"
+    _migrated(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def _migrated_postgres(postgres_server):  # type: ignore[no-untyped-def]
+    url = postgres_server.create_database()
+    _migrated(url)
+    return url.rsplit("/", 1)[1]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def migrated_database_url(request, tmp_path):  # type: ignore[no-untyped-def]
+    """:func:`database_url` with the schema already in place: a copy of a database migrated once
+    per session (a test that opens the store gets the same schema without running the migrations
+    again; the migrations themselves are tested from an empty database in ``tests/store``)."""
+    if request.param == "sqlite":
+        path = tmp_path / "bcs.sqlite3"
+        shutil.copyfile(request.getfixturevalue("_migrated_sqlite"), path)
+        return f"sqlite:///{path}"
+    template = request.getfixturevalue("_migrated_postgres")
+    return request.getfixturevalue("postgres_server").create_database(template=template)

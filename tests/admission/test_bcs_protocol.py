@@ -290,7 +290,7 @@ def test_circuit_breaker_stops_calling_a_failing_webhook_during_cool_down(hooks,
     for _ in range(6):
         assert post(client).status_code == 200
     assert hook.calls == 3
-    time.sleep(0.6)
+    time.sleep(0.6)  # the sleep is the rule under test: past the 0.5 s cool-down, the hook is called again
     hook.behaviour = lambda obj: obj
     assert post(client).status_code == 200
     assert hook.calls == 4

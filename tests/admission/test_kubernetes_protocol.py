@@ -219,7 +219,10 @@ def test_a_patch_that_does_not_apply_or_moves_the_object_fails_this_request_only
 )
 def test_only_faults_of_the_webhook_count_towards_its_breaker(hooks, ca, answer, counted):
     hook = hooks(answer)
-    store = store_of(k8s_configuration("cfg", [k8s_webhook("w.example.com", "hook-a.webhooks", ca)]))
+    # A failed call made for an ordinary user lasts its webhook's whole timeout (uniform timing,
+    # admission/client.py), so the webhook's timeout is short here rather than the default 10 s.
+    webhook = k8s_webhook("w.example.com", "hook-a.webhooks", ca, timeoutSeconds=3)
+    store = store_of(k8s_configuration("cfg", [webhook]))
     tunnel = Tunnel(store, client_for(("hook-a.webhooks", hook), threshold=2))
     for _ in range(4):
         assert tunnel.send("POST", PODS, POD).status_code >= 400

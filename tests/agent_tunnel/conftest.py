@@ -25,7 +25,7 @@ import pytest
 
 from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, served_gateway
+from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, served_gateway, short_admission_refresh
 from tests.support.kube import write_kubeconfig
 
 __all__ = ["ADMIN", "CLUSTER", "SA_TOKEN", "Agent", "Gateway", "handshake", "tunnel_headers"]
@@ -49,7 +49,8 @@ def apiserver() -> Iterator[FakeAPIServer]:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     data = tmp_path_factory.mktemp("gateway")
-    with served_gateway(data, args=[*DENY_LOOPBACK, "--audit-log", str(data / "audit.jsonl")], workers=1) as gw:
+    args = short_admission_refresh(data, upstream_deny="127.0.0.1/32", audit_log=str(data / "audit.jsonl"))
+    with served_gateway(data, args=args, workers=1) as gw:
         yield gw
     assert SA_TOKEN not in gw.server.output()
 

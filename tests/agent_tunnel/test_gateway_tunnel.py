@@ -20,8 +20,10 @@ import pytest
 import trustme
 
 from tests.kubernetes_route.test_upgrade import Handlers
-from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.fake_apiserver import ApiError, FakeAPIServer
+from tests.support.gateway import wait_out_admission_refresh
 from tests.support.kube import kubectl, kubectl_watch
+from tests.support.polling import wait_until
 
 from .conftest import CLUSTER, SA_TOKEN, Agent, Gateway
 
@@ -134,13 +136,13 @@ def test_gateway_side_admission_applies_through_the_agent(
                                     "metadata": {"name": "injected", "namespace": "default"},
                                     "spec": {"containers": [{"name": "app", "image": "nginx:1.25"}]}}))
     try:
-        time.sleep(2.5)  # definitions reach the worker within the admission refresh bound (2 s)
+        wait_out_admission_refresh()
         deadline = time.monotonic() + 10
         while True:
             result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
             try:
                 pod = apiserver.store.get("pods", "default", "injected")
-            except Exception:
+            except ApiError:
                 pod = None
             if pod is not None or time.monotonic() > deadline:
                 break
@@ -154,8 +156,9 @@ def test_gateway_side_admission_applies_through_the_agent(
 
 
 def test_kubectl_watch_receives_events(agent: Agent, apiserver: FakeAPIServer, kubeconfig: Path) -> None:
+    before = apiserver.open_watches
     with kubectl_watch("get", "configmaps", "--watch", "-o", "name", kubeconfig=kubeconfig) as watch:
-        time.sleep(0.5)
+        assert wait_until(lambda: apiserver.open_watches > before, 20), watch.lines  # open before the event
         apiserver.create("configmaps", {"metadata": {"name": "watched-1", "namespace": "default"}}, "default")
         watch.wait_for("configmap/watched-1", timeout=15)
 

@@ -17,7 +17,6 @@ import os
 import socket
 import ssl
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from tests.kubernetes_route.test_upgrade import WS_GUID, Handlers
 from tests.support import fake_apiserver, spdy
 from tests.support.fake_apiserver import FakeAPIServer, UpgradeRequest
 from tests.support.kube import kubectl, kubectl_path, kubectl_watch
+from tests.support.polling import seconds_until
 from tests.support.servers import free_port
 
 from .conftest import CLUSTER, SA_TOKEN, Agent, Gateway
@@ -123,15 +123,6 @@ def open_logs() -> Iterator[list[int]]:
     fake_apiserver._Handler._pod_log = original  # type: ignore[method-assign]
 
 
-def wait_until(predicate: object, timeout: float, what: str) -> float:
-    """Seconds until ``predicate()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() - started < timeout, what
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 # --------------------------------------------------------------------------- logs -f
 
 
@@ -146,7 +137,7 @@ def test_logs_follow_streams_and_leaving_frees_the_upstream(
         follow.proc.kill()
         follow.proc.wait(5)
         # The client left: the gateway ends the stream over the agent, the agent its apiserver socket.
-        took = wait_until(lambda: open_logs[0] == 0, 5, "the apiserver still serves the log stream")
+        took = seconds_until(lambda: open_logs[0] == 0, 5, "the apiserver still serves the log stream")
     assert took < 2.5, took
     seen = apiserver.requests.last("/api/v1/namespaces/default/pods/p/log")
     assert seen is not None and seen.params.get("follow") == "true"
@@ -335,10 +326,10 @@ def test_a_client_leaving_mid_watch_ends_the_apiserver_watch(gateway: Gateway, a
             assert piece, head
             head += piece
         assert head.startswith(b"HTTP/1.1 200"), head
-        wait_until(lambda: apiserver.open_watches == before + 1, 10, "the watch did not reach the apiserver")
+        seconds_until(lambda: apiserver.open_watches == before + 1, 10, "the watch did not reach the apiserver")
     finally:
         # The client vanishes without a word (no TLS close_notify, no more reads).
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
         sock.close()
-    took = wait_until(lambda: apiserver.open_watches == before, 10, "the apiserver still serves the watch")
+    took = seconds_until(lambda: apiserver.open_watches == before, 10, "the apiserver still serves the watch")
     assert took < 2.5, took

@@ -33,7 +33,7 @@ from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, copy_ca, served_gateway
 from tests.support.kube import kubectl, kubectl_watch
 from tests.support.peer_link import QuickAPIServer, StandInAgents
-from tests.support.polling import wait_until
+from tests.support.polling import wait_for, wait_until
 from tests.support.servers import ConnectionServer, TrapListener, free_port
 
 from .conftest import Agent, create_cluster, kill_placement_holder
@@ -499,13 +499,11 @@ def test_holder_without_a_peer_listener_is_agent_unavailable(store: SQLStore, ec
 
 
 def _wait_agent_placed(store: SQLStore, cluster_id: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def placed() -> bool:
         record = store.get_placement(cluster_id)
-        if record is not None and record.peer_address:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no placement with a peer address for {cluster_id}")
+        return record is not None and bool(record.peer_address)
+
+    wait_for(placed, timeout, f"no placement with a peer address for {cluster_id}", step=0.1)
 
 
 def _timed_gets(gw: Gateway, path: str, count: int) -> list[float]:

@@ -18,14 +18,15 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from bcs_middleware.clusters.directory import upstream_for
 
 from bcs_middleware.agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from bcs_middleware.agent_tunnel.session import Session
+from bcs_middleware.clusters.directory import upstream_for
 from bcs_middleware.core.environ import Upstream
 from bcs_middleware.core.errors import AgentUnavailable
 from bcs_middleware.core.records import CredentialRecord, Holder, PlacementRecord
-from bcs_middleware.outbound.addresses import AddressPolicy
+from bcs_middleware.outbound.addresses import AddressPolicy, AddressRefused
+from bcs_middleware.outbound.failures import UpstreamFailure
 from bcs_middleware.outbound.pool import SocketConnection
 from bcs_middleware.outbound.stream_connection import StreamConnection
 from bcs_middleware.outbound.transport import PooledTransport
@@ -149,9 +150,9 @@ def test_a_tunnelled_upstream_is_dialled_through_the_tunnel_and_verified(apiserv
         resp.release_conn()
         assert dialer.dials == [("c1", "127.0.0.1", apiserver.port)]
         # The same address directly: refused by the policy, and never given the tunnel's connection.
-        with pytest.raises(Exception) as refused:
+        with pytest.raises(AddressRefused) as refused:
             transport.send(_upstream(apiserver, None), "GET", [], None, None)
-        assert getattr(refused.value, "status", None) == 502
+        assert refused.value.status == 502
         assert len(dialer.dials) == 1
     finally:
         transport.close()
@@ -161,9 +162,9 @@ def test_tls_through_the_tunnel_still_verifies_the_reported_ca(apiserver: FakeAP
     with FakeAPIServer(token=SA_TOKEN) as other:  # another CA
         creds = CredentialRecord("c1", (apiserver.url,), other.ca_pem, SA_TOKEN, via_tunnel=True)
         transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=DirectDialer())
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(UpstreamFailure) as failed:
             transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
-        assert getattr(failed.value, "code_name", "") == "UPSTREAM_TLS_ERROR"
+        assert failed.value.code_name == "UPSTREAM_TLS_ERROR"
 
 
 class RecordingDialer(LocalOnlyDialer):
@@ -230,9 +231,9 @@ def test_tls_over_a_memory_stream_verifies_the_ca_and_the_name(apiserver: FakeAP
         wrong_ca = CredentialRecord("c1", (apiserver.url,), other.ca_pem, SA_TOKEN, via_tunnel=True)
         wrong_name = CredentialRecord("c1", (misnamed.url,), misnamed.ca_pem, SA_TOKEN, via_tunnel=True)
         for creds in (wrong_ca, wrong_name):
-            with pytest.raises(Exception) as failed:
+            with pytest.raises(UpstreamFailure) as failed:
                 transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
-            assert getattr(failed.value, "code_name", "") == "UPSTREAM_TLS_ERROR"
+            assert failed.value.code_name == "UPSTREAM_TLS_ERROR"
         assert wait_until(lambda: session.streams == 0, 5)  # the failed streams were ended, not left open
 
 

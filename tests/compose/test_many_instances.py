@@ -13,7 +13,6 @@ import os
 import ssl
 import stat
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, copy_ca, register_cluster, served_gateway
-from tests.support.polling import wait_until
+from tests.support.polling import wait_for, wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
 
 CLI = str(BIN / "bcs-middleware")
@@ -77,14 +76,6 @@ def instances(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Instance, Ins
     assert ADMIN not in outputs and "Traceback" not in outputs
 
 
-def _eventually(check, bound: float) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < bound, "not visible within the bound"
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
 def test_records_made_on_one_instance_work_on_the_other(instances: tuple[Instance, Instance]) -> None:
     a, b = instances
     status, user = a.call("POST", "/rest/users/", body={"user_name": "shared-user"})
@@ -106,7 +97,7 @@ def test_records_made_on_one_instance_work_on_the_other(instances: tuple[Instanc
     token_id = a.call("GET", f"/rest/users/{user['id']}/tokens")[1][0]["id"]
     assert b.call("DELETE", f"/rest/users/{user['id']}/tokens/{token_id}")[0] == 200
     for instance in (a, b):
-        _eventually(lambda i=instance: i.call("GET", "/rest/clusters/shared-c", token=token)[0] == 401, 8.0)
+        wait_for(lambda i=instance: i.call("GET", "/rest/clusters/shared-c", token=token)[0] == 401, 8.0)
 
 
 def test_webhook_definitions_reach_both_instances(instances: tuple[Instance, Instance]) -> None:
@@ -120,10 +111,10 @@ def test_webhook_definitions_reach_both_instances(instances: tuple[Instance, Ins
     }
     status, _ = a.call("POST", "/rest/admissionwebhooks", body=definition)
     assert status == 201
-    _eventually(lambda: any(d["metadata"]["name"] == "shared-hook"
+    wait_for(lambda: any(d["metadata"]["name"] == "shared-hook"
                             for d in b.call("GET", "/rest/admissionwebhooks")[1]["items"]), 5.0)
     assert b.call("DELETE", "/rest/admissionwebhooks/shared-hook")[0] == 200
-    _eventually(lambda: not a.call("GET", "/rest/admissionwebhooks")[1]["items"], 5.0)
+    wait_for(lambda: not a.call("GET", "/rest/admissionwebhooks")[1]["items"], 5.0)
 
 
 # -- helpers -----------------------------------------------------------------------------------------

@@ -12,7 +12,16 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import ADMIN, CLI, CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import (
+    ADMIN,
+    CLI,
+    CLUSTER,
+    SA_TOKEN,
+    Gateway,
+    register_cluster,
+    served_gateway,
+    short_admission_refresh,
+)
 
 __all__ = ["ADMIN", "CLI", "CLUSTER", "SA_TOKEN", "Gateway"]
 
@@ -25,7 +34,8 @@ def apiserver() -> Iterator[FakeAPIServer]:
 
 @pytest.fixture(scope="module")
 def gateway(apiserver: FakeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with served_gateway(tmp_path_factory.mktemp("gateway")) as gw:
+    data = tmp_path_factory.mktemp("gateway")
+    with served_gateway(data, args=short_admission_refresh(data)) as gw:
         register_token = register_cluster(gw, CLUSTER, server_url=apiserver.url, ca_pem=apiserver.ca_pem)
         yield gw
     # Read after the server stopped: each worker writes its queued access lines at exit.

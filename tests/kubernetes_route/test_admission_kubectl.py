@@ -15,7 +15,8 @@ import sidecar_injector
 import trustme
 from webhook_kit import https_server
 
-from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.fake_apiserver import ApiError, FakeAPIServer
+from tests.support.gateway import wait_out_admission_refresh
 from tests.support.kube import kubectl
 from tests.support.servers import free_port
 
@@ -67,7 +68,7 @@ def _pod(tmp_path: Path, name: str) -> Path:
 
 
 def _apply_until(kubeconfig: Path, manifest: Path, expect: str, deadline_s: float = 10) -> str:
-    """Definitions reach every worker within the admission refresh bound (2 s)."""
+    """``kubectl apply`` until its output says ``expect`` (or ``deadline_s`` passed); the output."""
     deadline = time.monotonic() + deadline_s
     while True:
         result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
@@ -88,7 +89,7 @@ def test_kubectl_apply_gets_a_sidecar_from_a_kubernetes_webhook(
                                                                        ca_bundle))
     assert status == 201, body
     try:
-        time.sleep(2.5)  # the refresh bound, so both workers have it
+        wait_out_admission_refresh()  # so both workers have it
         output = _apply_until(kubeconfig, _pod(tmp_path, "injected"), "created")
         assert "pod/injected created" in output, output
         pod = apiserver.store.get("pods", "default", "injected")
@@ -109,11 +110,12 @@ def test_failing_webhook_with_fail_policy_blocks_and_names_itself(
     status, body = gateway.call("POST", CONFIGS, body=_configuration("broken", dead, ca_bundle))
     assert status == 201, body
     try:
-        time.sleep(2.5)
+        wait_out_admission_refresh()
         output = _apply_until(kubeconfig, _pod(tmp_path, "blocked"), "broken.example.com")
         assert 'failed calling webhook "broken.example.com"' in output, output
-        with pytest.raises(Exception):
+        with pytest.raises(ApiError) as missing:
             apiserver.store.get("pods", "default", "blocked")
+        assert missing.value.code == 404
     finally:
         gateway.call("DELETE", f"{CONFIGS}/MutatingWebhookConfiguration/broken")
 
@@ -145,7 +147,7 @@ def test_namespace_selector_and_updates_read_the_cluster_with_its_credentials(
     status, body = gateway.call("POST", CONFIGS, body=config)
     assert status == 201, body
     try:
-        time.sleep(2.5)
+        wait_out_admission_refresh()
         plain = _pod(tmp_path, "plain")
         labelled = tmp_path / "labelled.yaml"
         labelled.write_text(_pod(tmp_path, "labelled").read_text().replace("namespace: default",

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.kube import kubectl, kubectl_versions, kubectl_watch
+from tests.support.polling import wait_until
 
 from .conftest import ADMIN, CLUSTER, SA_TOKEN, Gateway
 
@@ -81,9 +82,11 @@ def test_kubectl_round_trip(gateway: Gateway, apiserver: FakeAPIServer, alice_ku
 
 def test_kubectl_watch_receives_events_as_they_happen(gateway: Gateway, apiserver: FakeAPIServer,
                                                       alice_kubeconfig: Path) -> None:
+    before = apiserver.open_watches
     with kubectl_watch("get", "pods", "-n", "default", "--watch", "--output-watch-events",
                        kubeconfig=alice_kubeconfig) as watch:
-        time.sleep(1.0)  # let the watch open before the event, so it arrives over the stream
+        # The watch is open before the event, so it arrives over the stream.
+        assert wait_until(lambda: apiserver.open_watches > before, 20), watch.lines
         apiserver.store.create("pods", {"metadata": {"name": "watched-1", "namespace": "default"},
                                         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
         line = watch.wait_for("watched-1", timeout=20)

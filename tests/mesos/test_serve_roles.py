@@ -17,6 +17,7 @@ from kazoo.client import KazooClient
 
 from bcs_middleware.discovery.base import DEFAULT_ROOT
 from bcs_middleware.discovery.registration import apiserver_path, driver_path
+from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
 
 from .conftest import SCHEDULERS
@@ -36,15 +37,6 @@ def _request(url: str, cafile: str, *, method: str = "GET", body: bytes | None =
         return err.code, err.read()
 
 
-def _until(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fakes, registrars,  # type: ignore[no-untyped-def]
                                                                   tmp_path: Path) -> None:
     scheduler = fakes("scheduler")
@@ -59,7 +51,7 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
          "--graceful-timeout", "3"],
         port=driver_port, scheme="https", timeout=60)
     try:
-        assert _until(lambda: raw.exists(driver_path(CLUSTER)) and raw.get_children(driver_path(CLUSTER)), 15)
+        assert wait_until(lambda: raw.exists(driver_path(CLUSTER)) and raw.get_children(driver_path(CLUSTER)), 15)
         children = raw.get_children(driver_path(CLUSTER))
         assert len(children) == 1  # one registration per server, not per worker
         node = json.loads(raw.get(f"{driver_path(CLUSTER)}/{children[0]}")[0])
@@ -75,7 +67,7 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
             assert gateway.proc.poll() is None
             cafile = str(gateway_data / "tls" / "ca.crt")
             base = f"https://localhost:{gateway_port}"
-            assert _until(lambda: raw.exists(apiserver_path(DEFAULT_ROOT))
+            assert wait_until(lambda: raw.exists(apiserver_path(DEFAULT_ROOT))
                           and raw.get_children(apiserver_path(DEFAULT_ROOT)), 15)
             status, ready = _request(f"{base}/readyz", cafile)
             assert status == 200 and json.loads(ready)["discovery"] == "ok"
@@ -85,7 +77,7 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
                     "Content-Type": "application/x-yaml"}
             body = (b"apiVersion: v4\nkind: application\nmetadata:\n  name: web\n  namespace: prod\n"
                     b"spec:\n  instance: 1\n  template:\n    spec:\n      containers:\n      - image: nginx\n")
-            assert _until(lambda: _request(url, cafile, method="POST", body=body, headers=auth)[0] == 200, 20)
+            assert wait_until(lambda: _request(url, cafile, method="POST", body=body, headers=auth)[0] == 200, 20)
             received = scheduler.requests[-1]
             assert (received.method, received.path) == ("POST", "/v1/apps")  # converted by the driver
             assert received.json()["ID"] == "web" and received.json()["RunAs"] == "prod"
@@ -105,7 +97,7 @@ def test_gateway_finds_the_driver_in_zookeeper_and_both_register(zookeeper, fake
 
         # A clean shutdown removes the node (SIGTERM, as an init system sends it).
         driver.signal(signal.SIGTERM)
-        assert _until(lambda: not raw.get_children(driver_path(CLUSTER)), 15)
+        assert wait_until(lambda: not raw.get_children(driver_path(CLUSTER)), 15)
         assert driver.proc.wait(20) == 0
     finally:
         driver.stop()
@@ -146,17 +138,17 @@ def test_a_gevent_server_keeps_one_registration_across_worker_restarts_and_drops
         port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60)
     directory = apiserver_path(root)
     try:
-        assert _until(lambda: raw.exists(directory) and raw.get_children(directory), 15)
+        assert wait_until(lambda: raw.exists(directory) and raw.get_children(directory), 15)
         [node] = raw.get_children(directory)
         session = raw.exists(f"{directory}/{node}").ephemeralOwner
-        assert _until(lambda: len(_children(gateway.proc.pid)) == 3, 15)  # two workers and the registration
+        assert wait_until(lambda: len(_children(gateway.proc.pid)) == 3, 15)  # two workers and the registration
         children = _children(gateway.proc.pid)
         keepers = [pid for pid, cmd in children if "discovery.registration" in cmd]
         workers = [pid for pid, _ in children if pid not in keepers]
         assert len(keepers) == 1 and len(workers) == 2
         # A worker dies and gunicorn forks another from the (gevent-patched) master.
         os.kill(workers[0], signal.SIGKILL)
-        assert _until(lambda: len(_children(gateway.proc.pid)) == 3
+        assert wait_until(lambda: len(_children(gateway.proc.pid)) == 3
                       and workers[0] not in {pid for pid, _ in _children(gateway.proc.pid)}, 15)
         # Longer than the registrar's session timeout (10 s) would be needed to see a lost session
         # expire; two processes reading one session's socket break it within a few pings instead.
@@ -170,8 +162,8 @@ def test_a_gevent_server_keeps_one_registration_across_worker_restarts_and_drops
         # the node at once instead of leaving it for the session timeout.
         gateway.proc.kill()
         gateway.proc.wait(10)
-        assert _until(lambda: not raw.get_children(directory), 3)
-        assert _until(lambda: not _alive(keepers[0]), 5)
+        assert wait_until(lambda: not raw.get_children(directory), 3)
+        assert wait_until(lambda: not _alive(keepers[0]), 5)
     finally:
         gateway.stop()
         raw.stop()
@@ -224,7 +216,7 @@ def test_a_driver_stops_within_seconds_and_takes_its_nodes_along(zookeeper, tmp_
     held = None
     try:
         mesos_layout = f"{DEFAULT_ROOT}/mesosdriver"
-        assert _until(lambda: raw.exists(driver_path(cluster)) and raw.get_children(driver_path(cluster)), 15)
+        assert wait_until(lambda: raw.exists(driver_path(cluster)) and raw.get_children(driver_path(cluster)), 15)
         ours = [name for name in raw.get_children(mesos_layout) if name.startswith("_c_")
                 and json.loads(raw.get(f"{mesos_layout}/{name}")[0])["port"] == port]
         assert len(ours) == 1  # the Mesos cluster's own layout too
@@ -258,13 +250,13 @@ def test_a_gateway_whose_zookeeper_is_gone_stops_within_seconds(private_zookeepe
     held = None
     try:
         # Discovery running in the workers, the gateway registered, a client kept alive.
-        assert _until(lambda: json.loads(_request(f"https://localhost:{port}/readyz", cafile)[1])
+        assert wait_until(lambda: json.loads(_request(f"https://localhost:{port}/readyz", cafile)[1])
                       .get("discovery") == "ok", 20)
         held = _hold_keepalive(port, cafile)
         if how == "stopped":
             private_zookeeper.stop()
             # The workers' ZooKeeper clients noticed (a hung server is noticed only at the session's end).
-            assert _until(lambda: json.loads(_request(f"https://localhost:{port}/readyz", cafile)[1])
+            assert wait_until(lambda: json.loads(_request(f"https://localhost:{port}/readyz", cafile)[1])
                           .get("discovery") != "ok", 30)
         else:
             assert java is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import ssl
 import threading
 import time
@@ -24,7 +23,7 @@ from kazoo.client import KazooClient
 
 from bcs_middleware.discovery.registration import driver_path, mesos_driver_path
 from tests.support.polling import wait_until
-from tests.support.servers import BIN, ServerProcess, free_port
+from tests.support.servers import BIN, ServerProcess, TrapListener, free_port
 
 from .conftest import mesos_get, served_by
 from .test_discovery import discovery  # noqa: F401 - fixture
@@ -88,24 +87,11 @@ def test_never_registered_is_404_and_all_gone_is_503(zookeeper, discovery, fakes
         assert (gone.json()["result"], gone.json()["code"]) == (False, 1405051)
         # the Mesos layout's driver nodes directly below mesosdriver/ are no clusters
         create_go_node(raw, mesos_driver_path(), "127.0.0.1", go_driver_node(cluster, ip="127.0.0.1", port=1))
-        time.sleep(0.5)
+        time.sleep(0.5)  # the sleep is the test: a window in which discovery would have taken the node
         assert not [c for c in discovery.snapshot.clusters if c.startswith("_c_")]
     finally:
         raw.stop()
         raw.close()
-
-
-class _SilentScheduler:
-    """A scheduler that accepts connections and never answers: requests to it stay in flight."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _children(raw: KazooClient, path: str) -> list[str]:
@@ -118,7 +104,7 @@ def test_a_driver_registers_in_both_layouts_and_deregisters_first_on_sigterm(
 
     cluster = "BCS-MESOS-SIGTERM"
     root = "/compat-sigterm"
-    silent = _SilentScheduler()
+    silent = TrapListener(hold=True)  # a scheduler that accepts and never answers: requests stay in flight
     registrars(zookeeper.hosts, f"{root}/scheduler", Endpoint(ip="127.0.0.1", port=silent.port))
     raw = KazooClient(hosts=zookeeper.hosts)
     raw.start(30)
@@ -149,7 +135,7 @@ def test_a_driver_registers_in_both_layouts_and_deregisters_first_on_sigterm(
                 pass
 
         threading.Thread(target=stuck, daemon=True).start()
-        time.sleep(0.5)
+        assert wait_until(lambda: silent.accepted >= 1, 10)  # the request is in flight at the scheduler
         driver.signal(signal.SIGTERM)
         sent = time.monotonic()
         assert wait_until(lambda: not _children(raw, gateways_layout)
@@ -176,7 +162,7 @@ def test_a_gateway_whose_zookeeper_is_down_exits_within_the_graceful_timeout(pri
         with urllib.request.urlopen(f"https://localhost:{port}/healthz", timeout=10, context=ctx) as resp:
             assert resp.status == 200
         private_zookeeper.stop()
-        time.sleep(1.0)
+        time.sleep(1.0)  # the sleep is the test: the gateway has lost its ZooKeeper when it is told to stop
         gateway.signal(signal.SIGTERM)
         started = time.monotonic()
         while gateway.proc.poll() is None and time.monotonic() - started < 20:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.polling import seconds_until
 
 CLUSTER = "BCS-K8S-STREAMS"
 WATCH = f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/quiet/configmaps?watch=true"
@@ -72,16 +73,8 @@ def _open_watch(gw: Gateway, api: FakeAPIServer) -> ssl.SSLSocket:
         assert piece, head
         head += piece
     assert head.startswith(b"HTTP/1.1 200"), head
-    _wait_for(lambda: api.open_watches > before, 10, "the watch did not reach the apiserver")
+    seconds_until(lambda: api.open_watches > before, 10, "the watch did not reach the apiserver")
     return sock
-
-
-def _wait_for(condition, seconds: float, message: str) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < seconds, message
-        time.sleep(0.02)
-    return time.monotonic() - started
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])
@@ -92,7 +85,7 @@ def test_departed_quiet_watch_frees_its_upstream(gateway: Gateway, apiserver: Fa
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
     # Nothing is written to the watch meanwhile: only watching the client socket tells.
-    took = _wait_for(lambda: apiserver.open_watches < before, 2.0,
+    took = seconds_until(lambda: apiserver.open_watches < before, 2.0,
                      "the upstream watch stayed open after its client left")
     assert took < 2.0
 
@@ -104,7 +97,7 @@ def test_several_departures_and_a_survivor(gateway: Gateway, apiserver: FakeAPIS
     before = apiserver.open_watches
     for sock in leaving:
         sock.close()
-    _wait_for(lambda: apiserver.open_watches <= before - 5, 2.0, "departed watches stayed open")
+    seconds_until(lambda: apiserver.open_watches <= before - 5, 2.0, "departed watches stayed open")
     apiserver.emit("ADDED", {"apiVersion": "v1", "kind": "ConfigMap",
                              "metadata": {"name": "still-here", "namespace": "quiet"}}, store=False)
     stay.settimeout(5)
@@ -218,4 +211,4 @@ def test_connection_limit_answers_503_with_retry_after(tmp_path: Path) -> None:
             for sock in held:
                 sock.close()
         # With the slots free again, requests are served.
-        _wait_for(lambda: gw.call("GET", "/healthz")[0] == 200, 5, "not served after the limit")
+        seconds_until(lambda: gw.call("GET", "/healthz")[0] == 200, 5, "not served after the limit")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -82,16 +81,6 @@ def run_once(service: RBACService, timeout: float = 15.0) -> list[str]:
     submitted = service.tick()
     assert service.wait_idle(timeout)
     return submitted
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def binding_names(api: FakeAPIServer) -> set[tuple[str, str, str]]:

@@ -11,8 +11,9 @@ import pytest
 from bcs_middleware.rbac.leader import LeaderLease
 from bcs_middleware.store.sql import SQLStore, open_store
 from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.polling import wait_for
 
-from .conftest import PermissionFile, add_cluster, binding_names, make_service, wait_until
+from .conftest import PermissionFile, add_cluster, binding_names, make_service
 
 
 def test_lease_is_exclusive_renewable_and_taken_over_after_expiry(database_url: str, secret_key: str) -> None:
@@ -46,7 +47,7 @@ def test_two_services_on_one_database_only_one_reconciles(
     try:
         for service in services:
             service.start()
-        leader = wait_until(lambda: next((s for s in services if s.status()["clusters"]), None))
+        leader = wait_for(lambda: next((s for s in services if s.status()["clusters"]), None), timeout=15)
         follower = services[1 - services.index(leader)]
         time.sleep(1.0)  # several ticks and periodic passes of both
         assert leader.lease.is_leader and not follower.lease.is_leader
@@ -57,10 +58,10 @@ def test_two_services_on_one_database_only_one_reconciles(
         leader.stop(release=False)
         stopped_at = time.monotonic()
         permissions.write([{"user": "bob", "cluster": "*", "role": "edit"}])
-        wait_until(lambda: {n[2] for n in binding_names(api)} == {"bcs:bob:edit"}, timeout=10)
+        wait_for(lambda: {n[2] for n in binding_names(api)} == {"bcs:bob:edit"}, timeout=10)
         assert time.monotonic() - stopped_at >= 0.5  # not before the lease ran out
         assert follower.lease.is_leader
-        status: dict[str, Any] = wait_until(lambda: follower.status()["clusters"].get("BCS-K8S-A"))
+        status: dict[str, Any] = wait_for(lambda: follower.status()["clusters"].get("BCS-K8S-A"), timeout=15)
         assert status["result"] == "ok" and status["deleted"] == 1
     finally:
         for service in services:

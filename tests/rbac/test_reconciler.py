@@ -12,6 +12,7 @@ import pytest
 from bcs_middleware.rbac.model import MANAGED_BY_LABEL, OWNED_SELECTOR
 from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.polling import wait_for
 from tests.support.servers import free_port
 
 from .conftest import (
@@ -21,7 +22,6 @@ from .conftest import (
     binding_names,
     make_service,
     run_once,
-    wait_until,
     writes,
 )
 
@@ -143,22 +143,22 @@ def test_unreachable_cluster_does_not_block_others_and_is_retried(
     try:
         service.start()
         # The healthy cluster is done while the silent one still waits for its handshake.
-        wait_until(lambda: "BCS-K8S-OK" in service.status()["clusters"], timeout=5)
+        wait_for(lambda: "BCS-K8S-OK" in service.status()["clusters"], timeout=5)
         assert "BCS-K8S-SILENT" not in service.status()["clusters"]
         assert (CRB, "", "bcs:alice:view") in binding_names(healthy)
 
-        dead = wait_until(lambda: service.status()["clusters"].get("BCS-K8S-DEAD"))
+        dead = wait_for(lambda: service.status()["clusters"].get("BCS-K8S-DEAD"), timeout=15)
         assert dead["result"] == "error" and dead["retry_in"] is not None
         assert "refused" in dead["error"].lower() or "127.0.0.1" in dead["error"]
         assert SA_TOKEN not in repr(dead)
-        wait_until(lambda: service.status()["clusters"].get("BCS-K8S-SILENT"))
+        wait_for(lambda: service.status()["clusters"].get("BCS-K8S-SILENT"), timeout=15)
         assert service.status()["clusters"]["BCS-K8S-SILENT"]["result"] == "error"
 
         silent.start()  # the cluster comes back: a retry (with backoff) succeeds
-        wait_until(lambda: service.status()["clusters"]["BCS-K8S-SILENT"]["result"] == "ok", timeout=20)
+        wait_for(lambda: service.status()["clusters"]["BCS-K8S-SILENT"]["result"] == "ok", timeout=20)
         assert (CRB, "", "bcs:alice:view") in binding_names(silent)
         first = service.status()["clusters"]["BCS-K8S-DEAD"]["finished_at"]
-        wait_until(lambda: service.status()["clusters"]["BCS-K8S-DEAD"]["finished_at"] != first, timeout=10)
+        wait_for(lambda: service.status()["clusters"]["BCS-K8S-DEAD"]["finished_at"] != first, timeout=10)
     finally:
         service.stop()
         silent.stop()
@@ -254,7 +254,7 @@ def test_a_name_taken_by_a_foreign_binding_waits_for_its_backoff(
 
     try:
         service.start()
-        wait_until(lambda: service.status()["clusters"].get("BCS-K8S-A"), timeout=10)
+        wait_for(lambda: service.status()["clusters"].get("BCS-K8S-A"), timeout=10)
         outcome = service.status()["clusters"]["BCS-K8S-A"]
         assert outcome["failed"] == 1 and outcome["retry_in"] >= 1.5
         time.sleep(3.5)  # 35 ticks: at most the one retry after ~2 s

@@ -20,7 +20,6 @@ import http.client
 import json
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,15 @@ import pytest
 from werkzeug.wrappers import Request, Response
 
 from tests.support.fake_apiserver import ApiError, FakeAPIServer, rbac_authorizer
-from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import (
+    CLUSTER,
+    SA_TOKEN,
+    Gateway,
+    register_cluster,
+    served_gateway,
+    short_admission_refresh,
+    wait_out_admission_refresh,
+)
 from tests.support.webhooks import served_webhook
 
 TUNNEL = f"/tunnels/clusters/{CLUSTER}"
@@ -149,7 +156,8 @@ def _grant(api: FakeAPIServer, role: str, rules: list[dict[str, Any]], *users: s
 def gateway(apiserver: FakeAPIServer, webhook: Webhook, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Gateway]:
     # One worker: a circuit breaker lives in one process, so the breaker test is exact.
-    with served_gateway(tmp_path_factory.mktemp("gateway"), workers=1) as gw:
+    data = tmp_path_factory.mktemp("gateway")
+    with served_gateway(data, workers=1, args=short_admission_refresh(data)) as gw:
         register_cluster(gw, CLUSTER, server_url=apiserver.url, ca_pem=apiserver.ca_pem)
         url = f"https://localhost:{webhook.port}"
         rbac = ("rbac.authorization.k8s.io", ["roles", "rolebindings", "clusterroles", "clusterrolebindings"])
@@ -161,7 +169,7 @@ def gateway(apiserver: FakeAPIServer, webhook: Webhook, tmp_path_factory: pytest
         ):
             status, body = gw.call("POST", CONFIGS, body=config)
             assert status == 201, body
-        time.sleep(2.5)  # the admission refresh bound
+        wait_out_admission_refresh()
         yield gw
 
 

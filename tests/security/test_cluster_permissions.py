@@ -11,7 +11,6 @@ grants give ``view``.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
+from tests.support.polling import wait_for
 
 CLUSTER = "alice-c1"
 MESOS = "alice-mesos"
@@ -82,13 +82,6 @@ def _not_found_like_missing(world: World, method: str, path: str, token: str, bo
 
 def _bob_reached_apiserver(world: World) -> bool:
     return any(PROBE in r.path or r.headers.get("Impersonate-User") == "bob" for r in world.api.requests)
-
-
-def _eventually(check: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.2)
 
 
 def _admin_cluster(world: World) -> str:
@@ -294,7 +287,7 @@ def test_a_view_holder_uses_the_cluster_but_cannot_manage_it(world: World, tmp_p
     def tunnel_ok() -> bool:
         return world.gw.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces", token=carol)[0] == 200
 
-    _eventually(tunnel_ok, timeout=CACHE_TTL * 5 + 5)
+    wait_for(tunnel_ok, CACHE_TTL * 5 + 5, step=0.2)
     seen = world.api.requests.last("/api/v1/namespaces")
     assert seen is not None and seen.headers.get("Impersonate-User") == "carol"
     assert world.gw.call("GET", f"/rest/clusters/{CLUSTER}", token=carol)[0] == 200
@@ -314,8 +307,8 @@ def test_a_view_holder_uses_the_cluster_but_cannot_manage_it(world: World, tmp_p
 
     # Revoked: within the cache bound Carol gets the 404 of a cluster that does not exist.
     world.gw.json("DELETE", f"/rest/clusters/{CLUSTER}/permissions/carol", token=alice)
-    _eventually(lambda: world.gw.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces", token=carol)[0] == 404,
-                timeout=CACHE_TTL * 5 + 5)
+    wait_for(lambda: world.gw.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces", token=carol)[0] == 404,
+             CACHE_TTL * 5 + 5, step=0.2)
     _not_found_like_missing(world, "GET", f"/rest/clusters/{CLUSTER}", carol)
 
 
@@ -406,7 +399,7 @@ def test_credential_changes_are_audited_with_old_and_new_addresses(world: World)
 @pytest.mark.parametrize("user", ["erin", "gina"])
 def test_an_rbac_grant_gives_view(world: World, user: str) -> None:
     token = world.tokens[user]
-    _eventually(lambda: world.gw.call("GET", f"/rest/clusters/{CLUSTER}", token=token)[0] == 200, timeout=30)
+    wait_for(lambda: world.gw.call("GET", f"/rest/clusters/{CLUSTER}", token=token)[0] == 200, 30, step=0.2)
     assert world.gw.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods", token=token)[0] == 200
     seen = world.api.requests.last("/api/v1/namespaces/default/pods")
     assert seen is not None and seen.headers.get("Impersonate-User") == user

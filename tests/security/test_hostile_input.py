@@ -36,7 +36,16 @@ from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.fake_scheduler import FakeScheduler
-from tests.support.gateway import CLI, CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import (
+    CLI,
+    CLUSTER,
+    SA_TOKEN,
+    Gateway,
+    register_cluster,
+    served_gateway,
+    short_admission_refresh,
+    wait_out_admission_refresh,
+)
 from tests.support.servers import ServerProcess, free_port, wait_for_port
 
 MESOS = "BCS-MESOS-H01"
@@ -83,7 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     driver = FakeScheduler("driver")
     try:
         with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(
-            tmp / "gateway", args=["--static-driver", f"{MESOS}={driver.url}"]
+            tmp / "gateway", args=short_admission_refresh(tmp / "gateway", static_drivers=f"{MESOS} = {driver.url}"),
         ) as gw:
             register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem)
             bundle = base64.b64encode(ca.cert_pem.bytes()).decode()
@@ -105,7 +114,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                                        "clientConfig": {"caBundle": bundle, "namespace": "ns", "name": "svc"}}],
             })
             assert status == 201, body
-            time.sleep(2.5)  # the definitions refresh bound: every worker has both
+            wait_out_admission_refresh()  # every worker has both
             yield Stack(gw, api, driver)
     finally:
         driver.stop()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +27,15 @@ import pytest
 import trustme
 
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import CLUSTER, SA_TOKEN, Gateway, register_cluster, served_gateway
+from tests.support.gateway import (
+    CLUSTER,
+    SA_TOKEN,
+    Gateway,
+    register_cluster,
+    served_gateway,
+    short_admission_refresh,
+    wait_out_admission_refresh,
+)
 from tests.support.servers import TrapListener
 
 CONFIGS = f"/rest/clusters/{CLUSTER}/admissionwebhookconfigurations"
@@ -50,8 +57,8 @@ def apiserver() -> Iterator[FakeAPIServer]:
 
 @pytest.fixture(scope="module")
 def gateway(apiserver: FakeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with served_gateway(tmp_path_factory.mktemp("webhook-policy"), workers=1,
-                        args=["--upstream-deny", "127.0.0.1/32"]) as gw:
+    data = tmp_path_factory.mktemp("webhook-policy")
+    with served_gateway(data, workers=1, args=short_admission_refresh(data, upstream_deny="127.0.0.1/32")) as gw:
         register_cluster(gw, CLUSTER, server_url=apiserver.url, ca_pem=apiserver.ca_pem)
         yield gw
 
@@ -108,7 +115,7 @@ def test_a_webhook_host_name_at_a_denied_address_is_refused_at_connect(
     status, body = gateway.call("POST", CONFIGS, token=mallory,
                                 body=_configuration("by-name", f"https://localhost:{trap.port}/review"))
     assert status == 201, body  # a name: judged when the gateway connects
-    time.sleep(2.5)  # the admission refresh bound
+    wait_out_admission_refresh()
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": "default"},
            "spec": {"containers": [{"name": "app", "image": "nginx"}]}}
     for _ in range(3):

@@ -1,7 +1,7 @@
 """One gateway on this machine holds 2,000 concurrent watch streams and still answers requests.
 
 ``bcs-middleware serve`` with its defaults (the gevent worker: a stream is a greenlet, not a
-thread). The client is asyncio: 2,000 TLS connections in one thread. ``BCS_TEST_WORKER_CLASS``
+thread). The client is asyncio: 2,000 TLS connections in one thread. ``BCS_TEST_WORKER_CLASS=gthread``
 runs the same under gthread (with threads for every stream). The apiserver is the asyncio
 one (:mod:`tests.support.watch_apiserver`): a thread per watch would cost more than the gateway.
 """
@@ -16,7 +16,7 @@ import ssl
 import time
 from pathlib import Path
 
-from tests.support.servers import BIN, ServerProcess, free_port, http_get
+from tests.support.servers import BIN, ServerProcess, free_port, http_get, worker_class_under_test
 from tests.support.watch_apiserver import WatchAPIServer
 
 CLI = str(BIN / "bcs-middleware")
@@ -38,9 +38,10 @@ def test_2000_watch_streams_and_ordinary_requests(tmp_path: Path) -> None:
         port = free_port()
         argv = [CLI, "serve", "--data-dir", str(tmp_path), "--bind", f"127.0.0.1:{port}",
                 "--graceful-timeout", "2", "--no-access-log"]
-        worker_class = os.environ.get("BCS_TEST_WORKER_CLASS")
-        if worker_class:
-            argv += ["--worker-class", worker_class, "--threads", str(STREAMS)]
+        worker_class = worker_class_under_test()
+        argv += ["--worker-class", worker_class]
+        if worker_class == "gthread":
+            argv += ["--threads", str(STREAMS)]
         with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=60) as server:
             cafile = str(tmp_path / "tls" / "ca.crt")
             base = f"https://localhost:{port}"

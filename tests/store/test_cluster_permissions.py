@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from bcs_middleware.clusters.permissions import EDIT, VIEW, ClusterAuthorizer
 from cryptography.fernet import Fernet
 
+from bcs_middleware.clusters.permissions import EDIT, VIEW, ClusterAuthorizer
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import Conflict, NotFound
 from bcs_middleware.store.crypto import SecretBox

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from bcs_middleware.clusters.permissions import EDIT, VIEW, ClusterAuthorizer
 from cryptography.fernet import Fernet
 
+from bcs_middleware.clusters.permissions import EDIT, VIEW, ClusterAuthorizer
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import Conflict
 from bcs_middleware.store.crypto import SecretBox

@@ -12,6 +12,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.kube import write_kubeconfig
-from tests.support.servers import BIN, ServerProcess, free_port
+from tests.support.servers import BIN, ServerProcess, free_port, worker_class_under_test
 
 CLI = str(BIN / "bcs-middleware")
 ADMIN = "tunnel-admin-token-" + "a" * 24
@@ -83,10 +84,8 @@ def served_gateway(data: Path, *, args: Sequence[str] = (), env: dict[str, str] 
     port = free_port()
     argv = [CLI, "serve", "--data-dir", str(data), "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
             "--threads", str(threads), "--graceful-timeout", "3", *args]
-    # BCS_TEST_WORKER_CLASS=gthread runs a suite under the other supported worker class.
-    worker_class = os.environ.get("BCS_TEST_WORKER_CLASS")
-    if worker_class and "--worker-class" not in args:
-        argv += ["--worker-class", worker_class]
+    if not any(arg.startswith("--worker-class") for arg in args):
+        argv += ["--worker-class", worker_class_under_test()]
     with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN, **(env or {})}, scheme="https",
                        timeout=60) as server:
         yield Gateway(server, data, str(data / "tls" / "ca.crt"))
@@ -120,6 +119,25 @@ def register_cluster(gw: Gateway, cluster_id: str, *, server_url: str, ca_pem: s
     assert agent.returncode == 0, agent.stderr
     assert register_token not in agent.stderr + agent.stdout and sa_token not in agent.stderr
     return register_token
+
+
+#: How often the workers of a gateway started with :func:`short_admission_refresh` re-read the
+#: admission definitions (the default, 2 s, is a production bound no test should wait out).
+ADMISSION_REFRESH = 0.25
+
+
+def short_admission_refresh(data: Path, **options: str) -> list[str]:
+    """``serve`` arguments for a gateway in ``data`` whose workers re-read the admission
+    definitions every :data:`ADMISSION_REFRESH` seconds (``options``: more ini options)."""
+    ini = gateway_ini(data.with_name(f"{data.name}.ini"), data, admission_refresh=f"{ADMISSION_REFRESH}s", **options)
+    return ["--config", str(ini)]
+
+
+def wait_out_admission_refresh() -> None:
+    """Sleep past :data:`ADMISSION_REFRESH`: the store re-reads the definitions' revision on the
+    first request after that bound, so from then on every worker admits with the new ones."""
+    # The bound is the rule (store/definitions.py); nothing outside a worker shows its cache.
+    time.sleep(2 * ADMISSION_REFRESH)
 
 
 def gateway_ini(path: Path, data: Path, **options: str) -> Path:

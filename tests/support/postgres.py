@@ -57,13 +57,15 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self) -> str:
+    def create_database(self, template: str | None = None) -> str:
+        """A new database (a copy of ``template``, a database nobody is connected to); its URL."""
         name = "t_" + uuid.uuid4().hex[:12]
         import psycopg
 
+        copy_of = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
                              autocommit=True, connect_timeout=10) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{copy_of}')
         return self.url(name)
 
     def stop(self) -> None:

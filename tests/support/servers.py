@@ -109,9 +109,22 @@ class ServerProcess:
         self.stop()
 
 
-#: The gunicorn worker class the suites run under: ``BCS_TEST_WORKER_CLASS=gevent`` runs them on
-#: gevent (``tox -e gevent``); everything must work unchanged on both.
-WORKER_CLASS = os.environ.get("BCS_TEST_WORKER_CLASS", "gthread")
+#: ``bcs-middleware serve``'s default worker class (``cli/main.py``), the one the suites run under.
+SERVE_DEFAULT_WORKER_CLASS = "gevent"
+#: The worker classes ``serve`` runs (``cli/serve_config.py``); gunicorn names them the same.
+SUPPORTED_WORKER_CLASSES = ("gevent", "gthread")
+
+
+def worker_class_under_test() -> str:
+    """The gunicorn worker class every server a test starts runs on, unless the test names one.
+
+    ``serve``'s default (gevent), or the other with ``BCS_TEST_WORKER_CLASS=gthread`` (``tox -e
+    gthread``): everything must work unchanged on both. The one place the choice is made.
+    """
+    chosen = os.environ.get("BCS_TEST_WORKER_CLASS") or SERVE_DEFAULT_WORKER_CLASS
+    if chosen not in SUPPORTED_WORKER_CLASSES:
+        raise ValueError(f"BCS_TEST_WORKER_CLASS={chosen!r}: serve runs {' or '.join(SUPPORTED_WORKER_CLASSES)}")
+    return chosen
 
 
 def gunicorn(
@@ -120,7 +133,7 @@ def gunicorn(
     port: int | None = None,
     host: str = "127.0.0.1",
     workers: int = 1,
-    worker_class: str = WORKER_CLASS,
+    worker_class: str | None = None,
     threads: int = 8,
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
@@ -131,7 +144,8 @@ def gunicorn(
     """Run ``gunicorn`` on loopback serving ``module:app`` or ``--paste FILE.ini``.
 
     Always passes ``--no-control-socket``: gunicorn 27 otherwise binds one
-    fixed path under ``~/.gunicorn`` and side-by-side servers fight over it.
+    fixed path under ``~/.gunicorn`` and side-by-side servers fight over it. ``worker_class``
+    defaults to :func:`worker_class_under_test`.
     """
     port = port or free_port(host)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -139,7 +153,7 @@ def gunicorn(
         str(BIN / "gunicorn"),
         "--bind", bind,
         "--workers", str(workers),
-        "--worker-class", worker_class,
+        "--worker-class", worker_class or worker_class_under_test(),
         "--threads", str(threads),
         "--no-control-socket",
         "--graceful-timeout", "5",

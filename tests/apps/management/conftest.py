@@ -42,7 +42,8 @@ def gateway_ca() -> trustme.CA:
 
 
 @pytest.fixture
-def api(database_url, gateway_ca, tmp_path, caplog):  # type: ignore[no-untyped-def]
+def api(migrated_database_url, gateway_ca, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    database_url = migrated_database_url
     caplog.set_level(logging.DEBUG)
     ca_file = tmp_path / "ca.crt"
     cert_file = tmp_path / "server.crt"

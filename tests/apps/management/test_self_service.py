@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bcs_middleware.clusters.permissions import ClusterCreators, reserved_cluster_id
 from cryptography.fernet import Fernet
 from werkzeug.test import Client
 
 from bcs_middleware.apps.management.app import ManagementAPI, app_factory
 from bcs_middleware.apps.management.calls import APISettings
+from bcs_middleware.clusters.permissions import ClusterCreators, reserved_cluster_id
 from bcs_middleware.compose.gateway import config_from_options
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import ConfigError

@@ -12,8 +12,7 @@ import json
 import os
 import stat
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configurat
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 from tests.support.kube import kubectl
+from tests.support.polling import wait_for
 
 CLUSTER = "cli-k8s-1"
 HOOK_CA = trustme.CA()
@@ -71,13 +71,6 @@ def ok_json(world: World, *args: str, **kw) -> object:  # type: ignore[no-untype
     return json.loads(done.stdout)
 
 
-def eventually(check: Callable[[], bool], seconds: float = 6) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "the change never showed"
-        time.sleep(0.3)
-
-
 def test_every_subcommand_and_option_has_help_text() -> None:
     def walk(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
         yield path, parser
@@ -119,7 +112,7 @@ def test_users_and_tokens_round_trip_with_json_output(world: World) -> None:
 
     assert ok_json(world, "users", "promote", "carl")["is_super_user"] is True
     # The gateway's token cache holds the old principal for up to 1 s.
-    eventually(lambda: run(world, "users", "list", token=value).returncode == 0)
+    wait_for(lambda: run(world, "users", "list", token=value).returncode == 0, 6, "the change never showed", step=0.3)
     assert ok_json(world, "users", "demote", "carl")["is_super_user"] is False
     revoked = ok_json(world, "tokens", "revoke", "carl", str(issued["id"]))
     assert revoked["revoked_at"]
@@ -173,7 +166,8 @@ def test_webhooks_of_both_kinds_from_files(world: World, tmp_path: Path) -> None
     assert run(world, "webhooks", "create", "-f", str(bcs)).returncode == 6
     assert run(world, "webhooks", "list", token=world.alice).returncode == 4  # gateway-wide: superusers
     assert ok_json(world, "webhooks", "delete", "inject")
-    eventually(lambda: ok_json(world, "webhooks", "list") == [])  # other workers within their refresh
+    # other workers within their refresh
+    wait_for(lambda: ok_json(world, "webhooks", "list") == [], 6, "the change never showed", step=0.3)
 
     k8s = tmp_path / "k8s.yaml"
     k8s.write_text(yaml.safe_dump_all([
@@ -189,7 +183,8 @@ def test_webhooks_of_both_kinds_from_files(world: World, tmp_path: Path) -> None
     assert run(world, "webhooks", "get", "--cluster", CLUSTER, "deny", token=world.alice).returncode == 2
     ok_json(world, "webhooks", "delete", "--cluster", CLUSTER, "mutating/sidecar", token=world.alice)
     ok_json(world, "webhooks", "delete", "--cluster", CLUSTER, "validating/deny", token=world.alice)
-    eventually(lambda: ok_json(world, "webhooks", "list", "--cluster", CLUSTER, token=world.alice) == [])
+    wait_for(lambda: ok_json(world, "webhooks", "list", "--cluster", CLUSTER, token=world.alice) == [], 6,
+             "the change never showed", step=0.3)
 
 
 @pytest.mark.parametrize(
