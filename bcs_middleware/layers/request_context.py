@@ -32,7 +32,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
 from time import monotonic
 from typing import Any, NamedTuple
 
@@ -97,7 +96,8 @@ def _new_request_id() -> str:
 
 def _timestamp(now: float) -> str:
     """UTC ``now`` as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated, as isoformat does)."""
-    return datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+    sec = int(now)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{int((now - sec) * 1000):03d}Z"
 
 
 def route_kind(path: str) -> str:
