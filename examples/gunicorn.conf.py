@@ -68,7 +68,7 @@ if _WORKER_CLASS == "gevent":
     # Each connection holds two descriptors (client and upstream): raise the open-file limit.
     worker_connections = int(os.environ.get("BCS_WORKER_CONNECTIONS", "8192"))
 else:
-    from bcs_middleware.cli.main import connection_slots
+    from bcs_middleware.cli.serve_options import connection_slots
 
     # gunicorn's gthread with each connection counted once (a TCP health check was counted twice,
     # and a stopping worker then left with a kept-alive client's request unanswered) and its
