@@ -105,15 +105,15 @@ class Cache(Generic[K, V]):
     def load(self, key: K, loader: Callable[[K], V] | None = None) -> V:
         """The value for ``key``; on a miss ``loader(key)`` (default: the cache's), remembered
         unless ``admit`` refuses the key or ``max_age`` is 0."""
-        found = self.fresh(key) if self._timed else None
-        if found is None:
-            with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None and not self._timed:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                if not self._timed:
                     self._entries.move_to_end(key)
                     return entry.value
-        else:
-            return found[0]
+                # Kept max_age after it was loaded however often it is used: recency untouched.
+                if self.max_age is None or self._clock() - entry.put_at <= self.max_age:
+                    return entry.value
         load = loader or self._loader
         if load is None:
             raise TypeError("Cache.load needs a loader")
