@@ -435,7 +435,7 @@ def _production_config(tmp: Path) -> Path:
     conf = tmp / "gunicorn_production.py"
     if not conf.exists():
         conf.write_text(
-            "from bcs_middleware.cli.main import connection_slots\n"
+            "from bcs_middleware.cli.serve_options import connection_slots\n"
             "from bcs_middleware.pki.certs import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
             f"globals().update(connection_slots({GUNICORN['worker_class']!r}, {GUNICORN['threads']!r}))\n"
         )
@@ -508,12 +508,14 @@ def register_cluster(base: str, cafile: str, cluster_id: str, apiserver_url: str
            "user_token": "cluster-sa-token-" + "c" * 24})
 
 
-def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, extra: Sequence[str] = ()
-                ) -> tuple[ServerProcess, dict[str, str]]:
+def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, extra: Sequence[str] = (),
+                package_root: Path | None = None) -> tuple[ServerProcess, dict[str, str]]:
     """``bcs-middleware serve`` with its documented defaults (HTTPS with its generated CA), one
     cluster registered through the REST API, a superuser and a ``view`` user.
 
     Only the process shape is the bench's: ``--workers/--threads/--worker-class``.
+    ``package_root``: run the ``bcs_middleware`` package found there (another checkout: put
+    first on ``PYTHONPATH``, it wins over the editable install).
     """
     data_dir = tmp / name
     port = free_port()
@@ -521,8 +523,10 @@ def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, ex
             "--bind", f"127.0.0.1:{port}", "--workers", str(GUNICORN["workers"]),
             "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"]),
             *([] if "--reuse-port" in GUNICORN_EXTRA else ["--no-reuse-port"]), *extra]
-    server = ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": SERVE_ADMIN}, scheme="https",
-                           timeout=60)
+    env = {"BCS_ADMIN_TOKEN": SERVE_ADMIN}
+    if package_root is not None:
+        env["PYTHONPATH"] = str(package_root)
+    server = ServerProcess(argv, port=port, env=env, scheme="https", timeout=60)
     cafile = str(data_dir / "tls" / "ca.crt")
     base = f"https://localhost:{port}"
     _wait_ready(base + "/healthz", {}, cafile=cafile)
@@ -561,6 +565,16 @@ def start_served_tunnel_shared_socket(ctx: Context) -> Running:
     """Diagnostic: ``serve --no-reuse-port`` (every worker accepting from one shared socket)."""
     served = start_serve(ctx.tmp, "serve-shared", ctx.nginx_tls_url, ctx.pki.ca_file, ["--no-reuse-port"])
     return _served_tunnel(ctx, "bench-admin", served)
+
+
+def tree_contender(name: str, package_root: Path) -> Contender:
+    """``tunnel`` (``serve``, superuser token) running another checkout's package (``--tree``)."""
+    def start(ctx: Context) -> Running:
+        served = start_serve(ctx.tmp, f"serve-{name}", ctx.nginx_tls_url, ctx.pki.ca_file,
+                             package_root=package_root)
+        return _served_tunnel(ctx, "bench-admin", served)
+
+    return Contender(f"tunnel@{name}", start)
 
 
 # The headline: the production path. Every name without the http_ prefix is HTTPS end to end.
@@ -863,6 +877,9 @@ def main() -> int:
     parser.add_argument("--pin", action="store_true",
                         help="servers of every contender on CPU 0, the load generator on CPU 1: "
                              "steadier ratios on a 2-CPU machine")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                        help="add contender tunnel@NAME: serve's tunnel running the package of the "
+                             "checkout DIR (repeatable; an interleaved A/B of two versions of the code)")
     args = parser.parse_args()
     if args.stock_gevent:
         global SERVE_WORKER
@@ -880,6 +897,9 @@ def main() -> int:
     contenders = [*CONTENDERS, *(EXTRA_CONTENDERS if args.diagnostics else [])]
     if args.only:
         contenders = [c for c in CONTENDERS + EXTRA_CONTENDERS if c.name in args.only.split(",")]
+    for tree in args.tree:
+        tree_name, _, tree_dir = tree.partition("=")
+        contenders.append(tree_contender(tree_name, Path(tree_dir).resolve()))
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root

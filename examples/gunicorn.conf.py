@@ -68,7 +68,7 @@ if _WORKER_CLASS == "gevent":
     # Each connection holds two descriptors (client and upstream): raise the open-file limit.
     worker_connections = int(os.environ.get("BCS_WORKER_CONNECTIONS", "8192"))
 else:
-    from bcs_middleware.cli.main import connection_slots
+    from bcs_middleware.cli.serve_options import connection_slots
 
     # gunicorn's gthread with each connection counted once (a TCP health check was counted twice,
     # and a stopping worker then left with a kept-alive client's request unanswered) and its
@@ -171,9 +171,10 @@ def on_starting(server):  # type: ignore[no-untyped-def]
 
 
 def post_fork(server, worker):  # type: ignore[no-untyped-def]
-    # Engines, HTTP pools and ZooKeeper clients are created lazily per process and re-created
-    # when they notice a new pid, so nothing inherited from the master is shared. Nothing to do
-    # here beyond what gunicorn does; the hook is where a custom resource would be reset.
+    # Process-owned resources (engines, HTTP pools, batch queues, watcher threads) are made on
+    # first use in each process and forgotten in a forked child (bcs_middleware.core.forksafe.
+    # PerProcess), so nothing inherited from the master is shared. Nothing to do here beyond
+    # what gunicorn does; a custom resource of yours belongs in a PerProcess too.
     server.log.debug("worker %s forked", worker.pid)
 
 

@@ -39,9 +39,9 @@ import jsonpatch
 
 from ..core import gojson
 from ..core.bodies import parse_json
+from ..core.cache import Cache
 from ..core.environ import AdmissionResult, User
 from ..core.errors import BadRequest, BcsCode, BCSError, ValidationError
-from ..core.lru import LoadingCache
 from ..core.printable import escape
 from ..telemetry import metrics
 from .client import PUBLIC_FAILURE, WebhookCallError, WebhookClient
@@ -222,8 +222,8 @@ class AdmissionEngine:
         self._bcs_operations: tuple[int, dict[str, frozenset[str]]] = (-1, {})
         self._k8s: dict[str, tuple[int, tuple[K8sWebhook, ...]]] = {}
         # Failed reads are not cached (the loader raises); answers for namespace_ttl.
-        self._ns_labels: LoadingCache[tuple[str, str], dict[str, str]] = LoadingCache(
-            ttl=namespace_ttl, max_entries=4096, clock=clock)
+        self._ns_labels: Cache[tuple[str, str], dict[str, str]] = Cache(
+            max_entries=4096, max_age=max(namespace_ttl, 0), clock=clock)
 
     # -- bcs definitions ---------------------------------------------------------------
 
@@ -453,7 +453,7 @@ class AdmissionEngine:
         return selector.matches(self.namespace_labels(cluster_id, attrs.namespace))
 
     def namespace_labels(self, cluster_id: str, namespace: str) -> dict[str, str]:
-        return self._ns_labels.get((cluster_id, namespace), self._load_namespace_labels)
+        return self._ns_labels.load((cluster_id, namespace), self._load_namespace_labels)
 
     def _load_namespace_labels(self, key: tuple[str, str]) -> dict[str, str]:
         cluster_id, namespace = key

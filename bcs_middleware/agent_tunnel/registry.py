@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
+from ..core.cache import Cache
 from ..core.errors import AgentUnavailable
-from ..core.lru import LRUCache
 from ..core.records import Holder, PlacementRecord
 from ..outbound.stream_connection import ByteStream
 from ..outbound.transport import TunnelDialer
@@ -165,7 +165,7 @@ class LocalAgents:
         self._agents: dict[str, _Attached] = {}
         # Replaced connections still carrying streams, closed once they carry none.
         self._draining: list[tuple[str, _Attached]] = []
-        self._gone: LRUCache[str, str] = LRUCache(max_entries=4096, ttl=_GONE_KEPT)
+        self._gone: Cache[str, str] = Cache(max_entries=4096, ttl=_GONE_KEPT)
         self._keeper: threading.Thread | None = None
         self._stopped = threading.Event()
 

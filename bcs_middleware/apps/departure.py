@@ -30,13 +30,14 @@ from __future__ import annotations
 import _socket
 import errno
 import logging
-import os
 import selectors
 import socket
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from ..core.forksafe import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -200,22 +201,7 @@ class _Watcher:
             entry.on_gone()
 
 
-_watcher: _Watcher | None = None
-_watcher_lock = threading.Lock()
-
-
-def _threads() -> _Watcher:
-    global _watcher
-    if _watcher is None:
-        with _watcher_lock:
-            if _watcher is None:
-                _watcher = _Watcher()
-    return _watcher
-
-
-def _forget_after_fork() -> None:
-    global _watcher
-    _watcher = None  # the parent's thread does not exist in the child
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+# One watcher thread per process: a forked child makes its own (the parent's thread does not
+# exist there).
+_watcher: PerProcess[_Watcher] = PerProcess(_Watcher)
+_threads = _watcher.get

@@ -60,7 +60,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import threading
@@ -72,6 +71,7 @@ from urllib.parse import quote, urlsplit
 from ..core import environ as env
 from ..core import http as upgrade_request
 from ..core.bodies import body_stalled, declared_length
+from ..core.cache import Cache
 from ..core.converters import asbool, aslist, convert_options, positive_int, seconds, text, url
 from ..core.errors import (
     BadRequest,
@@ -82,7 +82,7 @@ from ..core.errors import (
     NotImplementedByServer,
     UpstreamUnreachable,
 )
-from ..core.shapes import ShapeCache
+from ..core.shapes import small_shape
 from ..outbound.transport import HOP_BY_HOP, PooledTransport, Response, Transport, named_by_connection
 from ..telemetry import metrics
 from . import departure
@@ -108,8 +108,7 @@ _PRELOAD_LIMIT = 64 * 1024
 _PASS, _DROP, _FORWARDED = 0, 1, 2
 
 
-@functools.lru_cache(maxsize=512)
-def _header_info(environ_key: str) -> tuple[str, str, int]:
+def _classify_header(environ_key: str) -> tuple[str, str, int]:
     """``HTTP_X_FOO`` → (``X-Foo``, ``x-foo``, what to do with it)."""
     name = environ_key[5:].replace("_", "-")
     lower = name.lower()
@@ -122,6 +121,11 @@ def _header_info(environ_key: str) -> tuple[str, str, int]:
     return name.title(), lower, kind
 
 
+# Long names (a client's, up to 8 KiB) are classified without being remembered.
+_header_info: Cache[str, tuple[str, str, int]] = Cache(
+    max_entries=512, loader=_classify_header, admit=lambda key: len(key) <= 128)
+
+
 _Plan = tuple[tuple[tuple[str, str, str], ...], tuple[tuple[str, str], ...]]
 
 
@@ -132,8 +136,7 @@ def _scan_headers(keys: tuple[str, ...]) -> _Plan:
     passing, forwarded = [], []
     for key in keys:
         if key.startswith("HTTP_"):
-            # Long names (a client's, up to 8 KiB) are classified without being remembered.
-            name, lower, kind = _header_info(key) if len(key) <= 128 else _header_info.__wrapped__(key)
+            name, lower, kind = _header_info(key)
             if kind == _PASS:
                 passing.append((key, name, lower))
             elif kind == _FORWARDED:
@@ -142,13 +145,15 @@ def _scan_headers(keys: tuple[str, ...]) -> _Plan:
 
 
 # The scan of the whole environ (thirty-odd keys under gunicorn), once per shape.
-_header_plan = ShapeCache(_scan_headers)
+_header_plan: Cache[tuple[str, ...], _Plan] = Cache(max_entries=256, loader=_scan_headers, admit=small_shape)
 
 
-@functools.lru_cache(maxsize=256)
-def _lower_names(fields: tuple[tuple[str, str], ...]) -> frozenset[str]:
+def _names_lowered(fields: tuple[tuple[str, str], ...]) -> frozenset[str]:
     """The lower-cased names of ``Upstream.set_headers`` (one tuple per user: cached)."""
     return frozenset(name.lower() for name, _ in fields)
+
+
+_lower_names: Cache[tuple[tuple[str, str], ...], frozenset[str]] = Cache(max_entries=256, loader=_names_lowered)
 
 
 class UpstreamProxy:

@@ -25,7 +25,7 @@ import threading
 from typing import Protocol
 
 from ..core import environ as env
-from ..core.lru import LRUCache
+from ..core.cache import Cache
 from ..core.records import ClusterRecord, CredentialRecord
 
 __all__ = ["CachedDirectory", "ClusterDirectory", "impersonating", "upstream_for"]
@@ -64,8 +64,8 @@ class CachedDirectory:
         self.ttl = ttl
         self.not_ready_ttl = min(not_ready_ttl, ttl)
         self._lock = threading.Lock()
-        self._ready: LRUCache[str, Answer] = LRUCache(max_entries=max_entries, max_age=max(ttl, 0.0))
-        self._not_ready: LRUCache[str, Answer] = LRUCache(max_entries=max_entries,
+        self._ready: Cache[str, Answer] = Cache(max_entries=max_entries, max_age=max(ttl, 0.0))
+        self._not_ready: Cache[str, Answer] = Cache(max_entries=max_entries,
                                                           max_age=max(self.not_ready_ttl, 0.0))
 
     def lookup(self, cluster_id: str) -> Answer:

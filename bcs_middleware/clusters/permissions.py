@@ -18,7 +18,7 @@ A user without ``view`` gets the same 404 as for a cluster that does not exist â
 everywhere, the tunnel included â€” so cluster ids do not leak; a user with ``view``
 who tries to manage gets 403.
 
-The tunnel asks through a :class:`~bcs_middleware.core.lru.LoadingCache`: a granted or
+The tunnel asks through a :class:`~bcs_middleware.core.cache.Cache`: a granted or
 revoked permission takes effect there within its ``ttl`` (the gateway's
 ``cluster_cache_ttl``, 5 s by default). The management API asks the store every time.
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..core import environ as env
+from ..core.cache import Cache
 from ..core.errors import Forbidden, NotFound
-from ..core.lru import LoadingCache
 from ..core.records import ClusterRecord
 
 VIEW = "view"
@@ -163,13 +163,13 @@ class ClusterAuthorizer:
     def __init__(self, store: PermissionStore, *, rbac_grants: bool = False, ttl: float = 0.0) -> None:
         self.store = store
         self.rbac_grants = rbac_grants
-        self._cache: LoadingCache[tuple[env.User, str], str | None] = LoadingCache(ttl=ttl)
+        self._cache: Cache[tuple[env.User, str], str | None] = Cache(max_entries=10_000, max_age=max(ttl, 0))
 
     def permission(self, user: env.User, cluster_id: str) -> str | None:
         """``"edit"``, ``"view"`` or ``None`` (the cluster's existence is not checked)."""
         if user.is_superuser:
             return EDIT
-        return self._cache.get((user, cluster_id), self._load)
+        return self._cache.load((user, cluster_id), self._load)
 
     def _load(self, key: tuple[env.User, str]) -> str | None:
         user, cluster_id = key

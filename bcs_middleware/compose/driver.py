@@ -363,49 +363,9 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
     cluster_id = opts.pop("cluster_id", "")
     if not cluster_id:
         raise ConfigError(f"[{section}] cluster_id is required")
-    hosts = opts.pop("zookeeper_hosts", None)
-    schedulers = opts.pop("static_schedulers", None)
-    if hosts and schedulers:
-        raise ConfigError(f"[{section}] set zookeeper_hosts or static_schedulers, not both")
-    discovery: Discovery
-    if hosts:
-        from ..discovery.zookeeper import ZookeeperDiscovery
-
-        discovery = ZookeeperDiscovery(hosts, root=opts.pop("zookeeper_root", DEFAULT_ROOT),
-                                       timeout=opts.pop("zookeeper_timeout", 10.0))
-    elif schedulers:
-        discovery = StaticDiscovery(schedulers=schedulers)
-    else:
-        raise ConfigError(f"[{section}] zookeeper_hosts or static_schedulers is required")
-    store: DefinitionStore
-    definitions_file, database_url = opts.pop("definitions_file", None), opts.pop("database_url", None)
-    secret_key, data_dir = opts.pop("secret_key", None), opts.pop("data_dir", None)
-    if definitions_file and (database_url or data_dir):
-        raise ConfigError(f"[{section}] set definitions_file or database_url/data_dir, not both")
-    if database_url or data_dir:
-        from ..store.definitions import SQLDefinitionStore
-        from ..store.sql import open_store
-
-        # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
-        # The gateway-wide definitions and this cluster's own (managed through the gateway's
-        # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
-        if data_dir and not database_url:
-            from ..serving.datadir import prepare
-
-            data_dir = prepare(data_dir)  # the gateway's data directory: created 0700, as serve does
-        store = SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
-                                   bcs_cluster=cluster_id, inherit=True)
-    elif definitions_file:
-        store = load_definitions_file(definitions_file)
-    else:
-        store = MemoryDefinitionStore()
-    ca_pem = None
-    ca_file = opts.pop("scheduler_ca_file", None)
-    if ca_file:
-        try:
-            ca_pem = Path(ca_file).read_text()
-        except OSError as exc:
-            raise ConfigError(f"[{section}] cannot read scheduler_ca_file {ca_file!r}: {exc.strerror}") from None
+    discovery = _discovery(section, opts)
+    store = _definitions(section, opts, cluster_id)
+    ca_pem = _read_ca(section, "scheduler_ca_file", opts.pop("scheduler_ca_file", None))
     verify = opts.pop("scheduler_verify", True)
     if not verify:
         log.warning("TLS verification towards the Mesos scheduler is OFF (scheduler_verify = false)")
@@ -414,23 +374,7 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
     proxy = UpstreamProxy(transport=PooledTransport(connect_timeout=opts.pop("connect_timeout", 5.0),
                                                     read_timeout=opts.pop("read_timeout", 60.0),
                                                     address_policy=policy))
-    console: dict[str, Any] = {}
-    for key in ("port", "scheme", "verify"):
-        if f"console_{key}" in opts:
-            console[key] = opts.pop(f"console_{key}")
-    if console.get("verify") is False:
-        log.warning("TLS verification towards webconsole proxies is OFF (console_verify = false)")
-    console_ca = opts.pop("console_ca_file", None)
-    if console_ca:
-        try:
-            console["ca_pem"] = Path(console_ca).read_text()
-        except OSError as exc:
-            raise ConfigError(f"[{section}] cannot read console_ca_file {console_ca!r}: {exc.strerror}") from None
-    cert_file, key_file = opts.pop("console_cert_file", None), opts.pop("console_key_file", None)
-    if bool(cert_file) != bool(key_file):
-        raise ConfigError(f"[{section}] set console_cert_file and console_key_file together")
-    if cert_file and key_file:
-        console["client_cert"] = (cert_file, key_file)
+    console = _console_options(section, opts)
     admission_keys = ("total_budget", "default_timeout", "max_body", "address_map")
     admission_options: dict[str, Any] = {k: opts.pop(k) for k in admission_keys if k in opts}
     return build_driver(
@@ -446,6 +390,74 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         convert=opts.pop("convert", True),
         webconsole_options=console,
     )
+
+
+def _discovery(section: str, opts: dict[str, Any]) -> Discovery:
+    """ZooKeeper (``zookeeper_hosts``) or a fixed list (``static_schedulers``): exactly one."""
+    hosts = opts.pop("zookeeper_hosts", None)
+    schedulers = opts.pop("static_schedulers", None)
+    if hosts and schedulers:
+        raise ConfigError(f"[{section}] set zookeeper_hosts or static_schedulers, not both")
+    if hosts:
+        from ..discovery.zookeeper import ZookeeperDiscovery
+
+        return ZookeeperDiscovery(hosts, root=opts.pop("zookeeper_root", DEFAULT_ROOT),
+                                  timeout=opts.pop("zookeeper_timeout", 10.0))
+    if schedulers:
+        return StaticDiscovery(schedulers=schedulers)
+    raise ConfigError(f"[{section}] zookeeper_hosts or static_schedulers is required")
+
+
+def _definitions(section: str, opts: dict[str, Any], cluster_id: str) -> DefinitionStore:
+    """The admission definitions: the shared SQL store (or SQLite in ``data_dir``), a file, or memory."""
+    definitions_file, database_url = opts.pop("definitions_file", None), opts.pop("database_url", None)
+    secret_key, data_dir = opts.pop("secret_key", None), opts.pop("data_dir", None)
+    if definitions_file and (database_url or data_dir):
+        raise ConfigError(f"[{section}] set definitions_file or database_url/data_dir, not both")
+    if database_url or data_dir:
+        from ..store.definitions import SQLDefinitionStore
+        from ..store.sql import open_store
+
+        # Migrations run under a lock: every worker (and a gateway sharing the database) may call this.
+        # The gateway-wide definitions and this cluster's own (managed through the gateway's
+        # /bcsapi/v4/scheduler/mesos/… path by the cluster's editors): share the gateway's database.
+        if data_dir and not database_url:
+            from ..serving.datadir import prepare
+
+            data_dir = prepare(data_dir)  # the gateway's data directory: created 0700, as serve does
+        return SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
+                                  bcs_cluster=cluster_id, inherit=True)
+    if definitions_file:
+        return load_definitions_file(definitions_file)
+    return MemoryDefinitionStore()
+
+
+def _read_ca(section: str, key: str, path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"[{section}] cannot read {key} {path!r}: {exc.strerror}") from None
+
+
+def _console_options(section: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """How the driver reaches the hosts' webconsole proxies (port, scheme, TLS)."""
+    console: dict[str, Any] = {}
+    for key in ("port", "scheme", "verify"):
+        if f"console_{key}" in opts:
+            console[key] = opts.pop(f"console_{key}")
+    if console.get("verify") is False:
+        log.warning("TLS verification towards webconsole proxies is OFF (console_verify = false)")
+    console_ca = _read_ca(section, "console_ca_file", opts.pop("console_ca_file", None))
+    if console_ca is not None:
+        console["ca_pem"] = console_ca
+    cert_file, key_file = opts.pop("console_cert_file", None), opts.pop("console_key_file", None)
+    if bool(cert_file) != bool(key_file):
+        raise ConfigError(f"[{section}] set console_cert_file and console_key_file together")
+    if cert_file and key_file:
+        console["client_cert"] = (cert_file, key_file)
+    return console
 
 
 def gunicorn_hooks(

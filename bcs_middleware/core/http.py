@@ -20,10 +20,10 @@ admits it like any other.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from . import environ as env
+from .cache import Cache
 
 # Header fields that concern one connection only, never relayed by a proxy (RFC 9110 §7.6.1);
 # so are the fields a ``Connection`` header names.
@@ -39,22 +39,25 @@ def connection_tokens(value: str | None) -> frozenset[str]:
     """The lower-cased options of a ``Connection`` header value."""
     if not value:
         return frozenset()
-    return _tokens(value) if len(value) <= _CACHED_VALUE else _tokens.__wrapped__(value)
+    return _tokens(value)
 
 
 def named_by_connection(value: str) -> frozenset[str]:
     """Fields a ``Connection`` value names beyond the fixed hop-by-hop set (usually none)."""
-    return _named(value) if len(value) <= _CACHED_VALUE else connection_tokens(value) - HOP_BY_HOP
+    return _named(value)
 
 
-@functools.lru_cache(maxsize=256)
-def _tokens(value: str) -> frozenset[str]:
+def _parse_tokens(value: str) -> frozenset[str]:
     return frozenset(token.strip().lower() for token in value.split(",") if token.strip())
 
 
-@functools.lru_cache(maxsize=256)
-def _named(value: str) -> frozenset[str]:
-    return _tokens(value) - HOP_BY_HOP
+def _short(value: str) -> bool:
+    return len(value) <= _CACHED_VALUE
+
+
+_tokens: Cache[str, frozenset[str]] = Cache(max_entries=256, loader=_parse_tokens, admit=_short)
+_named: Cache[str, frozenset[str]] = Cache(
+    max_entries=256, loader=lambda value: _tokens(value) - HOP_BY_HOP, admit=_short)
 
 
 #: ``Upgrade`` values spliced (lower case); anything else is proxied as plain HTTP.

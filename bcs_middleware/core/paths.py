@@ -8,11 +8,11 @@ rest is re-encoded for the upstream request line.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from .cache import Cache
 from .errors import BadRequest
 
 #: Kubernetes requests to a registered cluster: ``/tunnels/clusters/{cluster_id}/{rest}``.
@@ -52,9 +52,7 @@ def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
     """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
     if not path_info.startswith(TUNNEL_PREFIX):
         return None
-    if len(path_info) + len(raw_uri or "") <= _CACHED_PATH:
-        return _parse_tunnel_path(path_info, raw_uri)
-    return _parse_tunnel_path.__wrapped__(path_info, raw_uri)
+    return _parsed((path_info, raw_uri))
 
 
 # A client repeats its paths (list, watch, get the same objects): checking and re-encoding
@@ -63,7 +61,6 @@ def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
 _CACHED_PATH = 512
 
 
-@functools.lru_cache(maxsize=1024)
 def _parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath:
     refuse_encoded_separators(raw_uri)
     cluster_id, sep, rest = path_info[len(TUNNEL_PREFIX):].partition("/")
@@ -72,3 +69,9 @@ def _parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath:
     # "{server_address}/version" yields "//version": a doubled slash right after the
     # cluster prefix is one slash (the source's own docs write it that way).
     return TunnelPath(cluster_id, "/" + safe_rest(rest.lstrip("/")) if sep else "/")
+
+
+
+_parsed: Cache[tuple[str, str | None], TunnelPath] = Cache(
+    max_entries=1024, loader=lambda key: _parse_tunnel_path(*key),
+    admit=lambda key: len(key[0]) + len(key[1] or "") <= _CACHED_PATH)

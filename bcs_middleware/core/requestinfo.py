@@ -46,12 +46,12 @@ a space.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
 
 from . import environ as env
+from .cache import Cache
 from .paths import TUNNEL_PREFIX, parse_tunnel_path
 from .selectors import SelectorError, field_selector_exact, parse_label_selector
 
@@ -220,9 +220,7 @@ def _list_options(query: dict[str, list[str]]) -> tuple[bool, str | None]:
 
 def classify(method: str, path: str, query: str = "") -> RequestInfo:
     """The :class:`RequestInfo` of ``method path?query`` (``path`` decoded, ``query`` raw)."""
-    if len(path) + len(query) <= _CACHED:
-        return _classify(method, path, query)
-    return _classify.__wrapped__(method, path, query)
+    return _classified((method, path, query))
 
 
 # Clients repeat their requests (lists, watches, gets of the same objects): a request
@@ -230,7 +228,6 @@ def classify(method: str, path: str, query: str = "") -> RequestInfo:
 _CACHED = 1024
 
 
-@functools.lru_cache(maxsize=1024)
 def _classify(method: str, path: str, query: str) -> RequestInfo:
     method = method.upper()
     plain = RequestInfo(is_resource=False, path=path, verb=method.lower(),
@@ -287,6 +284,11 @@ def _classify(method: str, path: str, query: str) -> RequestInfo:
         field_selector=field_selector, label_selector=label_selector, admission_operation=operation,
         long_running=verb in _LONG_RUNNING_VERBS or subresource in _LONG_RUNNING_SUBRESOURCES,
     )
+
+
+_classified: Cache[tuple[str, str, str], RequestInfo] = Cache(
+    max_entries=1024, loader=lambda key: _classify(*key),
+    admit=lambda key: len(key[1]) + len(key[2]) <= _CACHED)
 
 
 def api_path(environ: dict[str, Any]) -> str:

@@ -39,8 +39,8 @@ from typing import Any, Protocol
 
 from ..core import converters as conv
 from ..core import environ as env
+from ..core.cache import Cache
 from ..core.errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
-from ..core.lru import LoadingCache
 from ..store.crypto import digests_equal, token_digest
 from ..telemetry.metrics import BATCH, TOKEN_CACHE
 
@@ -156,7 +156,7 @@ class CachingAuthenticator:
         self.max_entries = max_entries
         # The package's one cache policy for store answers: kept ``ttl`` after loading,
         # the oldest loaded dropped first when full; no lock on a hit.
-        self._cache: LoadingCache[str, Principal | None] = LoadingCache(ttl=ttl, max_entries=max_entries)
+        self._cache: Cache[str, Principal | None] = Cache(max_entries=max_entries, max_age=max(ttl, 0))
 
     def authenticate(self, token: str) -> Principal | None:
         if self.ttl <= 0:
@@ -168,7 +168,7 @@ class CachingAuthenticator:
             missed = True
             return self.inner.authenticate(token)
 
-        principal = self._cache.get(token_digest(token), load)
+        principal = self._cache.load(token_digest(token), load)
         BATCH.inc(TOKEN_CACHE, "miss" if missed else "hit")
         return principal
 

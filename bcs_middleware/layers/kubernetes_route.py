@@ -36,9 +36,10 @@ from ..clusters.directory import CachedDirectory, ClusterDirectory, upstream_for
 from ..clusters.permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..core import converters as conv
 from ..core import environ as env
+from ..core.cache import Cache
 from ..core.errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
 from ..core.paths import TUNNEL_PREFIX, parse_tunnel_path
-from ..core.shapes import ShapeCache
+from ..core.shapes import small_shape
 
 
 def impersonation_headers(environ: Mapping[str, Any]) -> tuple[str, ...]:
@@ -51,7 +52,8 @@ def _scan_impersonation(keys: tuple[str, ...]) -> tuple[str, ...]:
 
 
 # A client's requests carry the same environ keys each time: scanned once per shape.
-_impersonation_keys = ShapeCache(_scan_impersonation)
+_impersonation_keys: Cache[tuple[str, ...], tuple[str, ...]] = Cache(
+    max_entries=256, loader=_scan_impersonation, admit=small_shape)
 
 
 class ClusterRoutingMiddleware:

@@ -89,45 +89,15 @@ class AccessLine(NamedTuple):
         })
 
 
-# (second, "YYYY-MM-DDTHH:MM:SS"): many lines share a second; formatting it is not free.
-_second: tuple[int, str] = (0, "")
-
-
-_ID_BATCH = 256
-_ids: Iterator[str] = iter(())
-
-
 def _new_request_id() -> str:
-    """32 hex digits from ``os.urandom``, fetched 256 ids at a time.
-
-    One ``getrandom`` per request is a syscall, and every syscall lets the other
-    threads of a gthread worker take the GIL (bench/README.md). Threads racing on
-    an empty batch each fetch their own; an id is never handed out twice.
-    """
-    global _ids
-    for request_id in _ids:  # next() on a list iterator is atomic under the GIL
-        return request_id
-    raw = os.urandom(16 * _ID_BATCH).hex()
-    batch = iter([raw[i:i + 32] for i in range(32, len(raw), 32)])
-    _ids = batch
-    return raw[:32]
+    """32 hex digits of ``os.urandom``: unguessable, so no client can predict another's id."""
+    return os.urandom(16).hex()
 
 
-# A forked worker must not hand out the ids its parent had fetched.
-os.register_at_fork(after_in_child=lambda: globals().__setitem__("_ids", iter(())))
-
-
-def _timestamp(now: float | None = None) -> str:
-    """UTC ``now`` (default: now) as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated,
-    as isoformat does)."""
-    global _second
-    if now is None:
-        now = time.time()
+def _timestamp(now: float) -> str:
+    """UTC ``now`` as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated, as isoformat does)."""
     sec = int(now)
-    cached = _second
-    if cached[0] != sec:
-        cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
-    return f"{cached[1]}.{int((now - sec) * 1000):03d}Z"
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{int((now - sec) * 1000):03d}Z"
 
 
 def route_kind(path: str) -> str:
@@ -201,8 +171,6 @@ class RequestContextMiddleware:
         self.access_log = access_log
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        # The tunnel's hot path: every call and allocation here is paid by every
-        # request, several times over under gunicorn's threads (bench/README.md).
         incoming = environ.get("HTTP_X_REQUEST_ID")
         request_id = (incoming if incoming and len(incoming) <= 128 and incoming.isprintable()
                       else _new_request_id())

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from ..core.lru import LRUCache
+from ..core.cache import Cache
 from ..core.sockets import send_all
 
 # Below glibc's mmap threshold (128 KiB): recv(n) allocates an n-byte buffer first, and a
@@ -157,7 +157,7 @@ class IdlePool:
         self.per_key = per_key
         self.idle_timeout = idle_timeout
         self._lock = threading.Lock()
-        self._idle: LRUCache[PoolKey, list[Connection]] = LRUCache(
+        self._idle: Cache[PoolKey, list[Connection]] = Cache(
             max_entries=max_keys, ttl=idle_timeout, on_evict=_close_all)
 
     def get(self, key: PoolKey) -> Connection | None:

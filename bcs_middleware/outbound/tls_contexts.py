@@ -13,7 +13,7 @@ import logging
 import ssl
 import threading
 
-from ..core.lru import LRUCache
+from ..core.cache import Cache
 from .pool import PoolKey
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ class TLSContexts:
 
     def __init__(self, *, max_entries: int, ttl: float) -> None:
         self._lock = threading.Lock()
-        self._contexts: LRUCache[PoolKey, ssl.SSLContext] = LRUCache(max_entries=max_entries, ttl=ttl)
+        self._contexts: Cache[PoolKey, ssl.SSLContext] = Cache(max_entries=max_entries, ttl=ttl)
 
     def context(self, key: PoolKey, label: str) -> ssl.SSLContext:
         """The context for ``key``; raises ``ssl.SSLError``/``OSError``/``ValueError`` for bad material."""

@@ -86,9 +86,9 @@ from collections.abc import Iterable
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from ..core.cache import Cache
 from ..core.environ import Upstream
 from ..core.errors import AgentUnavailable, BadGateway, BCSError
-from ..core.lru import LRUCache
 from .addresses import DEFAULT_POLICY, AddressPolicy
 from .codec import (
     HOP_BY_HOP,
@@ -348,16 +348,16 @@ class PooledTransport:
         self._pool = IdlePool(per_key=self.pool_maxsize, max_keys=self.max_upstreams,
                               idle_timeout=self.idle_timeout)
         self._tls = TLSContexts(max_entries=self.max_upstreams, ttl=self.state_ttl)
-        self._origins: LRUCache[str, tuple[str, str, int, str, str]] = LRUCache(
+        self._origins: Cache[str, tuple[str, str, int, str, str]] = Cache(
             max_entries=self.max_upstreams, ttl=self.state_ttl)
         # A mark older than the cooldown means nothing: that is its ttl.
-        self._failed: LRUCache[str, float] = LRUCache(
+        self._failed: Cache[str, float] = Cache(
             max_entries=self.max_upstreams, ttl=self.failure_cooldown)
         self._next_sweep = 0.0
         # Agent tunnels whose connection was replaced by a newer one of the same cluster:
         # their connections are not pooled again (retire_tunnel). Kept as long as a stream
         # over the old connection may last.
-        self._tunnel_generations: LRUCache[str, int] = LRUCache(
+        self._tunnel_generations: Cache[str, int] = Cache(
             max_entries=self.max_upstreams, ttl=self.stream_idle_timeout or 3600.0)
 
     @property

@@ -32,7 +32,6 @@ options, or ``examples/gunicorn.conf.py``).
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 import socket
@@ -44,13 +43,9 @@ import gevent
 from gevent import Timeout
 from gevent.pool import Pool
 from gevent.server import StreamServer
-from gevent.ssl import SSLSocket
-from gunicorn import util as gunicorn_util
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
-
-from ..core.sockets import send_all
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
@@ -77,24 +72,6 @@ def _refusal(retry_after: int) -> bytes:
         "Connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body
-
-
-class _ClientTLSSocket(SSLSocket):
-    """A client's TLS connection whose ``sendall`` is :func:`~.sockets.send_all`.
-
-    gunicorn writes every response head and body piece with ``sendall``; gevent's asks the
-    kernel for ``SO_SNDBUF`` each time (see ``send_all``). The context (``serve``'s
-    :class:`~bcs_middleware.pki.certs.ServerContext` or gunicorn's) makes gevent's socket; the
-    handshake gives it this class (no state of its own, so the swap is safe).
-    """
-
-    __slots__ = ()
-
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        if flags:
-            super().sendall(data, flags)
-        else:
-            send_all(self, data)
 
 
 class GatewayGeventWorker(GeventWorker):
@@ -124,13 +101,6 @@ class GatewayGeventWorker(GeventWorker):
             # has been served, nothing to finish; otherwise the stop would wait for the load.
             sys.exit(0)
         super().handle_exit(sig, frame)
-
-    def init_process(self) -> None:
-        # gunicorn formats the Date header of every response with email.utils.formatdate
-        # (a datetime, a timetuple and string formatting): a few per cent of a proxied
-        # request's CPU (bench/README.md). Same text, made once a second.
-        gunicorn_util.http_date = _http_date
-        super().init_process()
 
     def run(self) -> None:
         # GeventWorker.run, except that TLS is done in handle() under the head timeout
@@ -228,8 +198,6 @@ class GatewayGeventWorker(GeventWorker):
     def _handshake(self, client: Any) -> Any:
         tls = self._tls_context().wrap_socket(client, server_side=True, do_handshake_on_connect=False,
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
-        if type(tls) is SSLSocket:
-            tls.__class__ = _ClientTLSSocket
         try:
             with Timeout(self.header_timeout):
                 tls.do_handshake()
@@ -349,22 +317,6 @@ class _HeadTimeout(Timeout):
     def _on_expiration(self, prev_greenlet: Any, ex: Any) -> None:
         # gevent's hook for subclasses; runs in the hub, like the default throw.
         self._conn.throw(ex)
-
-
-# (second, its HTTP date): the Date header of this second's responses.
-_date: tuple[int, str] = (0, "")
-
-
-def _http_date(timestamp: float | None = None) -> str:
-    """``gunicorn.util.http_date``, remembered for the current second."""
-    global _date
-    if timestamp is not None:
-        return email.utils.formatdate(timestamp, localtime=False, usegmt=True)
-    now = int(time.time())
-    cached = _date
-    if cached[0] != now:
-        cached = _date = (now, email.utils.formatdate(now, localtime=False, usegmt=True))
-    return cached[1]
 
 
 def _close(sock: Any) -> None:

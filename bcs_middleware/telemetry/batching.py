@@ -13,12 +13,12 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
+
+from ..core.forksafe import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ class BatchQueue:
         starved), :meth:`put` applies its item on the calling thread instead: nothing
         is dropped and memory stays bounded.
 
-    Fork-safe: a forked child starts empty, without the parent's thread, and starts
-    its own on its first :meth:`put` (a fork hook, not a ``getpid()`` per item).
+    Fork-safe: the queue, its lock and its thread are a :class:`~bcs_middleware.core.forksafe.PerProcess`
+    value, so a forked child starts empty, without the parent's thread, and starts its own on
+    its first :meth:`put`.
     """
 
     def __init__(self, apply: Callable[[list[Any]], None], *, period: float, name: str,
@@ -44,35 +45,31 @@ class BatchQueue:
         self.period = period
         self.name = name
         self.max_items = max_items
-        self._forget()
-        _queues.add(self)
-
-    def _forget(self) -> None:
-        self._items: collections.deque[Any] = collections.deque()
-        self._started = False
-        self._lock = threading.Lock()
+        self._state: PerProcess[_State] = PerProcess(_State)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._state.get().items)
 
     def put(self, item: Any) -> None:
-        items = self._items
+        state = self._state.get()
+        items = state.items
         if len(items) >= self.max_items:
             self.apply_now([item])
             return
         items.append(item)
-        if not self._started:
-            self._start()
+        if not state.started:
+            self._start(state)
 
     def apply_now(self, items: list[Any]) -> None:
         """``apply(items)`` on the calling thread, never alongside a drain."""
-        with self._lock:
+        with self._state.get().lock:
             self.apply(items)
 
     def drain(self) -> None:
         """Apply everything queued so far."""
-        with self._lock:
-            items = self._items
+        state = self._state.get()
+        with state.lock:
+            items = state.items
             batch: list[Any] = []
             while items:
                 try:
@@ -82,13 +79,13 @@ class BatchQueue:
             if batch:
                 self.apply(batch)
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._started:
+    def _start(self, state: _State) -> None:
+        with state.lock:
+            if state.started:
                 return
             threading.Thread(target=self._run, name=self.name, daemon=True).start()
             atexit.register(self.drain)
-            self._started = True
+            state.started = True
 
     def _run(self) -> None:
         while True:
@@ -99,12 +96,12 @@ class BatchQueue:
                 log.exception("%s: applying queued items failed", self.name)
 
 
-_queues: weakref.WeakSet[BatchQueue] = weakref.WeakSet()
+class _State:
+    """One process's queue of a :class:`BatchQueue`: its items, its lock, whether its thread runs."""
 
+    __slots__ = ("items", "lock", "started")
 
-def _after_fork_in_child() -> None:
-    for queue in list(_queues):
-        queue._forget()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    def __init__(self) -> None:
+        self.items: collections.deque[Any] = collections.deque()
+        self.lock = threading.Lock()
+        self.started = False

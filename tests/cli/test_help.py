@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bcs_middleware.cli.main import build_parser
+from bcs_middleware.cli.parser import build_parser
 from tests.support.servers import BIN
 
 

@@ -307,4 +307,4 @@ def test_postgresql_without_its_driver_is_a_clear_error(
 def test_serve_and_the_tunnelling_agent_run_gevent_unless_told_otherwise(argv: list[str], gevent: bool) -> None:
     from bcs_middleware.cli import main as cli
 
-    assert cli._runs_on_gevent(argv) is gevent
+    assert cli.runs_on_gevent(argv) is gevent

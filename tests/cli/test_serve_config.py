@@ -233,12 +233,12 @@ def test_a_secret_key_that_is_not_a_key_and_a_ca_without_its_key_are_one_clear_m
 def test_the_ini_s_worker_class_decides_the_gevent_patch_unless_a_flag_does(tmp_path: Path) -> None:
     """gevent patches the standard library before anything is imported: it must follow the ini's
     [server:main] worker_class (a gthread server patched for gevent would run its threads as greenlets)."""
-    from bcs_middleware.cli.main import _runs_on_gevent
+    from bcs_middleware.cli.main import runs_on_gevent
 
     ini = str(_ini(tmp_path / "gw.ini", GATEWAY_INI + "\n[server:main]\nworker_class = gthread\n"))
-    assert _runs_on_gevent(["serve", "--config", ini]) is False
-    assert _runs_on_gevent(["serve", f"--config={ini}", "--worker-class", "gevent"]) is True
-    assert _runs_on_gevent(["serve", "--config", str(tmp_path / "missing.ini")]) is True  # serve reports it
+    assert runs_on_gevent(["serve", "--config", ini]) is False
+    assert runs_on_gevent(["serve", f"--config={ini}", "--worker-class", "gevent"]) is True
+    assert runs_on_gevent(["serve", "--config", str(tmp_path / "missing.ini")]) is True  # serve reports it
 
 
 def test_gunicorn_with_the_example_config_file_stops_on_a_mistake_with_one_message(tmp_path: Path) -> None:

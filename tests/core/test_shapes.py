@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from bcs_middleware.apps import proxy
-from bcs_middleware.core.shapes import ShapeCache
+from bcs_middleware.core.cache import Cache
+from bcs_middleware.core.shapes import MAX_SHAPE_CHARS, small_shape
 from bcs_middleware.layers.kubernetes_route import _impersonation_keys, impersonation_headers
 
 
@@ -17,7 +18,8 @@ def _environ(*headers: str) -> dict[str, Any]:
 
 def test_a_shape_is_scanned_once() -> None:
     scanned: list[tuple[str, ...]] = []
-    cache = ShapeCache(lambda keys: (scanned.append(keys), len(keys))[1])
+    cache: Cache[tuple[str, ...], int] = Cache(
+        max_entries=256, loader=lambda keys: (scanned.append(keys), len(keys))[1], admit=small_shape)
     keys = ("A", "B", "C")
     assert cache(keys) == cache(tuple(["A", "B", "C"])) == 3
     assert scanned == [keys] and len(cache) == 1
@@ -25,14 +27,15 @@ def test_a_shape_is_scanned_once() -> None:
 
 def test_a_long_shape_is_scanned_every_time_and_never_kept() -> None:
     scanned: list[int] = []
-    cache = ShapeCache(lambda keys: (scanned.append(1), keys[-1])[1], max_chars=100)
-    long_keys = ("A" * 60, "B" * 60)
+    cache: Cache[tuple[str, ...], str] = Cache(
+        max_entries=256, loader=lambda keys: (scanned.append(1), keys[-1])[1], admit=small_shape)
+    long_keys = ("A" * MAX_SHAPE_CHARS, "B" * 60)
     assert cache(long_keys) == cache(long_keys) == "B" * 60
     assert len(scanned) == 2 and len(cache) == 0
 
 
-def test_a_full_cache_starts_over_and_stays_bounded() -> None:
-    cache = ShapeCache(lambda keys: keys[0], max_entries=8)
+def test_a_full_cache_stays_bounded() -> None:
+    cache: Cache[tuple[str, ...], str] = Cache(max_entries=8, loader=lambda keys: keys[0], admit=small_shape)
     for n in range(100):
         assert cache((f"K{n}",)) == f"K{n}"
         assert len(cache) <= 8
@@ -55,24 +58,24 @@ def test_huge_header_names_are_not_held_by_the_request_scans() -> None:
 def test_ordinary_shapes_are_remembered() -> None:
     environ = _environ("HOST", "USER_AGENT", "ACCEPT", "AUTHORIZATION", "IMPERSONATE_GROUP")
     assert impersonation_headers(environ) == ("HTTP_IMPERSONATE_GROUP",)
-    assert tuple(environ) in _impersonation_keys._seen
+    assert tuple(environ) in _impersonation_keys
     passing, _ = proxy._header_plan(tuple(environ))
     assert [name for _, name, _ in passing] == ["User-Agent", "Accept"]  # Host is the upstream's
-    assert tuple(environ) in proxy._header_plan._seen
+    assert tuple(environ) in proxy._header_plan
 
 
 def test_long_connection_values_and_header_names_are_not_remembered() -> None:
     from bcs_middleware.core import http as codec
 
-    tokens_before = codec._tokens.cache_info().currsize
-    named_before = codec._named.cache_info().currsize
-    info_before = proxy._header_info.cache_info().currsize
+    tokens_before = len(codec._tokens)
+    named_before = len(codec._named)
+    info_before = len(proxy._header_info)
     for n in range(50):
         value = f"keep-alive, X-{n}-" + "a" * 5000
         assert codec.named_by_connection(value) == {f"x-{n}-" + "a" * 5000}
         assert codec.connection_tokens(value) == {"keep-alive", f"x-{n}-" + "a" * 5000}
         proxy._header_plan(tuple(_environ(f"LONG_{n}_" + "N" * 200)))
-    assert codec._tokens.cache_info().currsize == tokens_before
-    assert codec._named.cache_info().currsize == named_before
-    assert proxy._header_info.cache_info().currsize == info_before
+    assert len(codec._tokens) == tokens_before
+    assert len(codec._named) == named_before
+    assert len(proxy._header_info) == info_before
     assert codec.named_by_connection("keep-alive, X-Private") == {"x-private"}  # short: cached

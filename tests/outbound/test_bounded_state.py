@@ -1,6 +1,7 @@
 """Per-upstream state is bounded: many distinct upstreams used once do not stay in a worker.
 
-``LRUCache`` with a hand-driven clock, then a real ``PooledTransport`` against a
+A real ``PooledTransport`` (its tables are :class:`~bcs_middleware.core.cache.Cache` tables, whose
+bounds ``tests/core/test_cache.py`` checks with a hand-driven clock) against a
 real TLS upstream reached under many identities (a CA bundle text of its own each,
 as distinct clusters would have).
 """
@@ -12,46 +13,8 @@ import time
 import trustme
 
 from bcs_middleware.core.environ import Upstream
-from bcs_middleware.core.lru import LRUCache
 from bcs_middleware.outbound.transport import PooledTransport
 from tests.support.fake_upstream import FakeUpstream
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_the_least_recently_used_entry_goes_first_and_is_handed_to_on_evict() -> None:
-    evicted: list[tuple[str, int]] = []
-    cache: LRUCache[str, int] = LRUCache(max_entries=2, on_evict=lambda k, v: evicted.append((k, v)),
-                                         clock=Clock())
-    cache.put("a", 1)
-    cache.put("b", 2)
-    cache._entries["a"][0] -= 5  # "a" used long enough ago that a hit refreshes it
-    assert cache.get("a") == 1
-    cache.put("c", 3)
-    assert evicted == [("b", 2)]
-    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
-
-
-def test_entries_unused_for_the_ttl_are_dropped_without_new_inserts() -> None:
-    clock = Clock()
-    evicted: list[str] = []
-    cache: LRUCache[str, int] = LRUCache(max_entries=100, ttl=10, clock=clock,
-                                         on_evict=lambda k, v: evicted.append(k))
-    cache.put("old", 1)
-    cache.put("hot", 2)
-    for _ in range(6):
-        clock.now += 3
-        assert cache.get("hot") == 2
-    assert "old" not in cache and evicted == ["old"]
-    clock.now += 11
-    cache.prune()
-    assert len(cache) == 0
 
 
 def test_a_transport_keeps_at_most_max_upstreams_identities_and_closes_what_it_drops(

@@ -20,7 +20,7 @@ import pytest
 import trustme
 import yaml
 
-from bcs_middleware.cli.main import build_parser
+from bcs_middleware.cli.parser import build_parser
 from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
