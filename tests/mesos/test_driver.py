@@ -169,9 +169,9 @@ def test_gateway_to_gunicorn_driver_to_scheduler_with_admission(private_zookeepe
     raw = KazooClient(hosts=zk.hosts)
     raw.start(10)
     try:
-        # gthread, whatever the suite's worker class: plain gunicorn with master-process ZooKeeper
-        # hooks is the deployment shown here (on gevent, a driver is ``serve --role driver``).
-        with gunicorn("tests.mesos.driver_app:app", port=port, workers=2, env=environment, worker_class="gthread",
+        # The suite's worker class: under gevent the master's ZooKeeper hooks import kazoo before the
+        # worker patches, which once made every scheduler call a 500 (kazoo's retry sleep).
+        with gunicorn("tests.mesos.driver_app:app", port=port, workers=2, env=environment,
                       extra=["--chdir", str(ROOT), "-c", str(ROOT / "tests/mesos/gunicorn_driver_conf.py")]):
             assert discovery.wait_for(lambda s: "BCS-MESOS-E2E" in s.drivers, 15)
             # one registration per server, not per worker
