@@ -47,7 +47,7 @@ Security:
 
 The requester's side of a pipe is handed to the transport as a real connected socket, one
 end of a :func:`socket.socketpair` that a pump (a thread; a greenlet under gevent) splices
-to the peer link with :func:`bcs_middleware.apps.upgrade.splice` — the transport wraps
+to the peer link with :func:`bcs_middleware.core.splice.splice` — the transport wraps
 it in TLS, selects and pools it as any socket.
 """
 
@@ -73,8 +73,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ..apps.upgrade import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_DURATION, splice
 from ..core.errors import ConfigError
+from ..core.splice import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_DURATION, splice
 from ..pki.certs import cert_fingerprint, self_signed_server_cert
 
 log = logging.getLogger(__name__)

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 
 from ..core.errors import AgentUnavailable
 from ..core.records import Holder, PlacementRecord
+from ..core.worker_start import at_worker_start
 from ..outbound.stream_connection import ByteStream
 from ..store.crypto import SecretBox
 from ..telemetry.metrics import AGENT_DIALS
@@ -157,11 +158,9 @@ def peer_routing(agents: LocalAgents, placements: PlacementStore, secrets: Secre
     :param secrets: the gateway's secret keys; the peer link's key is derived from them.
     :param peer_address: where this worker's peer listener binds (:class:`PeerAddress`).
     :param background: serve peers from this process: the listener starts in the gunicorn
-        worker once it is initialised (:func:`bcs_middleware.serving.hooks.at_worker_start`),
+        worker once it is initialised (:func:`bcs_middleware.core.worker_start.at_worker_start`),
         and then fills in the ``peer_*`` of ``agents``' holder, which placements record.
     """
-    from ..serving.hooks import at_worker_start
-
     keys = secrets.derive(PEER_KEY_PURPOSE)
     address = PeerAddress.parse(peer_address)
     if background:

@@ -33,10 +33,11 @@ import logging
 import os
 import selectors
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from ..core.sockets import gevent_active
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,6 @@ RECHECK = 0.5
 
 class Watch(Protocol):
     def cancel(self) -> None: ...
-
-
-def gevent_active() -> bool:
-    """Has gevent monkey-patched ``socket`` in this process (the gunicorn gevent worker)?"""
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("socket"))
 
 
 def client_gone(sock: Any) -> bool:
