@@ -5,7 +5,7 @@ wherever it is connected:
 
 1. held by this process (:meth:`LocalAgents.open_local`): a local stream;
 2. else the cluster's placement names its holder: a pipe through the holder's peer
-   listener (:class:`~bcs_middleware.agent_tunnel.peers.PeerClient`), over which the
+   listener (:class:`~bcs_middleware.agent_tunnel.peer_client.PeerClient`), over which the
    transport runs its TLS to the apiserver as over a local stream;
 3. else, or when the holder cannot give a stream, :class:`AgentUnavailable` (503, the
    reason named) at once.
@@ -36,7 +36,9 @@ from ..core.worker_start import at_worker_start
 from ..outbound.stream_connection import ByteStream
 from ..store.crypto import SecretBox
 from ..telemetry.metrics import AGENT_DIALS
-from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener, split_host_port
+from .peer_client import PeerClient
+from .peer_link import PEER_KEY_PURPOSE, PeerAddress, PeerError, split_host_port
+from .peer_listener import PeerListener
 from .registry import PLACEMENT_STALE_AFTER, LocalAgents, PlacementStore, unavailable
 
 __all__ = ["AgentRouter", "peer_routing"]
