@@ -44,7 +44,8 @@ from ..admission.definitions import (
     parse_bcs_definition,
     parse_k8s_configuration,
 )
-from ..admission.engine import AdmissionEngine, review
+from ..admission.dry_run import review
+from ..admission.engine import AdmissionEngine
 from ..admission.store import DefinitionStore
 from ..clusters.permissions import EDIT, ClusterAccess
 from ..core import environ as env
