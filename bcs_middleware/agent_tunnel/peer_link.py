@@ -41,9 +41,7 @@ Security:
   already: in the clear, whoever is on the path between two gateway hosts could take over an
   authenticated connection and hold a raw pipe to the cluster's apiserver from outside the
   cluster's network. Dropping to TCP after authentication would spare the requester's pump
-  (``bench/peer_link_bench.py`` and a plain relay, loopback: a small exchange through the
-  pipe costs ~90 µs more than direct, a relay ~0; bulk 180-290 MiB/s against ~530) — not
-  worth that.
+  (measured with ``bench/peer_link_bench.py``; figures in bench/README.md) — not worth that.
 
 The requester's side of a pipe is handed to the transport as a real connected socket, one
 end of a :func:`socket.socketpair` that a pump (a thread; a greenlet under gevent) splices

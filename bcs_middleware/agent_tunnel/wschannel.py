@@ -123,8 +123,8 @@ class WebSocketChannel(ChannelWriter):
         self._pong: bytes | None = None  # the one pong waiting to be sent
         self._pongs_owed = 0  # pings received while it waited
         self._queued = 0  # bytes queued or being written
-        # Who waits on _cond: a notify under gevent costs ~2 µs even with nobody waiting, and
-        # there is one per message otherwise.
+        # Who waits on _cond: a notify under gevent costs a switch into the hub even with nobody
+        # waiting, and there would be one per message.
         self._writer_waiting = False
         self._senders_waiting = 0
         self._closing = False  # no more messages may be queued
