@@ -20,7 +20,7 @@ a timeout it had its whole ``timeoutSeconds`` for, a 5xx, an unusable answer —
 never an outcome a caller's own request can cause: a 4xx (the webhook refusing
 this object), a timeout cut short by the request's spent admission budget, a
 denial, or a patch that does not apply to this object (see
-:mod:`~bcs_middleware.admission.engine`). Otherwise one user sending bad objects
+:mod:`~bcs_middleware.admission.answers`). Otherwise one user sending bad objects
 would open the breaker for everyone.
 """
 

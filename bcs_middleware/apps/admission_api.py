@@ -8,7 +8,7 @@ Routes (all JSON; ``{p}`` is the mount prefix):
 * ``GET|POST {p}/rest/admissionwebhooks``, ``GET|PUT|DELETE {p}/rest/admissionwebhooks/{name}``
 * ``GET|POST {p}/rest/clusters/{id}/admissionwebhookconfigurations`` (Kubernetes form)
 * ``GET|PUT|DELETE {p}/rest/clusters/{id}/admissionwebhookconfigurations/{kind}/{name}``
-* ``POST {p}/rest/admission/review`` — dry-run admission (:func:`~.engine.review`)
+* ``POST {p}/rest/admission/review`` — dry-run admission (:func:`bcs_middleware.admission.dry_run.review`)
 
 ``{kind}`` is ``mutatingwebhookconfigurations`` or ``validatingwebhookconfigurations``
 (the Kind names are accepted too). Bodies are validated by JSON Schema; a bad
