@@ -163,11 +163,16 @@ def test_an_apiserver_that_stops_reading_holds_only_its_own_upload(tls: TLS, ech
             pusher = threading.Thread(target=push, daemon=True)
             pusher.start()
             stack.callback(upload.close)
-            time.sleep(0.5)
-            assert pusher.is_alive()  # held: the socket pair and the stream's window are full
             gw_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
+
+            def paused() -> bool:
+                agent_stream = agent._streams.get(1)
+                return gw_stream.peer_paused and agent_stream is not None and agent_stream.sent_pause
+
+            # Polled, not slept: on a loaded machine the Pause takes its time to come back.
+            assert wait_until(paused, timeout=30)
+            assert pusher.is_alive()  # held: the socket pair and the stream's window are full
             agent_stream = agent._streams[1]
-            assert gw_stream.peer_paused and agent_stream.sent_pause
             assert len(agent_stream.out) < window + 16 * 1024 * 1024  # in flight when the Pause left
             fast = stack.enter_context(gw.open("tcp", echo.address, 5))
             fast.settimeout(5)
