@@ -26,7 +26,7 @@ log = logging.getLogger("bcs_middleware.agent_tunnel.session")
 
 #: Bytes read from a local socket per Data message (Go's ``io.Copy`` buffer size).
 CHUNK = 32 * 1024
-#: Bytes all streams of a session may hold past their windows together (see the module docstring).
+#: Bytes all streams of a session may hold past their windows together (see :mod:`.session`).
 OVERFLOW = 32 * 1024 * 1024
 #: Bytes all streams of a session may hold before every stream the peer sends to is paused.
 BUFFER_LIMIT = 16 * 1024 * 1024
@@ -47,10 +47,8 @@ class TunnelClosed(ConnectionError):
     """The session cannot carry a new stream (it ended: the agent is gone); the message is safe to log."""
 
 
-
 class TooManyStreams(TunnelClosed):
     """The session carries :data:`MAX_STREAMS` streams already."""
-
 
 
 class StreamState:
@@ -70,7 +68,6 @@ class StreamState:
         self.error = ""
         self.mask = 0  # selector events registered for sock
         self.opened = time.monotonic()
-
 
 
 class SessionState:
@@ -221,7 +218,6 @@ def _finish_socket(sock: socket.socket) -> None:
     _close(sock)
 
 
-
 def _shut(sock: socket.socket | None) -> None:
     """End of file for whoever holds the other end, without freeing the descriptor under the pump."""
     if sock is None:
@@ -230,7 +226,6 @@ def _shut(sock: socket.socket | None) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass  # not connected any more
-
 
 
 def _close(sock: socket.socket | None) -> None:

@@ -25,7 +25,6 @@ class ChannelError(ConnectionError):
     """The channel cannot be used (closed, or the handshake failed); the message is safe to log."""
 
 
-
 class HandshakeRejected(ChannelError):
     """The server answered the opening handshake with something other than 101.
 
@@ -37,7 +36,6 @@ class HandshakeRejected(ChannelError):
         self.status = status
         self.body = body
         super().__init__(f"the server refused the WebSocket upgrade: HTTP {status}")
-
 
 
 def client_handshake(sock: socket.socket, *, host: str, path: str, headers: Sequence[tuple[str, str]],
