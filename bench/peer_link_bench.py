@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What does the peer link (``bcs_middleware.agent_tunnel.peers``) add to a stream to an agent?
+"""What does the peer link (``bcs_middleware.agent_tunnel.peer_link``) add to a stream to an agent?
 
 A requester reaching an agent held by another worker or instance opens a pipe through the
 holder's peer listener (TCP, TLS 1.3, challenge, HMAC credential, answer) and its bytes then
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> None:
 
     from cryptography.fernet import Fernet
 
-    from bcs_middleware.agent_tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerListener
+    from bcs_middleware.agent_tunnel.peer_client import PeerClient
+    from bcs_middleware.agent_tunnel.peer_link import PEER_KEY_PURPOSE, PeerAddress
+    from bcs_middleware.agent_tunnel.peer_listener import PeerListener
     from bcs_middleware.store.crypto import SecretBox
 
     server = socket.create_server(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ a timeout it had its whole ``timeoutSeconds`` for, a 5xx, an unusable answer —
 never an outcome a caller's own request can cause: a 4xx (the webhook refusing
 this object), a timeout cut short by the request's spent admission budget, a
 denial, or a patch that does not apply to this object (see
-:mod:`~bcs_middleware.admission.engine`). Otherwise one user sending bad objects
+:mod:`~bcs_middleware.admission.answers`). Otherwise one user sending bad objects
 would open the breaker for everyone.
 """
 
@@ -38,26 +38,13 @@ from ..outbound.addresses import AddressRefused
 from ..outbound.failures import UpstreamFailure, UpstreamTimeout
 from ..outbound.transport import Transport, default_transport
 from .definitions import ClientConfig
+from .webhook_failure import Cause, WebhookCallError
 
 #: What a caller who is not a superuser reads for any failure to call a webhook.
 PUBLIC_FAILURE = "the webhook could not be called or gave no usable answer (the gateway's log has the cause)"
 #: Largest webhook answer accepted; the apiserver's own limit for a request body is 3 MiB.
 DEFAULT_MAX_RESPONSE = 3 * 1024 * 1024 + 64 * 1024
 _HEADERS = (("Content-Type", "application/json"), ("Accept", "application/json"))
-
-
-class WebhookCallError(Exception):
-    """A webhook could not be called or answered badly.
-
-    :param webhook_fault: ``False`` for outcomes this request may have caused (a 4xx):
-        they fail the request per its ``failurePolicy`` but do not count towards the breaker.
-    """
-
-    def __init__(self, cause: str, detail: str, *, webhook_fault: bool = True) -> None:
-        super().__init__(detail)
-        self.cause = cause
-        self.detail = detail
-        self.webhook_fault = webhook_fault
 
 
 @dataclass(frozen=True)
@@ -248,7 +235,7 @@ def _split_address(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-_DETAILS = {
+_DETAILS: dict[str, tuple[Cause, str]] = {
     "refused": ("connect", "connection refused or host unreachable"),  # never "timeout"
     "broken": ("connect", "connection broken"),
     "tls": ("tls", "certificate verification failed"),

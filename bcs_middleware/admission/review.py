@@ -24,7 +24,7 @@ from ..core.environ import User
 from ..core.errors import BadRequest
 from ..core.paths import encode_path
 from ..core.requestinfo import RequestInfo
-from .client import WebhookCallError
+from .webhook_failure import WebhookCallError
 
 ADMISSION_GROUP = "admission.k8s.io"
 

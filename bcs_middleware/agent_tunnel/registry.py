@@ -276,7 +276,8 @@ class LocalAgents:
         return None if session is None else self._open(cluster_id, session, session.open, address, timeout)
 
     def open_local_stream(self, cluster_id: str, address: str, timeout: float) -> ByteStream | None:
-        """As :meth:`open_local`, the stream in memory (:class:`~bcs_middleware.agent_tunnel.session.MemoryStream`)."""
+        """As :meth:`open_local`, the stream in memory
+        (:class:`~bcs_middleware.agent_tunnel.memory_stream.MemoryStream`)."""
         session = self.session(cluster_id)
         return None if session is None else self._open(cluster_id, session, session.open_stream, address, timeout)
 

@@ -5,7 +5,7 @@ wherever it is connected:
 
 1. held by this process (:meth:`LocalAgents.open_local`): a local stream;
 2. else the cluster's placement names its holder: a pipe through the holder's peer
-   listener (:class:`~bcs_middleware.agent_tunnel.peers.PeerClient`), over which the
+   listener (:class:`~bcs_middleware.agent_tunnel.peer_client.PeerClient`), over which the
    transport runs its TLS to the apiserver as over a local stream;
 3. else, or when the holder cannot give a stream, :class:`AgentUnavailable` (503, the
    reason named) at once.
@@ -32,10 +32,13 @@ from datetime import UTC, datetime
 
 from ..core.errors import AgentUnavailable
 from ..core.records import Holder, PlacementRecord
+from ..core.worker_start import at_worker_start
 from ..outbound.stream_connection import ByteStream
 from ..store.crypto import SecretBox
 from ..telemetry.metrics import AGENT_DIALS
-from .peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener, split_host_port
+from .peer_client import PeerClient
+from .peer_link import PEER_KEY_PURPOSE, PeerAddress, PeerError, split_host_port
+from .peer_listener import PeerListener
 from .registry import PLACEMENT_STALE_AFTER, LocalAgents, PlacementStore, unavailable
 
 __all__ = ["AgentRouter", "peer_routing"]
@@ -157,11 +160,9 @@ def peer_routing(agents: LocalAgents, placements: PlacementStore, secrets: Secre
     :param secrets: the gateway's secret keys; the peer link's key is derived from them.
     :param peer_address: where this worker's peer listener binds (:class:`PeerAddress`).
     :param background: serve peers from this process: the listener starts in the gunicorn
-        worker once it is initialised (:func:`bcs_middleware.serving.hooks.at_worker_start`),
+        worker once it is initialised (:func:`bcs_middleware.core.worker_start.at_worker_start`),
         and then fills in the ``peer_*`` of ``agents``' holder, which placements record.
     """
-    from ..serving.hooks import at_worker_start
-
     keys = secrets.derive(PEER_KEY_PURPOSE)
     address = PeerAddress.parse(peer_address)
     if background:

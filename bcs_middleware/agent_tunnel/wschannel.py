@@ -3,9 +3,9 @@
 The agent tunnel exchanges binary messages (one remotedialer frame each, see
 :mod:`~bcs_middleware.agent_tunnel.frames`) over a WebSocket. :class:`WebSocketChannel`
 is that and nothing more: the opening handshake (client :meth:`~WebSocketChannel.connect`
-or server :meth:`~WebSocketChannel.accept`), binary messages each way, pings and
-the closing handshake. ``wsproto`` does the opening handshake and :mod:`.wsframes`
-the RFC 6455 framing after it; this module owns the socket.
+or server :meth:`~WebSocketChannel.accept`, done by :mod:`.ws_opening` on ``wsproto``), binary
+messages each way, pings and the closing handshake; :mod:`.wsframes` does the RFC 6455 framing.
+This module owns the socket.
 
 Concurrency. One reader calls :meth:`~WebSocketChannel.receive`; any number of
 threads or greenlets call :meth:`~WebSocketChannel.send`. Frames are written by one
@@ -40,8 +40,7 @@ Bounds — what the peer can make this end hold, and what happens when it tries 
 * a peer silent for ``idle_timeout`` seconds (see :meth:`~WebSocketChannel.set_idle_timeout`),
   or that takes nothing for as long while there is something to send, is taken as gone.
 
-A channel cut for a bound says which in :attr:`~WebSocketChannel.broken_bound`. The
-handshake answer is read up to 64 KiB within ``timeout``.
+A channel cut for a bound says which in :attr:`~WebSocketChannel.broken_bound`.
 """
 
 from __future__ import annotations
@@ -55,10 +54,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, RejectConnection, RejectData, Request
-from wsproto.utilities import RemoteProtocolError
-
+from .ws_opening import RECV_SIZE, client_handshake, server_handshake
+from .ws_opening import ChannelError as ChannelError  # the channel's errors, with the opening's
+from .ws_opening import HandshakeRejected as HandshakeRejected
+from .ws_writer import ChannelClosed as ChannelClosed
+from .ws_writer import ChannelWriter
 from .wsframes import (
     MESSAGE_TOO_BIG,
     OP_BINARY,
@@ -66,7 +66,6 @@ from .wsframes import (
     OP_PING,
     OP_PONG,
     OP_TEXT,
-    POLICY_VIOLATION,
     FrameError,
     Frames,
     parse_close,
@@ -82,39 +81,12 @@ HIGH_WATER = 512 * 1024
 MAX_QUEUE = 8 * 1024 * 1024
 #: Pings a peer may send while the pong of an earlier one still waits to be sent.
 MAX_PONGS_OWED = 32
-MAX_HANDSHAKE = 64 * 1024
-MAX_REJECT_BODY = 4096
-RECV_SIZE = 64 * 1024
 #: The reader lets the others run after this many bytes read without waiting (see :meth:`WebSocketChannel.receive`).
 YIELD_EVERY = 64 * 1024
-#: How long a closing channel's writer flushes what is queued (and waits for a peer that takes
-#: nothing) before it cuts the socket.
-CLOSE_FLUSH_SECONDS = 5.0
 _ENDED = object()
 
 
-class ChannelError(ConnectionError):
-    """The channel cannot be used (closed, or the handshake failed); the message is safe to log."""
-
-
-class ChannelClosed(ChannelError):
-    """:meth:`WebSocketChannel.send` on a channel that has ended."""
-
-
-class HandshakeRejected(ChannelError):
-    """The server answered the opening handshake with something other than 101.
-
-    :param status: the HTTP status code.
-    :param body: the first 4 KiB of the answer's body (e.g. the gateway's JSON error).
-    """
-
-    def __init__(self, status: int, body: bytes) -> None:
-        self.status = status
-        self.body = body
-        super().__init__(f"the server refused the WebSocket upgrade: HTTP {status}")
-
-
-class WebSocketChannel:
+class WebSocketChannel(ChannelWriter):
     """Binary WebSocket messages over ``sock``; build one with :meth:`connect` or :meth:`accept`.
 
     :param sock: the connected socket (plain or TLS), after the handshake.
@@ -151,8 +123,8 @@ class WebSocketChannel:
         self._pong: bytes | None = None  # the one pong waiting to be sent
         self._pongs_owed = 0  # pings received while it waited
         self._queued = 0  # bytes queued or being written
-        # Who waits on _cond: a notify under gevent costs ~2 µs even with nobody waiting, and
-        # there is one per message otherwise.
+        # Who waits on _cond: a notify under gevent costs a switch into the hub even with nobody
+        # waiting, and there would be one per message.
         self._writer_waiting = False
         self._senders_waiting = 0
         self._closing = False  # no more messages may be queued
@@ -180,67 +152,12 @@ class WebSocketChannel:
     @classmethod
     def connect(cls, sock: socket.socket, *, host: str, path: str, headers: Sequence[tuple[str, str]],
                 timeout: float, max_message: int = MAX_MESSAGE) -> WebSocketChannel:
-        """Do the client handshake on ``sock`` and return the open channel.
-
-        Raises :class:`HandshakeRejected` (status and the start of the body) when the
-        server answers other than 101, :class:`ChannelError` on a malformed answer, a
-        timeout or a lost connection. ``sock`` is left open on failure: the caller owns it.
-        """
-        ws = WSConnection(ConnectionType.CLIENT)
-        extra = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
-        previous = sock.gettimeout()
-        sock.settimeout(timeout)
-        try:
-            sock.sendall(ws.send(Request(host=host, target=path, extra_headers=extra)))
-            received = 0
-            reject: RejectConnection | None = None
-            body = bytearray()
-            head = bytearray()
-            while True:
-                # The head a byte at a time (once per connection): what the server sends after
-                # its 101 stays in the socket for the channel, not in wsproto's buffer.
-                data = sock.recv(RECV_SIZE if reject is not None else 1)
-                if not data:
-                    if reject is not None:
-                        raise HandshakeRejected(reject.status_code, bytes(body))
-                    raise ChannelError("the server closed the connection during the WebSocket handshake")
-                received += len(data)
-                if received > MAX_HANDSHAKE + MAX_REJECT_BODY:
-                    if reject is not None:  # a refusal with a long body: its start says enough
-                        raise HandshakeRejected(reject.status_code, bytes(body))
-                    raise ChannelError("the WebSocket handshake answer is too large")
-                if reject is None:
-                    head += data
-                    if not head.endswith(b"\r\n\r\n"):
-                        continue
-                    data = bytes(head)
-                try:
-                    ws.receive_data(data)
-                    for event in ws.events():
-                        if isinstance(event, AcceptConnection):
-                            sock.settimeout(previous)
-                            channel = cls(sock, client=True, max_message=max_message)
-                            channel.handshake_headers = {
-                                bytes(name).decode("latin-1").lower(): bytes(value).decode("latin-1")
-                                for name, value in event.extra_headers}
-                            return channel
-                        if isinstance(event, RejectConnection):
-                            reject = event
-                            if not event.has_body:
-                                raise HandshakeRejected(event.status_code, b"")
-                        elif isinstance(event, RejectData):
-                            body += event.data[: MAX_REJECT_BODY - len(body)]
-                            if event.body_finished and reject is not None:
-                                raise HandshakeRejected(reject.status_code, bytes(body))
-                except RemoteProtocolError as exc:
-                    raise ChannelError(f"malformed WebSocket handshake answer: {exc}") from None
-        except TimeoutError:
-            raise ChannelError(f"no WebSocket handshake answer within {timeout:g}s") from None
-        except OSError as exc:
-            if isinstance(exc, ChannelError):
-                raise
-            raise ChannelError(f"the connection failed during the WebSocket handshake: "
-                               f"{type(exc).__name__}") from None
+        """Do the client handshake on ``sock`` (:func:`.ws_opening.client_handshake`, whose
+        errors it raises) and return the open channel."""
+        answer = client_handshake(sock, host=host, path=path, headers=headers, timeout=timeout)
+        channel = cls(sock, client=True, max_message=max_message)
+        channel.handshake_headers = answer
+        return channel
 
     @classmethod
     def accept(cls, sock: socket.socket, request_head: bytes, *, leftover: bytes = b"",
@@ -259,20 +176,7 @@ class WebSocketChannel:
         Raises :class:`ChannelError` if the head is not a valid WebSocket upgrade
         request; nothing has been written to ``sock`` then.
         """
-        ws = WSConnection(ConnectionType.SERVER)
-        try:
-            ws.receive_data(request_head)
-            request = next((e for e in ws.events() if isinstance(e, Request)), None)
-        except RemoteProtocolError as exc:
-            raise ChannelError(f"not a WebSocket upgrade request: {exc}") from None
-        if request is None:
-            raise ChannelError("not a complete WebSocket upgrade request head")
-        answer = ws.send(AcceptConnection(extra_headers=[
-            (name.encode("latin-1"), value.encode("latin-1")) for name, value in extra_headers]))
-        try:
-            sock.sendall(answer)
-        except OSError as exc:
-            raise ChannelError(f"cannot answer the WebSocket upgrade: {type(exc).__name__}") from None
+        server_handshake(sock, request_head, extra_headers)
         channel = cls(sock, client=False, max_message=max_message, **options)
         if leftover:
             channel._frames.feed(leftover)
@@ -345,45 +249,6 @@ class WebSocketChannel:
                     wait_for = selectors.EVENT_READ
             self._wait(self._read_selector, wait_for)
 
-    def _sendall(self, data: bytes, selector: selectors.BaseSelector) -> None:
-        view = memoryview(data)
-        stalls = 0
-        while view:
-            wait_for = selectors.EVENT_WRITE
-            with self._io_lock:
-                if self._ended:
-                    raise ConnectionAbortedError("the channel ended")
-                try:
-                    sent = self._sock.send(view)
-                except ssl.SSLWantReadError:
-                    sent, wait_for = 0, selectors.EVENT_READ
-                except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
-                    sent = 0
-            if sent:
-                view = view[sent:]
-                stalls = 0
-                continue
-            # gevent's non-blocking SSL send answers 0 without saying which way TLS wants to go:
-            # wait for writability, and back off should that not be what it waits for.
-            stalls += 1
-            if stalls > 3:
-                time.sleep(0.005)
-            timeout = self._idle_timeout
-            if self._closing:  # a peer that takes nothing does not hold a closing channel long
-                timeout = CLOSE_FLUSH_SECONDS if timeout is None else min(timeout, CLOSE_FLUSH_SECONDS)
-            self._wait(selector, wait_for, timeout)
-
-    def _wait(self, selector: selectors.BaseSelector, events: int, timeout: float | None = None) -> None:
-        """Wait (outside the TLS lock) until the socket is ready for ``events``; TimeoutError after
-        ``timeout`` (default: the idle timeout)."""
-        key = selector.get_map().get(self._sock.fileno())
-        if key is None:
-            selector.register(self._sock, events)
-        elif key.events != events:
-            selector.modify(self._sock, events)
-        if not selector.select(self._idle_timeout if timeout is None else timeout):
-            raise TimeoutError
-
     def _next_event(self) -> bytes | object | None:
         """Process the frames received: a complete message, ``_ENDED``, or ``None`` (need more bytes)."""
         frames = self._frames
@@ -438,191 +303,3 @@ class WebSocketChannel:
         if self._writer_waiting:
             self._cond.notify_all()
         return True
-
-    def _violated_locked(self, bound: str, reason: str, *, unread: bool = True) -> None:
-        """The peer broke ``bound``: close with 1008 (the reader ends), dropping what is queued when
-        it is what the peer does not read."""
-        if self._closing or self._ended:
-            return
-        self.broken_bound = bound
-        self.close_reason = reason
-        if unread:
-            self._queued -= sum(map(len, self._queue)) + sum(map(len, self._urgent)) + len(self._pong or b"")
-            self._queue.clear()
-            self._urgent.clear()
-            self._pong = None
-        self._close_locked(POLICY_VIOLATION, reason)
-
-    def violated(self, bound: str, reason: str) -> None:
-        """Cut the channel because the peer broke ``bound`` (one the session keeps): close code 1008,
-        after what is queued (bounded) — the answer to what broke it, say."""
-        with self._cond:
-            self._violated_locked(bound, reason, unread=False)
-
-    # -- sending ---------------------------------------------------------------------------
-
-    def send(self, data: bytes, *, wait: bool = True, urgent: bool = False) -> None:
-        """Queue one binary message.
-
-        With ``wait`` (the default) return once the queue is below ``high_water``
-        bytes; ``wait=False`` never blocks (for small control messages from a
-        reader). ``urgent`` messages overtake the queued ones (but not each other):
-        flow-control messages must not wait behind the data they are about.
-        Raises :class:`ChannelClosed` once the channel is closing.
-        """
-        frame = self._frames.frame(OP_BINARY, data)
-        with self._cond:
-            if wait and not urgent:
-                # Waiting before queueing (not after): however many senders there are, the queue
-                # holds at most high_water bytes and one message of theirs.
-                while self._queued > self.high_water and not self._closing and not self._ended:
-                    self._senders_waiting += 1
-                    try:
-                        self._cond.wait()
-                    finally:
-                        self._senders_waiting -= 1
-            if self._closing or self._ended:
-                raise ChannelClosed(self.close_reason or "the channel is closed")
-            if self._queued + len(frame) > self.max_queue:
-                self._violated_locked("send_queue", f"the peer left more than {self.max_queue} bytes unread")
-                raise ChannelClosed(self.close_reason)
-            self._enqueue_locked(frame, urgent=urgent)
-
-    def ping(self) -> None:
-        """Queue a ping (the peer's pong, like any byte from it, refreshes :attr:`last_received`)."""
-        with self._cond:
-            if self._closing or self._ended or self._sent_close:
-                return
-            self._enqueue_locked(self._frames.frame(OP_PING), urgent=True)
-
-    def close(self, code: int = 1000, reason: str = "") -> None:
-        """Start the closing handshake, flush what is queued (at most a few seconds) and end.
-
-        Idempotent; never blocks for long. A reader in :meth:`receive` returns ``None``.
-        """
-        with self._cond:
-            if not self.close_reason:
-                self.close_reason = reason or "closed locally"
-            self._close_locked(code, reason)
-
-    def abort(self, reason: str) -> None:
-        """End at once without flushing (a dead peer)."""
-        self._end(reason)
-
-    @property
-    def closed(self) -> bool:
-        return self._closing or self._ended
-
-    def _close_locked(self, code: int, reason: str) -> None:
-        if self._closing or self._ended:
-            return
-        if not self._sent_close:
-            self._enqueue_locked(self._frames.close_frame(code, reason))
-            self._sent_close = True
-            self.close_code = code
-        self._closing = True
-        self._close_deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
-        self._cond.notify_all()
-
-    def _enqueue_locked(self, frame: bytes, *, urgent: bool = False) -> None:
-        if frame and not self._ended:
-            (self._urgent if urgent else self._queue).append(frame)
-            self._queued += len(frame)
-            if self._writer_waiting:
-                self._cond.notify_all()
-
-    def _write_loop(self) -> None:
-        selector = selectors.DefaultSelector()
-        try:
-            selector.register(self._sock, selectors.EVENT_WRITE)
-            while True:
-                with self._cond:
-                    while (not self._queue and not self._urgent and self._pong is None and not self._closing
-                           and not self._ended):
-                        self._writer_waiting = True
-                        try:
-                            self._cond.wait()
-                        finally:
-                            self._writer_waiting = False
-                # Let the senders that are ready now queue theirs first: one TLS write for all of
-                # them, not one each (under gevent each sender wakes the writer on its own).
-                time.sleep(0)
-                with self._cond:
-                    if self._ended:
-                        return
-                    if not self._queue and not self._urgent and self._pong is None:  # closing and flushed
-                        break
-                    chunks: list[bytes] = []
-                    size = 0
-                    if self._pong is not None:
-                        chunks.append(self._pong)
-                        size += len(self._pong)
-                        self._pong = None
-                        self._pongs_owed = 0
-                    while self._urgent:
-                        chunk = self._urgent.popleft()
-                        chunks.append(chunk)
-                        size += len(chunk)
-                    while self._queue and size < RECV_SIZE * 4:
-                        chunk = self._queue.popleft()
-                        chunks.append(chunk)
-                        size += len(chunk)
-                try:
-                    self._sendall(b"".join(chunks), selector)
-                except TimeoutError:
-                    self._end("the peer took nothing within the idle timeout")
-                    return
-                except OSError as exc:
-                    self._end(f"connection lost while sending: {type(exc).__name__}")
-                    return
-                except Exception:
-                    log.exception("the WebSocket writer failed")
-                    self._end("internal error while sending")
-                    return
-                with self._cond:
-                    self._queued -= size
-                    self.bytes_sent += size
-                    if self._senders_waiting:
-                        self._cond.notify_all()
-                    if (self._closing and time.monotonic() > self._close_deadline
-                            and (self._queue or self._urgent or self._pong is not None)):
-                        break
-            self._end(self.close_reason or "closed")
-        finally:
-            selector.close()
-            with self._cond:
-                self._writer_done = True
-            self._release()
-
-    def _end(self, reason: str) -> None:
-        with self._cond:
-            if self._ended:
-                return
-            self._ended = True
-            self._closing = True
-            if not self.close_reason:
-                self.close_reason = reason
-            self._queue.clear()
-            self._urgent.clear()
-            self._pong = None
-            self._queued = 0
-            self._cond.notify_all()
-        with self._io_lock:
-            try:
-                # Wakes a reader or writer waiting on the socket; the descriptor is closed by _release
-                # once neither uses it (closing it under a waiter could hand its number to another socket).
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already gone
-        self._release()
-
-    def _release(self) -> None:
-        with self._cond:
-            if not self._ended or self._reading or not self._writer_done or self._released:
-                return
-            self._released = True
-        self._read_selector.close()
-        try:
-            self._sock.close()
-        except OSError:
-            pass

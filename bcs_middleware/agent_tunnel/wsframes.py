@@ -1,10 +1,9 @@
 """RFC 6455 framing for an open WebSocket: binary messages, ping, pong and close.
 
-``wsproto`` does the opening handshake (:mod:`.wschannel`); the frames after it are
+``wsproto`` does the opening handshake (:mod:`.ws_opening`); the frames after it are
 read and written here. The tunnel sends one message per request each way, and
-wsproto's generator layers cost ~10.7 µs per request in the gateway and 14 µs in
-the agent (send and receive of a 1 KiB message); this codec does the same work in
-3.3 and 3.9, most of it the masking (bench/README.md, session 9). No extension is
+wsproto's generator layers cost several times what this codec does for the same work,
+most of it the masking (figures in bench/README.md). No extension is
 ever negotiated, so the reserved bits must be clear.
 
 What is refused, as :class:`FrameError` carrying the close code to answer with:

@@ -8,7 +8,7 @@ Routes (all JSON; ``{p}`` is the mount prefix):
 * ``GET|POST {p}/rest/admissionwebhooks``, ``GET|PUT|DELETE {p}/rest/admissionwebhooks/{name}``
 * ``GET|POST {p}/rest/clusters/{id}/admissionwebhookconfigurations`` (Kubernetes form)
 * ``GET|PUT|DELETE {p}/rest/clusters/{id}/admissionwebhookconfigurations/{kind}/{name}``
-* ``POST {p}/rest/admission/review`` — dry-run admission (:func:`~.engine.review`)
+* ``POST {p}/rest/admission/review`` — dry-run admission (:func:`bcs_middleware.admission.dry_run.review`)
 
 ``{kind}`` is ``mutatingwebhookconfigurations`` or ``validatingwebhookconfigurations``
 (the Kind names are accepted too). Bodies are validated by JSON Schema; a bad
@@ -44,7 +44,8 @@ from ..admission.definitions import (
     parse_bcs_definition,
     parse_k8s_configuration,
 )
-from ..admission.engine import AdmissionEngine, review
+from ..admission.dry_run import review
+from ..admission.engine import AdmissionEngine
 from ..admission.store import DefinitionStore
 from ..clusters.permissions import EDIT, ClusterAccess
 from ..core import environ as env

@@ -32,12 +32,12 @@ import errno
 import logging
 import selectors
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..core.forksafe import PerProcess
+from ..core.sockets import gevent_active
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,6 @@ RECHECK = 0.5
 
 class Watch(Protocol):
     def cancel(self) -> None: ...
-
-
-def gevent_active() -> bool:
-    """Has gevent monkey-patched ``socket`` in this process (the gunicorn gevent worker)?"""
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("socket"))
 
 
 def client_gone(sock: Any) -> bool:

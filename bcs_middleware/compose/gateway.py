@@ -282,7 +282,7 @@ class GatewayConfig:
     upstream_allow: tuple[str, ...] = ()
     upstream_deny: tuple[str, ...] = ()
     # Where this worker's peer listener binds and what it advertises: other workers and
-    # instances forward dials to the agents it holds (agent_tunnel/peers.py). HOST, HOST:PORT or
+    # instances forward dials to the agents it holds (agent_tunnel/peer_link.py). HOST, HOST:PORT or
     # HOST:LOW-HIGH; None (ini "off"): an agent is used only by the worker it connected to.
     peer_address: str | None = "127.0.0.1"
     # Self-service bounds: who may register clusters, and what a non-superuser may create

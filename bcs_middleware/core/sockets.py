@@ -1,4 +1,4 @@
-"""Writing to sockets: shared by the gunicorn worker (:mod:`.serving`) and the upstream pool.
+"""Sockets: writing to them (the gunicorn worker, the upstream pool) and whether gevent patched them.
 
 It imports nothing of the package: ``examples/gunicorn.conf.py`` imports the worker before it
 sets ``PROMETHEUS_MULTIPROC_DIR``, so the worker's imports must not load the metrics.
@@ -7,6 +7,7 @@ sets ``PROMETHEUS_MULTIPROC_DIR``, so the worker's imports must not load the met
 from __future__ import annotations
 
 import socket
+import sys
 
 
 def send_all(sock: socket.socket, data: bytes) -> None:
@@ -24,3 +25,9 @@ def send_all(sock: socket.socket, data: bytes) -> None:
         view = memoryview(data)[sent:]
         while view:
             view = view[sock.send(view):]
+
+
+def gevent_active() -> bool:
+    """Has gevent monkey-patched ``socket`` in this process (the gunicorn gevent worker)?"""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("socket"))

@@ -37,6 +37,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
+from ..core.sockets import gevent_active
 from ..telemetry import metrics
 from .base import DEFAULT_ROOT, DRIVER_DIR, SCHEDULER_DIR, Endpoint, node_sequence
 
@@ -68,7 +69,7 @@ def make_client(hosts: str, timeout: float) -> Any:
     """
     handler = None
     retry_sleep: dict[str, Any] = {}
-    if _gevent_active():
+    if gevent_active():
         from kazoo.handlers.gevent import SequentialGeventHandler
 
         handler = SequentialGeventHandler()
@@ -83,12 +84,6 @@ def make_client(hosts: str, timeout: float) -> Any:
         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 2.0, **retry_sleep},
         command_retry={"max_tries": 3, "delay": 0.1, "max_delay": 1.0, "deadline": timeout, **retry_sleep},
     )
-
-
-def _gevent_active() -> bool:
-    from ..apps.departure import gevent_active
-
-    return gevent_active()
 
 
 #: how long a process exiting waits for its connected ZooKeeper client to stop

@@ -89,7 +89,7 @@ from ..apps.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut
 from ..clusters.directory import CachedDirectory
 from ..core.errors import BadRequest, BCSError, Conflict, NotImplementedByServer, Unauthorized
 from ..core.http import upgrade_protocol
-from ..serving.hooks import serving_workers
+from ..core.worker_start import serving_workers
 from ..store.crypto import token_digest
 from ..store.sql import SQLStore
 from ..telemetry import metrics

@@ -22,13 +22,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..core.errors import ConfigError
+from ..core.worker_start import worker_started
 
 log = logging.getLogger(__name__)
 
-# Work an application built in this worker asks to start once the worker serves.
-_AT_WORKER_START: list[Callable[[], None]] = []
-# How many workers this worker's gunicorn runs (``None`` outside a gunicorn worker).
-_WORKERS: list[int] = []
 # Set while the master builds the application once (build_in_master).
 _IN_MASTER_BUILD: list[bool] = []
 # What that build holds that the master must let go of once it is done (open databases).
@@ -75,23 +72,9 @@ def check_in_master(server: Any) -> None:
         raise SystemExit(2) from None
 
 
-def serving_workers() -> int | None:
-    """How many workers the gunicorn serving this process runs, once its worker started."""
-    return _WORKERS[0] if _WORKERS else None
-
-
-def at_worker_start(start: Callable[[], None]) -> None:
-    """Run ``start()`` in this gunicorn worker once it is initialised (:func:`post_worker_init`).
-
-    For listeners and threads an application needs while serving: they start after the
-    fork, after gevent patched the worker, and never in a process that only builds the
-    application (the ``serve`` master, tests).
-    """
-    _AT_WORKER_START.append(start)
-
-
 def post_worker_init(worker: Any) -> None:
-    """Note the worker's listening sockets, start what the application asked (:func:`at_worker_start`);
+    """Note the worker's listening sockets, start what the application asked
+    (:func:`bcs_middleware.core.worker_start.at_worker_start`);
     on SIGTERM, end open streams before the graceful stop.
 
     The listening sockets are the gateway's own addresses, which the upstream address
@@ -108,10 +91,7 @@ def post_worker_init(worker: Any) -> None:
 
     note_gunicorn_listeners(worker)
     workers = getattr(getattr(worker, "cfg", None), "workers", None)
-    if isinstance(workers, int) and workers > 0:
-        _WORKERS[:] = [workers]
-    while _AT_WORKER_START:
-        _AT_WORKER_START.pop(0)()
+    worker_started(workers if isinstance(workers, int) else None)
 
     previous = signal.getsignal(signal.SIGTERM)
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import trustme
 
-from bcs_middleware.admission.client import CircuitBreaker, WebhookCallError, WebhookClient
+from bcs_middleware.admission.client import CircuitBreaker, WebhookClient
 from bcs_middleware.admission.definitions import ClientConfig
+from bcs_middleware.admission.webhook_failure import WebhookCallError
 from bcs_middleware.outbound.addresses import AddressPolicy
 from bcs_middleware.outbound.transport import PooledTransport
 from tests.support.servers import TrapListener

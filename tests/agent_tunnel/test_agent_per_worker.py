@@ -4,7 +4,7 @@ A gateway of this project answers an agent that names itself (``BCS-Tunnel-Agent
 with ``BCS-Tunnel-Workers: N``; the agent then holds N connections, and a connection
 that lands on a worker already holding one of them is refused with ``409
 TUNNEL_DUPLICATE`` (nothing stored) and dialled again. The Go agent sends no id: one
-connection, the newest of a worker winning, as before (``test_peers``, ``test_two_agents``).
+connection, the newest of a worker winning, as before (``test_peer_link``, ``test_two_agents``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bcs_middleware.agent_tunnel import wschannel
+from bcs_middleware.agent_tunnel import ws_writer, wschannel
 from bcs_middleware.agent_tunnel.wschannel import ChannelClosed, WebSocketChannel
 from bcs_middleware.agent_tunnel.wsframes import OP_CONTINUATION, OP_PONG, FrameError, Frames
 from tests.support.polling import wait_until
@@ -136,7 +136,7 @@ def test_answers_a_peer_leaves_unread_are_bounded_then_it_is_cut(tls: TLS) -> No
 def test_a_cut_channel_whose_peer_takes_nothing_ends_within_the_flush_time(
     tls: TLS, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(wschannel, "CLOSE_FLUSH_SECONDS", 0.5)
+    monkeypatch.setattr(ws_writer, "CLOSE_FLUSH_SECONDS", 0.5)
     with hostile_pair(tls, high_water=16 * 1024, max_queue=64 * 1024) as (peer, channel):
         _serve(channel)
         with pytest.raises(ChannelClosed):

@@ -166,11 +166,12 @@ def test_an_apiserver_that_stops_reading_holds_only_its_own_upload(tls: TLS, ech
             stack.callback(upload.close)
             gw_stream = next(s for s in gw._streams.values() if s.conn_id == 1)
 
-            def paused() -> bool:  # the agent's end of the stream exists once its dial is done
+            def paused() -> bool:
                 agent_stream = agent._streams.get(1)
-                return agent_stream is not None and agent_stream.sent_pause and gw_stream.peer_paused
+                return gw_stream.peer_paused and agent_stream is not None and agent_stream.sent_pause
 
-            assert wait_until(paused, 15)
+            # Polled, not slept: on a loaded machine the Pause takes its time to come back.
+            assert wait_until(paused, timeout=30)
             assert pusher.is_alive()  # held: the socket pair and the stream's window are full
             agent_stream = agent._streams[1]
             assert len(agent_stream.out) < window + 16 * 1024 * 1024  # in flight when the Pause left

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bcs_middleware.agent_tunnel import session as session_module
+from bcs_middleware.agent_tunnel import session_reader
 from bcs_middleware.agent_tunnel.frames import Message, MessageType, decode, encode
 from bcs_middleware.agent_tunnel.session import CHUNK, MAX_CONCURRENT_DIALS, MemoryStream, Session
 from bcs_middleware.agent_tunnel.wschannel import WebSocketChannel
@@ -172,7 +172,7 @@ def _ended(stream: MemoryStream) -> bool:
 
 
 def test_sync_is_acted_on_at_most_once_a_second(tls: TLS, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_module, "SYNC_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(session_reader, "SYNC_GRACE_SECONDS", 0.0)
     with against(tls) as (gw, raw):
         stream = gw.open_stream("tcp", "10.0.0.1:6443", 5)
         raw.send(encode(Message.sync_connections([stream.conn_id, *range(10_000, 110_000)])))

@@ -27,7 +27,8 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import update
 
-from bcs_middleware.agent_tunnel.peers import GREETING, PEER_KEY_PURPOSE, PeerAddress, PeerListener
+from bcs_middleware.agent_tunnel.peer_link import GREETING, PEER_KEY_PURPOSE, PeerAddress
+from bcs_middleware.agent_tunnel.peer_listener import PeerListener
 from bcs_middleware.core.records import Holder
 from bcs_middleware.pki.certs import self_signed_server_cert
 from bcs_middleware.store import models

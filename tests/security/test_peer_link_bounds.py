@@ -21,7 +21,7 @@ import pytest
 import trustme
 from cryptography.fernet import Fernet
 
-from bcs_middleware.agent_tunnel.peers import GREETING, PEER_KEY_PURPOSE
+from bcs_middleware.agent_tunnel.peer_link import GREETING, PEER_KEY_PURPOSE
 from bcs_middleware.store.crypto import SecretBox
 from tests.agent_tunnel.conftest import DENY_LOOPBACK, Agent, create_cluster
 from tests.agent_tunnel.hostile import reset_peak, vm_bytes, worker_pid

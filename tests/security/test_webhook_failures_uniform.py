@@ -30,7 +30,8 @@ import trustme
 
 from bcs_middleware.admission.client import PUBLIC_FAILURE, WebhookClient
 from bcs_middleware.admission.definitions import parse_k8s_configuration
-from bcs_middleware.admission.engine import AdmissionEngine, review
+from bcs_middleware.admission.dry_run import review
+from bcs_middleware.admission.engine import AdmissionEngine
 from bcs_middleware.admission.store import MemoryDefinitionStore
 from bcs_middleware.core import environ as env
 from tests.support.fake_apiserver import FakeAPIServer

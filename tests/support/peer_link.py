@@ -1,4 +1,4 @@
-"""Stand-ins and raw clients for the peer link (``bcs_middleware.agent_tunnel.peers``).
+"""Stand-ins and raw clients for the peer link (``bcs_middleware.agent_tunnel.peer_link``).
 
 :class:`StandInAgents` is what the peer listener and the router use of ``LocalAgents``:
 its "agent streams" are TCP connections to a local server (an echo server, a fake
@@ -13,7 +13,7 @@ import secrets
 import socket
 import ssl
 
-from bcs_middleware.agent_tunnel.peers import GREETING, request_mac
+from bcs_middleware.agent_tunnel.peer_link import GREETING, request_mac
 from bcs_middleware.core.records import Holder
 from bcs_middleware.pki.certs import cert_fingerprint
 from tests.support.servers import ConnectionServer

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from bcs_middleware.agent_tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, PeerClient, PeerError, PeerListener
+from bcs_middleware.agent_tunnel.peer_client import PeerClient
+from bcs_middleware.agent_tunnel.peer_link import PEER_KEY_PURPOSE, PeerAddress, PeerError
+from bcs_middleware.agent_tunnel.peer_listener import PeerListener
 from bcs_middleware.agent_tunnel.router import AgentRouter
 from bcs_middleware.core.errors import AgentUnavailable, ConfigError
 from bcs_middleware.core.records import Holder

@@ -1,0 +1,209 @@
+"""Copying bytes both ways between two connected sockets: an upgraded connection's splice.
+
+Used by the ``101`` answer of the Kubernetes route (:mod:`bcs_middleware.apps.upgrade`) and by
+the agent tunnel's peer link (:mod:`bcs_middleware.agent_tunnel.peer_link`); it imports nothing
+of the package, so both can use it without one importing the other.
+
+One ``selectors`` loop over two non-blocking sockets and a 256 KiB buffer per direction: a side
+that stops reading stops the other side being read. TLS sockets are handled with ``pending()``
+(bytes OpenSSL already decrypted are invisible to ``select``) and ``SSLWantRead/WriteError``.
+End of input on one side is passed on with a TCP half-close (``shutdown(SHUT_WR)``, without a TLS
+``close_notify``, which Go's TLS stack reads as end of stream). Under gevent ``selectors`` and the
+sockets are gevent's, so the loop waits cooperatively.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: kubelet's own streaming idle timeout is 4 h (``--streaming-connection-idle-timeout``).
+DEFAULT_IDLE_TIMEOUT = 3600.0
+DEFAULT_MAX_DURATION = 86400.0
+
+_BUFFER = 256 * 1024
+_PIECE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SpliceResult:
+    """What a splice moved and why it ended (``closed``, ``reset``, ``idle``, ``max_duration``)."""
+
+    to_upstream: int
+    to_client: int
+    ended_by: str
+    seconds: float
+
+
+class _Direction:
+    __slots__ = ("buf", "dst", "eof", "moved", "shut", "src")
+
+    def __init__(self, src: socket.socket, dst: socket.socket, initial: bytes = b"") -> None:
+        self.src = src
+        self.dst = dst
+        self.buf = bytearray(initial)
+        self.eof = False
+        self.shut = False
+        self.moved = 0
+
+    def wants_read(self) -> bool:
+        return not self.eof and len(self.buf) < _BUFFER
+
+
+def _half_close(sock: socket.socket) -> None:
+    # socket.socket.shutdown, not SSLSocket.shutdown: the latter drops the TLS
+    # state, and the other direction still has to be read through it.
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _read(d: _Direction, want_write: set[socket.socket]) -> bool | None:
+    """Move bytes from ``d.src`` into the buffer; True on progress, None on a reset."""
+    try:
+        data = d.src.recv(min(_PIECE, _BUFFER - len(d.buf)))
+    except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+        return False
+    except ssl.SSLWantWriteError:
+        want_write.add(d.src)
+        return False
+    except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+        data = b""
+    except OSError:
+        return None
+    if data:
+        d.buf += data
+    else:
+        d.eof = True
+    return True
+
+
+def _write(d: _Direction, want_write: set[socket.socket]) -> bool | None:
+    """Move buffered bytes to ``d.dst``; True on progress, None when the peer is gone."""
+    try:
+        # The retried piece never shrinks while unsent, as OpenSSL requires.
+        sent = d.dst.send(bytes(d.buf[:_PIECE]))
+    except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+        want_write.add(d.dst)
+        return False
+    except ssl.SSLWantReadError:
+        return False
+    except OSError:
+        return None
+    if not sent:
+        return False
+    del d.buf[:sent]
+    d.moved += sent
+    return True
+
+
+def splice(
+    client: socket.socket,
+    upstream: socket.socket,
+    *,
+    to_client: bytes = b"",
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    max_duration: float | None = DEFAULT_MAX_DURATION,
+    clock: Callable[[], float] = time.monotonic,
+) -> SpliceResult:
+    """Copy bytes both ways between two connected sockets until both ends closed.
+
+    :param to_client: bytes to deliver to the client first (the ``101`` head and
+        whatever the upstream sent right behind it).
+    :param idle_timeout: seconds without a byte moving either way before both
+        connections are cut; ``None`` never.
+    :param max_duration: seconds after which both are cut whatever happens.
+
+    Both sockets are left shut down (not closed) and non-blocking.
+    """
+    up = _Direction(client, upstream)
+    down = _Direction(upstream, client, to_client)
+    directions = (up, down)
+    client.setblocking(False)
+    upstream.setblocking(False)
+    selector = selectors.DefaultSelector()
+    registered: dict[socket.socket, int] = {}
+    want_write: set[socket.socket] = set()
+    started = last = clock()
+    ended_by = "closed"
+    try:
+        while True:
+            progressed = False
+            for d in directions:
+                if d.wants_read():
+                    moved = _read(d, want_write)
+                    if moved is None:
+                        ended_by = "reset"
+                        return _result(up, down, ended_by, started, clock)
+                    progressed |= moved
+                if d.buf:
+                    moved = _write(d, want_write)
+                    if moved is None:
+                        ended_by = "reset"
+                        return _result(up, down, ended_by, started, clock)
+                    progressed |= moved
+                if d.eof and not d.buf and not d.shut:
+                    _half_close(d.dst)
+                    d.shut = True
+            if up.shut and down.shut:
+                return _result(up, down, ended_by, started, clock)
+            now = clock()
+            if progressed:
+                last = now
+                continue  # more may be ready; a read that finds nothing costs one EAGAIN
+            if max_duration is not None and now - started >= max_duration:
+                ended_by = "max_duration"
+                return _result(up, down, ended_by, started, clock)
+            if idle_timeout is not None and now - last >= idle_timeout:
+                ended_by = "idle"
+                return _result(up, down, ended_by, started, clock)
+            # Bytes OpenSSL already decrypted do not make the socket readable.
+            if any(d.wants_read() and isinstance(d.src, ssl.SSLSocket) and d.src.pending()
+                   for d in directions):
+                continue
+            wanted = {client: 0, upstream: 0}
+            for d in directions:
+                if d.wants_read():
+                    wanted[d.src] |= selectors.EVENT_READ
+                if d.buf:
+                    wanted[d.dst] |= selectors.EVENT_WRITE
+            for sock in want_write:
+                wanted[sock] |= selectors.EVENT_WRITE
+            want_write.clear()
+            for sock, events in wanted.items():
+                if registered.get(sock, 0) == events:
+                    continue
+                if not events:
+                    selector.unregister(sock)
+                    del registered[sock]
+                elif sock in registered:
+                    selector.modify(sock, events)
+                    registered[sock] = events
+                else:
+                    selector.register(sock, events)
+                    registered[sock] = events
+            waits = [1.0]  # wake now and then so the limits are checked
+            if idle_timeout is not None:
+                waits.append(last + idle_timeout - now)
+            if max_duration is not None:
+                waits.append(started + max_duration - now)
+            selector.select(max(min(waits), 0.0))
+    finally:
+        selector.close()
+        for sock in (client, upstream):
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _result(up: _Direction, down: _Direction, ended_by: str, started: float,
+            clock: Callable[[], float]) -> SpliceResult:
+    return SpliceResult(up.moved, down.moved, ended_by, clock() - started)
+
+
