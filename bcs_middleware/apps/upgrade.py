@@ -83,9 +83,9 @@ from typing import Any
 from ..core import environ as env
 from ..core import requestinfo
 from ..core.errors import BCSError
+from ..core.http import HOP_BY_HOP
 from ..core.paths import encode_path
 from ..core.printable import escape
-from ..outbound.transport import HOP_BY_HOP
 from ..telemetry import metrics
 
 log = logging.getLogger(__name__)

@@ -77,5 +77,4 @@ def test_transport_counts_connections_and_reuses_them() -> None:
         resp.release_conn()
         assert transport.connections_opened == 2
         transport.close()
-        transport.reset()
     assert fake.accepted == 2
