@@ -213,8 +213,10 @@ class PooledTransport:
         self._backend = backend or DirectOrTunnel(self.address_policy, self._tls, tunnels)
         self._origins: LRUCache[str, tuple[str, str, int, str, str]] = LRUCache(
             max_entries=max_upstreams, ttl=state_ttl)
-        # A mark older than the cooldown means nothing: that is its ttl.
-        self._failed: LRUCache[str, float] = LRUCache(max_entries=max_upstreams, ttl=failure_cooldown)
+        # A mark older than the cooldown means nothing: its age bounds it, not its last use
+        # (every request looks it up, and a use would keep it alive while traffic flows).
+        self._failed: LRUCache[str, float] = LRUCache(max_entries=max_upstreams, ttl=failure_cooldown,
+                                                      max_age=failure_cooldown)
         self._next_sweep = 0.0
         # Agent tunnels whose connection was replaced by a newer one of the same cluster:
         # their connections are not pooled again (retire_tunnel). Kept as long as a stream
