@@ -197,7 +197,6 @@ class PooledTransport:
         backend: NetworkBackend | None = None,
     ) -> None:
         self.address_policy = address_policy or DEFAULT_POLICY
-        self.tunnels = tunnels
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.stream_idle_timeout = stream_idle_timeout

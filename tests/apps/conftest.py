@@ -79,8 +79,8 @@ def proxy(fake: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="package")
 def routed() -> Iterator[ServerProcess]:
-    """The proxy behind a stand-in routing layer (``tests.outbound.routed_app``)."""
-    server = gunicorn("tests.outbound.routed_app:app", env=_env(), threads=8)
+    """The proxy behind a stand-in routing layer (``tests.apps.routed_app``)."""
+    server = gunicorn("tests.apps.routed_app:app", env=_env(), threads=8)
     try:
         yield server
     finally:
