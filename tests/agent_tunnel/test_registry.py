@@ -18,16 +18,16 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from bcs_middleware.clusters.directory import upstream_for
 
 from bcs_middleware.agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from bcs_middleware.agent_tunnel.session import Session
+from bcs_middleware.clusters.directory import upstream_for
 from bcs_middleware.core.environ import Upstream
 from bcs_middleware.core.records import CredentialRecord, Holder, PlacementRecord
 from bcs_middleware.outbound.addresses import AddressPolicy
 from bcs_middleware.outbound.causes import AgentUnreachable, TLSError, as_http_error
-from bcs_middleware.outbound.streams import SocketConnection
 from bcs_middleware.outbound.stream_connection import StreamConnection
+from bcs_middleware.outbound.streams import SocketConnection
 from bcs_middleware.outbound.transport import PooledTransport
 from bcs_middleware.store.crypto import token_digest
 from tests.support.fake_apiserver import FakeAPIServer

@@ -9,6 +9,7 @@ import trustme
 
 from bcs_middleware.apps.proxy import UpstreamProxy, app_factory
 from bcs_middleware.core.errors import ConfigError
+from bcs_middleware.outbound.transport import PooledTransport
 
 
 def test_factory_converts_every_option(tmp_path: Path) -> None:

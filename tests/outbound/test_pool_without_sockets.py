@@ -8,8 +8,8 @@ canned answers, read by the real HTTP/1.1 exchange and codec.
 
 from __future__ import annotations
 
-import ssl
 import socket
+import ssl
 from dataclasses import dataclass, field
 
 import pytest

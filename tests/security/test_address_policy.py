@@ -24,8 +24,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from bcs_middleware.clusters.reader import cluster_request
 
+from bcs_middleware.clusters.reader import cluster_request
 from bcs_middleware.compose.gateway import config_from_options
 from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.core.records import CredentialRecord
