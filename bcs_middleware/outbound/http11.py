@@ -37,13 +37,13 @@ def exchange(conn: Connection, label: str, method: str, head: bytes, body: Body,
     :raises: the foreign exception (``OSError``, a codec error) for the caller to translate.
     """
     conn.set_timeout(read_timeout)
-    conn.sendall(head)
+    conn.write(head)
     if body is not None:
         _send_body(conn, body, chunked=content_length is None)
     reader = ResponseReader(head_request=method == "HEAD", upgrade_requested=upgrade)
     try:
         while not reader.head_complete:
-            data = conn.recv(RECV)
+            data = conn.read(RECV)
             if data:
                 reader.feed(data)
             else:
@@ -67,11 +67,11 @@ def _send_body(conn: Connection, body: Iterable[bytes], *, chunked: bool) -> Non
         if not piece:
             continue  # an empty chunk would end a chunked body
         if chunked:
-            conn.sendall(b"%x\r\n%b\r\n" % (len(piece), piece))
+            conn.write(b"%x\r\n%b\r\n" % (len(piece), piece))
         else:
-            conn.sendall(piece)
+            conn.write(piece)
     if chunked:
-        conn.sendall(b"0\r\n\r\n")
+        conn.write(b"0\r\n\r\n")
 
 
 class UpstreamResponse:
@@ -118,7 +118,7 @@ class UpstreamResponse:
                 return b""
             try:
                 while not pieces and not reader.complete:
-                    data = conn.recv(RECV)
+                    data = conn.read(RECV)
                     if data:
                         reader.feed(data)
                     else:

@@ -87,7 +87,7 @@ class StreamConnection(Connection):
         conn.timeout = timeout
         return conn
 
-    def sendall(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         if self._tls is None:
             self._stream.send(data, self.timeout)
             return
@@ -100,7 +100,7 @@ class StreamConnection(Connection):
                 self._fill()
         self._flush()
 
-    def recv(self, limit: int = _TAKE) -> bytes:
+    def read(self, limit: int = _TAKE) -> bytes:
         if self._tls is None:
             return self._stream.recv(limit, self.timeout)
         while True:

@@ -35,7 +35,7 @@ _CHECK_AFTER_IDLE = 1.0
 
 
 class Connection:
-    """One connection to an upstream; ``sendall``/``recv`` raise ``TimeoutError`` when its timeout fires."""
+    """One connection to an upstream; ``write``/``read`` raise ``TimeoutError`` when its timeout fires."""
 
     __slots__ = ("generation", "idle_since", "key", "reused", "timeout")
 
@@ -52,10 +52,10 @@ class Connection:
         """Bound every later send and receive."""
         self.timeout = seconds
 
-    def sendall(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         raise NotImplementedError
 
-    def recv(self, limit: int = RECV) -> bytes:
+    def read(self, limit: int = RECV) -> bytes:
         """Up to ``limit`` bytes as soon as any arrive; ``b""`` at the end."""
         raise NotImplementedError
 
@@ -100,10 +100,10 @@ class SocketConnection(Connection):
             self.timeout = seconds
             self.sock.settimeout(seconds)
 
-    def sendall(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         send_all(self.sock, data)
 
-    def recv(self, limit: int = RECV) -> bytes:
+    def read(self, limit: int = RECV) -> bytes:
         return self.sock.recv(limit)
 
     def start_tls(self, context: ssl.SSLContext, server_name: str, timeout: float) -> SocketConnection:

@@ -25,7 +25,7 @@ from bcs_middleware.clusters.directory import upstream_for
 from bcs_middleware.core.environ import Upstream
 from bcs_middleware.core.records import CredentialRecord, Holder, PlacementRecord
 from bcs_middleware.outbound.addresses import AddressPolicy
-from bcs_middleware.outbound.causes import AgentUnreachable, TLSError, as_http_error
+from bcs_middleware.outbound.causes import AddressRefused, AgentUnreachable, TLSError, as_http_error
 from bcs_middleware.outbound.stream_connection import StreamConnection
 from bcs_middleware.outbound.streams import SocketConnection
 from bcs_middleware.outbound.transport import PooledTransport
@@ -149,9 +149,9 @@ def test_a_tunnelled_upstream_is_dialled_through_the_tunnel_and_verified(apiserv
         resp.release_conn()
         assert dialer.dials == [("c1", "127.0.0.1", apiserver.port)]
         # The same address directly: refused by the policy, and never given the tunnel's connection.
-        with pytest.raises(Exception) as refused:
+        with pytest.raises(AddressRefused) as refused:
             transport.send(_upstream(apiserver, None), "GET", [], None, None)
-        assert getattr(refused.value, "status", None) == 502
+        assert as_http_error(refused.value).status == 502
         assert len(dialer.dials) == 1
     finally:
         transport.close()

@@ -43,14 +43,14 @@ class ScriptedConnection(Connection):
         self.closed = False
         self.stale = False
 
-    def sendall(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         if self.fail is not None:
             raise self.fail
         self.sent.append(data)
         if data.split(b"\r\n", 1)[0].endswith(b" HTTP/1.1"):
             self.pending += 1
 
-    def recv(self, limit: int = 65536) -> bytes:
+    def read(self, limit: int = 65536) -> bytes:
         if self.pending:
             self.pending -= 1
             return self.answer
