@@ -446,7 +446,7 @@ def _unreachable(environ: dict[str, Any], upstream: env.Upstream, cause: Outboun
     metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(upstream.name or "?"), cause.label).inc()
     exc = as_http_error(cause)
     if exc.status not in (502, 504):
-        return exc  # no agent: its reason names no address, and is the same for everyone
+        return exc  # no agent (503): its reason names the cluster, never an address
     log.warning("upstream %s unreachable (request %s): %s", upstream.name or "?",
                 environ.get(env.REQUEST_ID, "-"), exc.message)
     cluster = env.get_cluster(environ)
