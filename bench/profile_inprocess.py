@@ -112,14 +112,17 @@ class _CannedSocket:
 def canned_transport(answer: bytes) -> Any:
     """The real transport over a socket that answers at once: the Python cost without the network's."""
     # Imported here: the metrics directory must be set before bcs_middleware loads.
-    from bcs_middleware.outbound.pool import SocketConnection
+    from bcs_middleware.outbound.streams import SocketConnection
     from bcs_middleware.outbound.transport import PooledTransport
 
-    class CannedTransport(PooledTransport):
-        def _connect(self, key: Any, label: str, *_args: Any, **_kwargs: Any) -> SocketConnection:
+    class CannedBackend:
+        def connect(self, key: Any, label: str, timeout: float, **_kwargs: Any) -> SocketConnection:
             return SocketConnection(_CannedSocket(answer), key)  # type: ignore[arg-type]
 
-    return CannedTransport()
+        def prune(self) -> None:
+            pass
+
+    return PooledTransport(backend=CannedBackend())
 
 
 def _nginx_answer(url: str, path: str, body_size: int) -> bytes:

@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..core import environ as env
-from ..core.errors import BCSError
-from ..outbound.addresses import AddressRefused
-from ..outbound.failures import UpstreamFailure, UpstreamTimeout
+from ..outbound.causes import AddressRefused, ConnectionBroken, HostnameMismatch, OutboundError, Timeout
 from ..outbound.transport import Transport, default_transport
 from .definitions import ClientConfig
 from .webhook_failure import Cause, WebhookCallError
@@ -189,8 +187,8 @@ class WebhookClient:
             pieces = [body] if isinstance(body, bytes) else list(body)
             response = self.transport.send(upstream, "POST", list(_HEADERS), pieces, sum(map(len, pieces)),
                                            timeout=timeout)
-        except BCSError as exc:  # the transport's one translation, mapped to our causes
-            raise _cause(exc, timeout) from None
+        except OutboundError as cause:
+            raise _cause(cause, timeout) from None
         try:
             if response.status != 200:
                 # A 4xx is the webhook refusing what it was sent — this request's object.
@@ -209,8 +207,8 @@ class WebhookClient:
                     if time.monotonic() > deadline:
                         raise WebhookCallError("timeout", f"timed out after {timeout:.3g}s")
                     chunks.append(piece)
-            except BCSError as exc:
-                raise _cause(exc, timeout) from None
+            except OutboundError as cause:
+                raise _cause(cause, timeout) from None
             return b"".join(chunks)
         finally:
             # Only a fully read answer lets its connection back into the pool (the
@@ -236,21 +234,25 @@ def _split_address(value: str) -> tuple[str, int]:
 
 
 _DETAILS: dict[str, tuple[Cause, str]] = {
-    "refused": ("connect", "connection refused or host unreachable"),  # never "timeout"
-    "broken": ("connect", "connection broken"),
+    "connect": ("connect", "connection refused or host unreachable"),  # never "timeout"
     "tls": ("tls", "certificate verification failed"),
-    "hostname": ("tls", "certificate does not match the webhook host name"),
     "malformed": ("malformed", "answer is not well-formed HTTP"),
 }
 
 
-def _cause(exc: BCSError, timeout: float) -> WebhookCallError:
-    """The transport's error as a :class:`WebhookCallError` (details name no address)."""
-    if isinstance(exc, UpstreamTimeout):
+def _cause(cause: OutboundError, timeout: float) -> WebhookCallError:
+    """The one place an outbound cause becomes a webhook failure (details name no address).
+
+    The webhook's causes are the outbound causes' labels, but for a broken connection,
+    which is the webhook's failing to answer: ``connect``.
+    """
+    if isinstance(cause, Timeout):
         return WebhookCallError("timeout", f"timed out after {timeout:.3g}s")
-    if isinstance(exc, AddressRefused):
+    if isinstance(cause, AddressRefused):
         return WebhookCallError("connect", "the gateway does not connect to this address")
-    if isinstance(exc, UpstreamFailure):
-        cause, detail = _DETAILS[exc.kind]
-        return WebhookCallError(cause, detail)
-    return WebhookCallError("connect", "call failed")
+    if isinstance(cause, HostnameMismatch):
+        return WebhookCallError("tls", "certificate does not match the webhook host name")
+    if isinstance(cause, ConnectionBroken):
+        return WebhookCallError("connect", "connection broken")
+    name, detail = _DETAILS.get(cause.label, ("connect", "call failed"))
+    return WebhookCallError(name, detail)

@@ -54,8 +54,8 @@ from typing import Protocol, TypeVar
 from ..core.cache import Cache
 from ..core.errors import AgentUnavailable
 from ..core.records import Holder, PlacementRecord
+from ..outbound.backend import TunnelDialer
 from ..outbound.stream_connection import ByteStream
-from ..outbound.transport import TunnelDialer
 from ..store.crypto import digests_equal
 from ..telemetry import metrics
 from .handshake import CLOSE_DUPLICATE, CLOSE_REPLACED

@@ -1,4 +1,4 @@
-"""The gateway's :class:`~bcs_middleware.outbound.transport.TunnelDialer` across workers and instances.
+"""The gateway's :class:`~bcs_middleware.outbound.backend.TunnelDialer` across workers and instances.
 
 :class:`AgentRouter` dials a tunnelled upstream through the cluster's kube-agent
 wherever it is connected:

@@ -77,13 +77,14 @@ from ..core.errors import (
     BadRequest,
     BCSError,
     ConfigError,
-    GatewayTimeout,
     InternalError,
     NotImplementedByServer,
     UpstreamUnreachable,
 )
+from ..core.http import HOP_BY_HOP, named_by_connection
 from ..core.shapes import small_shape
-from ..outbound.transport import HOP_BY_HOP, PooledTransport, Response, Transport, named_by_connection
+from ..outbound.causes import OutboundError, as_http_error
+from ..outbound.transport import PooledTransport, Response, Transport
 from ..telemetry import metrics
 from . import departure
 from . import upgrade as upg
@@ -246,10 +247,10 @@ class UpstreamProxy:
             resp = self.transport.send(
                 upstream, environ["REQUEST_METHOD"], headers, body, length
             )
+        except OutboundError as cause:
+            assert upstream is not None  # nothing is sent before the upstream is known
+            return _unreachable(environ, upstream, cause)(environ, start_response)
         except BCSError as exc:
-            if upstream is not None and exc.status in (502, 503, 504):
-                _count_error(upstream, exc)
-                exc = _unreachable(environ, upstream, exc)
             return exc(environ, start_response)
 
         return self._relay(environ, start_response, resp, upstream)
@@ -272,11 +273,9 @@ class UpstreamProxy:
             headers = self._request_headers(environ, upstream)
             headers += [("Connection", "Upgrade"), ("Upgrade", protocol)]
             resp = open_upgrade(upstream, environ["REQUEST_METHOD"], headers)
-        except BCSError as exc:
+        except (OutboundError, BCSError) as failed:
             metrics.UPGRADES.labels("error").inc()
-            if exc.status in (502, 503, 504):
-                _count_error(upstream, exc)
-                exc = _unreachable(environ, upstream, exc)
+            exc = _unreachable(environ, upstream, failed) if isinstance(failed, OutboundError) else failed
             upg.audit(environ, upstream, protocol, exc.status)
             return upg.CloseAfter(exc(environ, start_response), client)
         upg.audit(environ, upstream, protocol, resp.status)
@@ -307,10 +306,9 @@ class UpstreamProxy:
         if remaining is not None and remaining <= _PRELOAD_LIMIT:
             try:
                 data = resp.read()
-            except BCSError as broken:  # broke off, stalled or broke the framing
+            except OutboundError as broken:  # broke off, stalled or broke the framing
                 resp.close()
                 resp.release_conn()
-                _count_error(upstream, broken)
                 return _unreachable(environ, upstream, broken)(environ, start_response)
             resp.release_conn()
             start_response(f"{resp.status} {resp.reason}", out_headers)
@@ -444,24 +442,16 @@ def _chunked_body(stream: Any) -> Iterator[bytes]:
         yield piece
 
 
-def _count_error(upstream: env.Upstream, exc: BCSError) -> None:
-    if exc.code_name == "UPSTREAM_TLS_ERROR":
-        cause = "tls"
-    elif exc.code_name == "AGENT_UNAVAILABLE":
-        cause = "agent"
-    elif isinstance(exc, GatewayTimeout):
-        cause = "timeout"
-    elif exc.status == 502:
-        cause = "connect"
-    else:
-        cause = "protocol"
-    metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(upstream.name or "?"), cause).inc()
+def _unreachable(environ: dict[str, Any], upstream: env.Upstream, cause: OutboundError) -> BCSError:
+    """The one place a cause becomes the client's answer: counted, logged, and the detail for superusers only.
 
-
-def _unreachable(environ: dict[str, Any], upstream: env.Upstream, exc: BCSError) -> BCSError:
-    """The error a caller sees for a failure to reach ``upstream``: the detail for superusers only."""
+    The status is :func:`~bcs_middleware.outbound.causes.as_http_error`'s (504 for a timeout,
+    503 without an agent, else 502), the metric label the cause's own.
+    """
+    metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(upstream.name or "?"), cause.label).inc()
+    exc = as_http_error(cause)
     if exc.status not in (502, 504):
-        return exc
+        return exc  # no agent (503): its reason names the cluster, never an address
     log.warning("upstream %s unreachable (request %s): %s", upstream.name or "?",
                 environ.get(env.REQUEST_ID, "-"), exc.message)
     cluster = env.get_cluster(environ)
@@ -551,14 +541,13 @@ class _StreamedBody:
                 if not piece:
                     break
                 yield piece
-        except BCSError as exc:
+        except OutboundError as cause:
             if self._ending or self._departed:
                 # Shutting down: end the response cleanly (the connection is not reused).
                 # The client left: nobody reads what follows.
                 return
-            cause = "timeout" if isinstance(exc, GatewayTimeout) else "protocol"
-            metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(self._label or "?"), cause).inc()
-            log.info("upstream %s: response body broke off (%s)", self._label, cause)
+            metrics.UPSTREAM_ERRORS.labels(metrics.upstream_label(self._label or "?"), cause.label).inc()
+            log.info("upstream %s: response body broke off (%s)", self._label, cause.label)
             # Ending normally would send the last chunk and make a truncated
             # body look complete; an exception makes the server drop the client.
             raise _UpstreamBrokeOff(f"upstream {self._label} broke off its answer") from None

@@ -79,12 +79,12 @@ from typing import Any
 from ..core import environ as env
 from ..core import requestinfo
 from ..core.errors import BCSError
+from ..core.http import HOP_BY_HOP
 from ..core.paths import encode_path
 from ..core.printable import escape
 from ..core.splice import DEFAULT_IDLE_TIMEOUT as DEFAULT_IDLE_TIMEOUT  # the upgrade's own defaults too
 from ..core.splice import DEFAULT_MAX_DURATION as DEFAULT_MAX_DURATION
 from ..core.splice import SpliceResult, splice
-from ..outbound.transport import HOP_BY_HOP
 from ..telemetry import metrics
 
 log = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ from ..core.bodies import parse_json
 from ..core.errors import BadGateway, BadRequest, BCSError, ServiceUnavailable, UpstreamUnreachable
 from ..core.paths import encode_path
 from ..core.records import CredentialRecord
+from ..outbound.causes import OutboundError, as_http_error
 from ..outbound.transport import Transport
 from .directory import CachedDirectory, upstream_for
 
@@ -45,8 +46,8 @@ def cluster_request(
 ) -> tuple[int, str, Any]:
     """One JSON request; returns ``(status, reason, document)`` (``None`` for an empty or non-JSON answer).
 
-    :raises BCSError: the transport's connect/TLS/timeout errors, or
-        :class:`BadGateway` when the answer exceeds ``max_bytes``.
+    :raises OutboundError: the transport's cause (connect, TLS, timeout, ...).
+    :raises BadGateway: the answer exceeds ``max_bytes``.
     """
     upstream = upstream_for(credentials, path=path, query=query, server_name=tls_server_name, verify=verify)
     return upstream_request(transport, upstream, method, body=body, max_bytes=max_bytes)
@@ -82,7 +83,7 @@ def upstream_request(
                 raise BadGateway(f"{method} {upstream.path} on {upstream.name or 'the cluster'}: "
                                  f"answer larger than {max_bytes} bytes")
             chunks.append(piece)
-    except (BCSError, OSError):
+    except (OutboundError, BCSError, OSError):
         response.close()
         response.release_conn()
         raise
@@ -113,8 +114,11 @@ class TunnelClusterReader:
         _, creds = self.directory.lookup(cluster_id)
         if creds is None:
             raise ServiceUnavailable(f"cluster {cluster_id!r} has no credentials")
-        status, _, document = cluster_request(self.transport, creds, "GET", api_path,
-                                              tls_server_name=self.tls_server_name, verify=self.verify)
+        try:
+            status, _, document = cluster_request(self.transport, creds, "GET", api_path,
+                                                  tls_server_name=self.tls_server_name, verify=self.verify)
+        except OutboundError as cause:
+            raise as_http_error(cause) from None
         if status == 404:
             return None
         if status != 200:
@@ -136,9 +140,10 @@ class TunnelClusterReader:
         target = dataclasses.replace(upstream, path=api_path, query="")
         try:
             status, reason, document = upstream_request(self.transport, target, "GET")
-        except BCSError as exc:
+        except (OutboundError, BCSError) as failed:
+            exc = as_http_error(failed) if isinstance(failed, OutboundError) else failed
             if exc.status not in (502, 504):
-                raise
+                raise exc from None
             # The addresses are the cluster owner's: what failed is for superusers and the
             # log only, as for the tunnel itself (upstream.proxy).
             log.warning("admission: cannot read %s from %s: %s", api_path, upstream.name or "?", exc.message)

@@ -59,7 +59,8 @@ from ..layers.request_context import RequestContextMiddleware
 from ..layers.webconsole_route import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from ..layers.webconsole_route import WEBCONSOLE
 from ..outbound.addresses import AddressPolicy
-from ..outbound.transport import PooledTransport, Transport, TunnelDialer
+from ..outbound.backend import TunnelDialer
+from ..outbound.transport import PooledTransport, Transport
 from ..rbac.service import build_service
 from ..store.crypto import new_token, token_digest
 from ..store.sql import SQLStore, open_store

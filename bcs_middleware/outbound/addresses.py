@@ -29,7 +29,7 @@ IPv4-compatible ``::a.b.c.d`` forms are judged as the IPv4 address they carry):
 Loopback is allowed by default (labs and tests run clusters there); production
 gateways usually add ``deny = 127.0.0.0/8 ::1/128`` and their own private ranges
 as they see fit. A name whose every address is refused raises
-:class:`AddressRefused` before any connection is attempted; one with some
+:class:`~bcs_middleware.outbound.causes.AddressRefused` before any connection is attempted; one with some
 allowed addresses connects to those only.
 
 The listening sockets are a property of the process: gunicorn's workers
@@ -45,7 +45,8 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
-from ..core.errors import BadGateway, ConfigError
+from ..core.errors import ConfigError
+from .causes import AddressRefused
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -61,12 +62,6 @@ _ALWAYS_REFUSED: tuple[tuple[IPNetwork, str], ...] = tuple(
         ("240.0.0.0/4", "broadcast or reserved"),
     )
 )
-
-
-class AddressRefused(BadGateway):
-    """Every address an upstream host resolves to is refused by the address policy."""
-
-    code_name = "UPSTREAM_ADDRESS_REFUSED"
 
 
 def canonical(address: str) -> IPAddress:
@@ -246,7 +241,8 @@ class AddressPolicy:
             raise error
         raise AddressRefused(
             f"upstream {label}: {host} resolves only to addresses the upstream address policy refuses: "
-            + ", ".join(dict.fromkeys(refused))
+            + ", ".join(dict.fromkeys(refused)),
+            stage="connect",
         )
 
 

@@ -26,10 +26,9 @@ import ssl
 import time
 from typing import Protocol
 
-from .pool import Connection, PoolKey
-
-#: What one receive takes from the stream at most (as the pool's socket receive).
-_TAKE = 64 * 1024
+from .identity import PoolKey
+from .streams import RECV as _TAKE
+from .streams import Connection
 
 
 class ByteStream(Protocol):
@@ -53,49 +52,42 @@ class ByteStream(Protocol):
 
 
 class StreamConnection(Connection):
-    """A :class:`~bcs_middleware.outbound.pool.Connection` over ``stream``, with TLS when ``tls`` is given.
-
-    Build it with :meth:`open`, which does the TLS handshake.
-    """
+    """A :class:`~bcs_middleware.outbound.streams.Connection` over ``stream``; :meth:`start_tls` puts TLS inside."""
 
     __slots__ = ("_incoming", "_outgoing", "_stream", "_tls")
 
-    def __init__(self, stream: ByteStream, key: PoolKey, generation: int, timeout: float | None,
-                 tls: tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO] | None) -> None:
+    def __init__(self, stream: ByteStream, key: PoolKey, generation: int, timeout: float | None) -> None:
         super().__init__(key, generation, timeout)
         self._stream = stream
         self._tls: ssl.SSLObject | None = None
         self._incoming: ssl.MemoryBIO | None = None
         self._outgoing: ssl.MemoryBIO | None = None
-        if tls is not None:
-            self._tls, self._incoming, self._outgoing = tls
 
-    @classmethod
-    def open(cls, stream: ByteStream, key: PoolKey, generation: int, timeout: float,
-             tls: tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO] | None) -> StreamConnection:
-        """The connection, after the TLS handshake (within ``timeout`` seconds) when ``tls`` is given.
+    def start_tls(self, context: ssl.SSLContext, server_name: str, timeout: float) -> StreamConnection:
+        """The same stream with TLS over memory BIOs, after the handshake (within ``timeout`` seconds).
 
         Raises ``ssl.SSLError`` or ``OSError`` (``TimeoutError``) as a socket's handshake would;
-        ``stream`` is the caller's to close then.
+        the stream is the caller's to close then.
         """
-        conn = cls(stream, key, generation, timeout, tls)
-        if conn._tls is not None:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    conn._tls.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    conn._flush()
-                    conn.timeout = deadline - time.monotonic()
-                    if conn.timeout <= 0:
-                        raise TimeoutError("_ssl.c: The handshake operation timed out") from None
-                    conn._fill()
-            conn._flush()
-            conn.timeout = timeout
+        conn = StreamConnection(self._stream, self.key, self.generation, timeout)
+        conn._incoming, conn._outgoing = incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        conn._tls = tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                conn._flush()
+                conn.timeout = deadline - time.monotonic()
+                if conn.timeout <= 0:
+                    raise TimeoutError("_ssl.c: The handshake operation timed out") from None
+                conn._fill()
+        conn._flush()
+        conn.timeout = timeout
         return conn
 
-    def sendall(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         if self._tls is None:
             self._stream.send(data, self.timeout)
             return
@@ -108,7 +100,7 @@ class StreamConnection(Connection):
                 self._fill()
         self._flush()
 
-    def recv(self, limit: int = _TAKE) -> bytes:
+    def read(self, limit: int = _TAKE) -> bytes:
         if self._tls is None:
             return self._stream.recv(limit, self.timeout)
         while True:

@@ -14,13 +14,13 @@ import ssl
 import threading
 
 from ..core.cache import Cache
-from .pool import PoolKey
+from .identity import PoolKey
 
 log = logging.getLogger(__name__)
 
 
 class TLSContexts:
-    """``contexts.wrap(sock, key, label)``: the TLS handshake for ``key``'s settings (``wrap_bio``: over memory).
+    """``contexts.context(key, label)``: the client TLS context for ``key``'s settings.
 
     Verification is on unless ``key.verify`` is false, which is logged (once per
     context built) with the upstream's label.
@@ -52,18 +52,6 @@ class TLSContexts:
         with self._lock:
             self._contexts.put(key, ctx)
         return ctx
-
-    def wrap(self, sock: object, key: PoolKey, label: str) -> ssl.SSLSocket:
-        """Handshake on a connected socket, verifying ``key.server_name or key.host``."""
-        return self.context(key, label).wrap_socket(
-            sock, server_hostname=key.server_name or key.host  # type: ignore[arg-type]
-        )
-
-    def wrap_bio(self, key: PoolKey, label: str) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]:
-        """As :meth:`wrap`, over memory: ``(tls, incoming, outgoing)``, the handshake not yet done."""
-        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        tls = self.context(key, label).wrap_bio(incoming, outgoing, server_hostname=key.server_name or key.host)
-        return tls, incoming, outgoing
 
     def prune(self) -> None:
         """Drop the contexts unused for ``ttl`` (lookups only happen on new connections)."""

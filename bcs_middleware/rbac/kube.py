@@ -14,6 +14,7 @@ from urllib.parse import quote, urlencode
 from ..clusters.reader import cluster_request
 from ..core.errors import BCSError
 from ..core.records import CredentialRecord
+from ..outbound.causes import OutboundError
 from ..outbound.transport import Transport
 from .model import RBAC_API, Binding
 
@@ -59,7 +60,7 @@ class BindingClient:
                 self._transport, self._credentials, method, path, query=urlencode(query or {}), body=body,
                 tls_server_name=self._server_name, verify=self._verify, max_bytes=MAX_ANSWER,
             )
-        except BCSError as exc:  # connect/TLS/timeout/size: the message names hosts only
+        except (OutboundError, BCSError) as exc:  # a cause, or the size bound: messages name hosts only
             raise KubeError(exc.message) from None
         except OSError:
             raise KubeError(f"{method} {path}: read failed") from None

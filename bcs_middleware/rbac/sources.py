@@ -26,8 +26,7 @@ from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from ..core import environ as env
-from ..core.errors import BCSError
-from ..outbound.failures import UpstreamFailure, UpstreamTimeout
+from ..outbound.causes import ConnectError, OutboundError, Timeout, TLSError
 from ..outbound.transport import Transport, default_transport
 from .model import MAX_DOCUMENT, Permissions, load_permissions
 
@@ -176,8 +175,8 @@ class HTTPSource:
             # Each wait bounded by the whole request's time (connecting also by the
             # transport's connect timeout); the body loop below checks the deadline.
             response = transport.send(upstream, "GET", headers, None, None, timeout=self.timeout)
-        except BCSError as exc:
-            raise _source_error(self.name, exc) from None
+        except OutboundError as cause:
+            raise _source_error(self.name, cause) from None
         try:
             if response.status == 304:
                 self.not_modified += 1
@@ -197,8 +196,8 @@ class HTTPSource:
                     if time.monotonic() > deadline:
                         raise SourceError(f"{self.name}: answer took longer than {self.timeout:.0f}s")
                     chunks.append(chunk)
-            except BCSError as exc:
-                raise _source_error(self.name, exc) from None
+            except OutboundError as cause:
+                raise _source_error(self.name, cause) from None
             etag = next((value for key, value in response.headers if key.lower() == "etag"), None)
         finally:
             response.release_conn()
@@ -225,12 +224,12 @@ class HTTPSource:
         """Nothing of its own to close: connections belong to the shared transport."""
 
 
-def _source_error(name: str, exc: BCSError) -> SourceError:
-    """The transport's error as a :class:`SourceError` (hosts only, no token, no URL credentials)."""
-    if isinstance(exc, UpstreamTimeout):
+def _source_error(name: str, cause: OutboundError) -> SourceError:
+    """The one place an outbound cause becomes a :class:`SourceError` (hosts only, no token, no URL credentials)."""
+    if isinstance(cause, Timeout):
         return SourceError(f"{name}: timed out")
-    if isinstance(exc, UpstreamFailure) and exc.kind in ("tls", "hostname"):
+    if isinstance(cause, TLSError):
         return SourceError(f"{name}: TLS certificate verification failed")
-    if isinstance(exc, UpstreamFailure) and exc.kind == "refused":
+    if type(cause) is ConnectError:  # not the address policy's refusal: its message says more
         return SourceError(f"{name}: connection refused or host unreachable")
-    return SourceError(f"{name}: {exc.message}")
+    return SourceError(f"{name}: {cause.message}")

@@ -31,7 +31,7 @@ LATENCY = Histogram(
 )
 UPSTREAM_ERRORS = Counter(
     "bcs_upstream_errors",
-    "Upstream failures by upstream label and cause (connect, tls, timeout, agent, protocol).",
+    "Upstream failures by upstream label and cause (connect, timeout, tls, malformed, broken, agent).",
     ["upstream", "cause"],
 )
 OPEN_STREAMS = Gauge(

@@ -23,12 +23,11 @@ from bcs_middleware.agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from bcs_middleware.agent_tunnel.session import Session
 from bcs_middleware.clusters.directory import upstream_for
 from bcs_middleware.core.environ import Upstream
-from bcs_middleware.core.errors import AgentUnavailable
 from bcs_middleware.core.records import CredentialRecord, Holder, PlacementRecord
-from bcs_middleware.outbound.addresses import AddressPolicy, AddressRefused
-from bcs_middleware.outbound.failures import UpstreamFailure
-from bcs_middleware.outbound.pool import SocketConnection
+from bcs_middleware.outbound.addresses import AddressPolicy
+from bcs_middleware.outbound.causes import AddressRefused, AgentUnreachable, TLSError, as_http_error
 from bcs_middleware.outbound.stream_connection import StreamConnection
+from bcs_middleware.outbound.streams import SocketConnection
 from bcs_middleware.outbound.transport import PooledTransport
 from bcs_middleware.store.crypto import token_digest
 from tests.support.fake_apiserver import FakeAPIServer
@@ -152,7 +151,7 @@ def test_a_tunnelled_upstream_is_dialled_through_the_tunnel_and_verified(apiserv
         # The same address directly: refused by the policy, and never given the tunnel's connection.
         with pytest.raises(AddressRefused) as refused:
             transport.send(_upstream(apiserver, None), "GET", [], None, None)
-        assert refused.value.status == 502
+        assert as_http_error(refused.value).status == 502
         assert len(dialer.dials) == 1
     finally:
         transport.close()
@@ -162,9 +161,9 @@ def test_tls_through_the_tunnel_still_verifies_the_reported_ca(apiserver: FakeAP
     with FakeAPIServer(token=SA_TOKEN) as other:  # another CA
         creds = CredentialRecord("c1", (apiserver.url,), other.ca_pem, SA_TOKEN, via_tunnel=True)
         transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=DirectDialer())
-        with pytest.raises(UpstreamFailure) as failed:
+        with pytest.raises(TLSError) as failed:
             transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
-        assert failed.value.code_name == "UPSTREAM_TLS_ERROR"
+        assert as_http_error(failed.value).code_name == "UPSTREAM_TLS_ERROR"
 
 
 class RecordingDialer(LocalOnlyDialer):
@@ -231,9 +230,9 @@ def test_tls_over_a_memory_stream_verifies_the_ca_and_the_name(apiserver: FakeAP
         wrong_ca = CredentialRecord("c1", (apiserver.url,), other.ca_pem, SA_TOKEN, via_tunnel=True)
         wrong_name = CredentialRecord("c1", (misnamed.url,), misnamed.ca_pem, SA_TOKEN, via_tunnel=True)
         for creds in (wrong_ca, wrong_name):
-            with pytest.raises(UpstreamFailure) as failed:
+            with pytest.raises(TLSError) as failed:
                 transport.send(upstream_for(creds, path="/version"), "GET", [], None, None)
-            assert failed.value.code_name == "UPSTREAM_TLS_ERROR"
+            assert as_http_error(failed.value).code_name == "UPSTREAM_TLS_ERROR"
         assert wait_until(lambda: session.streams == 0, 5)  # the failed streams were ended, not left open
 
 
@@ -257,13 +256,13 @@ def test_an_upgrade_asks_the_tunnel_for_a_socket(apiserver: FakeAPIServer) -> No
 
 
 def test_without_a_dialer_or_an_agent_the_answer_is_503_naming_the_reason(apiserver: FakeAPIServer) -> None:
-    with pytest.raises(AgentUnavailable):
+    with pytest.raises(AgentUnreachable):
         PooledTransport(tunnels=None).send(_upstream(apiserver, "c1"), "GET", [], None, None)
     agents = LocalAgents(holder=Holder("test/1"), placements=None)
     transport = PooledTransport(address_policy=DENY_LOOPBACK, tunnels=LocalOnlyDialer(agents))
-    with pytest.raises(AgentUnavailable) as missing:
+    with pytest.raises(AgentUnreachable) as missing:
         transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
-    assert missing.value.status == 503
+    assert as_http_error(missing.value).status == 503
     assert "c1 is not connected" in missing.value.message
 
     session = FakeSession(("127.0.0.1", apiserver.port))
@@ -276,7 +275,7 @@ def test_without_a_dialer_or_an_agent_the_answer_is_503_naming_the_reason(apiser
 
     agents.detach("c1", session, "the agent disconnected")
     assert session.closed
-    with pytest.raises(AgentUnavailable) as gone:
+    with pytest.raises(AgentUnreachable) as gone:
         transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
     assert "gone (the agent disconnected)" in gone.value.message
 
@@ -287,9 +286,9 @@ def test_an_agent_connection_at_its_stream_limit_answers_503_and_stays(apiserver
     session = FakeSession(("127.0.0.1", apiserver.port))
     agents.attach("c1", session)
     session.full = True
-    with pytest.raises(AgentUnavailable) as busy:
+    with pytest.raises(AgentUnreachable) as busy:
         transport.send(_upstream(apiserver, "c1"), "GET", [], None, None)
-    assert busy.value.status == 503 and "cannot take another stream" in busy.value.message
+    assert as_http_error(busy.value).status == 503 and "cannot take another stream" in busy.value.message
     assert agents.session("c1") is session and not session.closed  # busy is not gone
     session.full = False
     resp = transport.send(_upstream(apiserver, "c1"), "GET", [("Authorization", f"Bearer {SA_TOKEN}")], None, None)

@@ -487,7 +487,7 @@ def sync_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     ca_file = folder / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     env_ = {"PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    server = gunicorn("tests.outbound.routed_app:app", worker_class="sync", threads=1, certfile=str(pem),
+    server = gunicorn("tests.apps.routed_app:app", worker_class="sync", threads=1, certfile=str(pem),
                       env=env_, extra=["--timeout", "60"])
     try:
         yield f"127.0.0.1:{server.port}", str(ca_file)
@@ -498,7 +498,7 @@ def sync_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 def test_sync_worker_splices_too(
     sync_proxy: tuple[str, str], apiserver: FakeAPIServer, echo: Handlers
 ) -> None:
-    from tests.outbound.routed_app import encode_upstream
+    from tests.apps.routed_app import encode_upstream
 
     address, ca_file = sync_proxy
     spec = encode_upstream(base_urls=[apiserver.url], path="/api/v1/namespaces/default/pods/p/exec",

@@ -13,9 +13,18 @@ import string
 import pytest
 
 from bcs_middleware.core.environ import Upstream
-from bcs_middleware.core.errors import BadGateway, BadRequest
+from bcs_middleware.core.errors import BadRequest
+from bcs_middleware.outbound.causes import (
+    ConnectError,
+    OutboundError,
+    RemoteProtocolError,
+    TLSError,
+    UnusableAddress,
+    as_http_error,
+)
 from bcs_middleware.outbound.codec import ResponseReader, UpstreamProtocolError
-from bcs_middleware.outbound.transport import PooledTransport, UpstreamResponse
+from bcs_middleware.outbound.http11 import UpstreamResponse
+from bcs_middleware.outbound.transport import PooledTransport
 
 from .test_transport_timeouts import _stalling
 
@@ -61,17 +70,17 @@ def test_fields_in_order_and_the_relayable_ones_without_hop_by_hop() -> None:
 
 def test_the_same_length_twice_is_refused_too() -> None:
     # RFC 9110 §8.6 lets a recipient accept identical lengths; refusing leaves no room to disagree.
-    with pytest.raises(BadGateway, match="Duplicate Content-Length"):
+    with pytest.raises(RemoteProtocolError, match="Duplicate Content-Length"):
         _send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok")
 
 
 def test_two_different_lengths_are_a_502() -> None:
-    with pytest.raises(BadGateway):
+    with pytest.raises(RemoteProtocolError):
         _send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 20\r\n\r\nok")
 
 
 def test_transfer_encoding_fields_are_combined_before_the_chunked_only_rule() -> None:
-    with pytest.raises(BadGateway, match="other than chunked"):
+    with pytest.raises(RemoteProtocolError, match="other than chunked"):
         _send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n"
               b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
     _, body, idle = _send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n"
@@ -93,7 +102,7 @@ def test_connection_close_is_a_token_not_a_substring(connection: str, pooled: bo
                                   ": no name"])
 def test_a_malformed_line_is_a_502_every_time(line: str) -> None:
     for _ in range(2):  # the second time too: failures are never cached
-        with pytest.raises(BadGateway):
+        with pytest.raises(RemoteProtocolError):
             _send(f"HTTP/1.1 200 OK\r\n{line}\r\nContent-Length: 0\r\n\r\n".encode())
 
 
@@ -137,19 +146,21 @@ def test_random_lines_are_read_the_same_the_second_time_or_refused_every_time() 
     assert accepted > 20  # some lines were well formed
 
 
-@pytest.mark.parametrize("base, ca_pem", [
-    pytest.param("http://127.0.0.1:99999", None, id="port-out-of-range"),
-    pytest.param("http://[::1", None, id="bad-ipv6-literal"),
-    pytest.param("http://exa\x00mple", None, id="nul-in-host"),
-    pytest.param("https://{server}", "not a certificate", id="garbage-ca"),
-    pytest.param("https://{server}", "caf\u00e9 \u2603", id="non-ascii-ca"),
+@pytest.mark.parametrize("base, ca_pem, cause", [
+    pytest.param("http://127.0.0.1:99999", None, UnusableAddress, id="port-out-of-range"),
+    pytest.param("http://[::1", None, UnusableAddress, id="bad-ipv6-literal"),
+    pytest.param("http://exa\x00mple", None, ConnectError, id="nul-in-host"),
+    pytest.param("https://{server}", "not a certificate", TLSError, id="garbage-ca"),
+    pytest.param("https://{server}", "caf\u00e9 \u2603", TLSError, id="non-ascii-ca"),
 ])
-def test_foreign_errors_become_a_502_never_anything_else(base: str, ca_pem: str | None) -> None:
+def test_foreign_errors_become_a_cause_and_a_502_never_anything_else(base: str, ca_pem: str | None,
+                                                                     cause: type[OutboundError]) -> None:
     transport = PooledTransport(read_timeout=5, connect_timeout=2)
     with _stalling(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") as server:
         url = base.replace("{server}", f"127.0.0.1:{server.port}")
-        with pytest.raises(BadGateway):
+        with pytest.raises(cause) as caught:
             transport.send(Upstream(base_urls=(url,), path="/x", ca_pem=ca_pem), "GET", [], None, None)
+        assert as_http_error(caught.value).status == 502
 
 
 def test_a_header_value_outside_latin_1_is_sent_as_utf_8() -> None:

@@ -14,7 +14,7 @@ import pytest
 import trustme
 
 from bcs_middleware.core.environ import Upstream
-from bcs_middleware.core.errors import GatewayTimeout
+from bcs_middleware.outbound.causes import ReadTimeout
 from bcs_middleware.outbound.transport import PooledTransport
 
 
@@ -89,7 +89,7 @@ def test_no_answer_at_all_is_a_504_after_the_read_timeout(ca: trustme.CA, tls: b
     with _stalling(b"", ca if tls else None) as server:
         transport = PooledTransport(read_timeout=0.5)
         started = time.monotonic()
-        with pytest.raises(GatewayTimeout, match="no response"):
+        with pytest.raises(ReadTimeout, match="no response"):
             transport.send(_upstream(server, ca if tls else None), "GET", [], None, None)
         assert 0.4 < time.monotonic() - started < 3
 
@@ -102,7 +102,7 @@ def test_a_body_that_stalls_times_out_after_the_read_timeout(ca: trustme.CA, tls
         resp = transport.send(_upstream(server, ca if tls else None), "GET", [], None, None)
         assert resp.read1() == b"abc"
         started = time.monotonic()
-        with pytest.raises(GatewayTimeout, match="stopped sending"):
+        with pytest.raises(ReadTimeout, match="stopped sending"):
             resp.read1()
         assert 0.4 < time.monotonic() - started < 3
         resp.close()
@@ -116,7 +116,7 @@ def test_a_stream_without_length_gets_the_stream_idle_timeout(ca: trustme.CA, tl
         resp = transport.send(_upstream(server, ca if tls else None), "GET", [], None, None)
         assert resp.read1() == b"abc"
         started = time.monotonic()
-        with pytest.raises(GatewayTimeout, match="stopped sending"):
+        with pytest.raises(ReadTimeout, match="stopped sending"):
             resp.read1()
         # Not the 0.3 s read timeout: a quiet watch is legitimate for longer.
         assert 1.0 < time.monotonic() - started < 4

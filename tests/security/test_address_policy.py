@@ -29,7 +29,8 @@ from bcs_middleware.clusters.reader import cluster_request
 from bcs_middleware.compose.gateway import config_from_options
 from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.core.records import CredentialRecord
-from bcs_middleware.outbound.addresses import AddressPolicy, AddressRefused
+from bcs_middleware.outbound.addresses import AddressPolicy
+from bcs_middleware.outbound.causes import AddressRefused
 from bcs_middleware.outbound.transport import PooledTransport
 from bcs_middleware.rbac.kube import BindingClient, KubeError
 from bcs_middleware.store.sql import open_store

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.outbound.conftest import TRUSTED_CLIENT
-from tests.outbound.routed_app import encode_upstream
+from tests.apps.conftest import TRUSTED_CLIENT
+from tests.apps.routed_app import encode_upstream
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerProcess, free_port
 

@@ -1,4 +1,4 @@
-"""``app_factory`` conversions and ``PooledTransport`` bookkeeping, in process."""
+"""The proxy's ``app_factory``: option conversions and refusals, in process."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import pytest
 import trustme
 
 from bcs_middleware.apps.proxy import UpstreamProxy, app_factory
-from bcs_middleware.core.environ import Upstream
 from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.outbound.transport import PooledTransport
-from tests.support.fake_upstream import FakeUpstream
 
 
 def test_factory_converts_every_option(tmp_path: Path) -> None:
@@ -60,22 +58,3 @@ def test_factory_converts_every_option(tmp_path: Path) -> None:
 def test_factory_rejects_bad_configuration(conf: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         app_factory({}, **conf)
-
-
-def test_transport_counts_connections_and_reuses_them() -> None:
-    transport = PooledTransport()
-    with FakeUpstream() as fake:
-        upstream = Upstream(base_urls=(fake.url,), path="/echo")
-        for _ in range(20):
-            resp = transport.send(upstream, "GET", [], None, None)
-            resp.read()
-            resp.release_conn()
-        assert transport.connections_opened == 1
-        transport.close()
-        resp = transport.send(upstream, "GET", [], None, None)
-        resp.read()
-        resp.release_conn()
-        assert transport.connections_opened == 2
-        transport.close()
-        transport.reset()
-    assert fake.accepted == 2
