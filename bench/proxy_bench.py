@@ -383,7 +383,7 @@ def _start_gateway(tmp: Path, name: str, upstream_url: str,
                 store.set_cluster_permission(CLUSTER_ID, user.id, "view")  # a user of the cluster, not its manager
             tokens[user_name] = store.create_token(user.id)[1]
     finally:
-        store.dispose()
+        store.db.dispose()
     metrics_dir = tmp / f"{name}-metrics"
     metrics_dir.mkdir()
     server = _serve("proxy_bench:gateway_app()",

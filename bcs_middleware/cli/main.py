@@ -236,19 +236,20 @@ def _refuse_a_second_ca(database_url: str | None, data_dir: Path, tls_dir: Path)
     this instance must hand out that one, not mint its own."""
     from ..compose.instance_checks import recorded_ca
     from ..store.crypto import SecretBox
-    from ..store.sql import SQLStore, sqlite_url
+    from ..store.database import Database, sqlite_url
+    from ..store.sql import SQLStore
 
     if (tls_dir / "ca.crt").exists():
         return
-    store = SQLStore(database_url or sqlite_url(data_dir), secrets=SecretBox([]))
+    store = SQLStore(Database(database_url or sqlite_url(data_dir), secrets=SecretBox([])))
     try:
-        store.migrate()
+        store.db.migrate()
         recorded = recorded_ca(store)
     finally:
-        store.dispose()
+        store.db.dispose()
     if recorded is not None:
         raise ConfigError(
-            f"the database {store.display_url} records the CA the gateways hand to clients ({recorded}), and "
+            f"the database {store.db.display_url} records the CA the gateways hand to clients ({recorded}), and "
             f"{tls_dir} has no CA: this instance would make a CA of its own, which no client trusts. Copy ca.crt "
             f"and ca.key from another instance's DATA_DIR/tls/ into {tls_dir}/ (mode 0600 for the key), or serve "
             "--certfile/--keyfile signed by that CA with --ca-file"
@@ -567,7 +568,7 @@ def _gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         try:
             build_gateway(config, store=store, background=False)
         finally:
-            store.dispose()
+            store.db.dispose()
 
     build_in_master(check, source="the gateway")
 

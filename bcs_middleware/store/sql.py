@@ -5,28 +5,24 @@ Uniqueness is left to the database's constraints, so two gateway processes
 racing to create the same user or cluster get one success and one
 :class:`~bcs_middleware.core.errors.Conflict` — never a duplicate, never a 500.
 
-Engines are created lazily and re-created after a fork (gunicorn workers), so a
-``SQLStore`` may be built in the master and used in every worker.
+The connection, migrations and keys are the :class:`~.database.Database`'s (one per URL
+per process, its engine remade after a fork), so a ``SQLStore`` may be built in the master
+and used in every worker.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, or_, select, update
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy import Connection, delete, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ColumnElement
 
-from ..core.errors import Conflict, NotFound, ServiceUnavailable
+from ..core.errors import Conflict, NotFound
 from ..core.quotas import QuotaExceeded
 from ..core.records import (
     AuditRecord,
@@ -39,7 +35,8 @@ from ..core.records import (
     UserRecord,
 )
 from . import models as m
-from .crypto import SecretBox, digests_equal, load_key_source, new_token, token_digest
+from .crypto import digests_equal, new_token, token_digest
+from .database import Database, open_database
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("bcs_middleware.audit")
@@ -56,47 +53,11 @@ BootstrapMode = Literal["configured", "generated", "replace"]
 BootstrapClaim = Literal["current", "installed", "replaced", "joined", "conflict", "revoked", "taken"]
 
 
-def normalize_url(url: str) -> str:
-    """Pick drivers we ship extras for when the URL names none."""
-    parsed = make_url(url)
-    if parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    elif parsed.drivername == "mysql":
-        parsed = parsed.set(drivername="mysql+pymysql")
-    return parsed.render_as_string(hide_password=False)
-
-
-#: driver name → (module, the extra that installs it)
-_DRIVERS = {"postgresql+psycopg": ("psycopg", "postgresql"), "mysql+pymysql": ("pymysql", "mysql")}
 # Ids per IN (...) query: well below SQLite's and PostgreSQL's bind-parameter limits.
 _IN_BATCH = 500
 
-
-def _require_driver(url: str) -> None:
-    """A clear ConfigError at start, not a ModuleNotFoundError traceback, when a driver is missing."""
-    import importlib
-
-    from ..core.errors import ConfigError
-
-    driver = make_url(url).drivername
-    if driver not in _DRIVERS:
-        return
-    module, extra = _DRIVERS[driver]
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(
-            f"the database URL needs the {module} driver, which is not installed: "
-            f"pip install 'bcs-middleware[{extra}]'"
-        ) from None
-
-
 # What a ClusterRecord holds (created_by is the quota's business, read where it counts).
 _CLUSTER_COLUMNS = (m.clusters.c.id, m.clusters.c.project_id, m.clusters.c.cluster_type, m.clusters.c.created_at)
-
-
-def sqlite_url(data_dir: Path) -> str:
-    return f"sqlite:///{Path(data_dir).resolve() / 'bcs.sqlite3'}"
 
 
 def _now() -> datetime:
@@ -110,162 +71,14 @@ def _aware(value: datetime | None) -> datetime | None:
     return value
 
 
-# The database and the files SQLite keeps beside it (same content, in pieces).
-_SQLITE_FILES = ("", "-wal", "-shm", "-journal", ".migrate.lock")
-
-
-def _private_sqlite_files(database: str) -> None:
-    """Make a SQLite database and its companion files readable by this user only.
-
-    They hold every token hash and the encrypted cluster credentials. The database
-    is created 0600 before SQLite opens it — SQLite gives the ``-wal``/``-shm``/
-    ``-journal`` files it creates the database's mode — and files left with a
-    looser mode (an older version, a copied backup) are tightened.
-    """
-    try:
-        os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
-    except FileNotFoundError:
-        return  # no such directory: SQLite's own error says so
-    for suffix in _SQLITE_FILES:
-        path = database + suffix
-        try:
-            if os.stat(path).st_mode & 0o077:
-                os.chmod(path, 0o600)
-        except FileNotFoundError:
-            continue
-        except PermissionError:
-            log.warning("%s is readable by other users and not ours to chmod", path)
-
-
-def _create_engine(url: str) -> Engine:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
-            _private_sqlite_files(parsed.database)
-        engine = create_engine(
-            url,
-            # Several gunicorn workers share the file: wait for the lock instead of
-            # failing at once, and let readers run beside a writer (WAL).
-            connect_args={"timeout": 30, "check_same_thread": False},
-        )
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Take over transaction control from pysqlite so BEGIN IMMEDIATE works.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Connection) -> None:
-            # A write transaction that reads first would otherwise fail with
-            # SQLITE_BUSY (no wait) when it upgrades its lock under contention.
-            if conn.get_execution_options().get("bcs_write"):
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            else:
-                conn.exec_driver_sql("BEGIN")
-
-        return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_recycle=1800)
-
-
 class SQLStore:
     """Users, tokens, clusters, credentials, webhook definitions and the audit trail.
 
-    :param url: SQLAlchemy URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``).
-    :param secrets: encrypts register tokens and cluster credentials at rest.
+    :param db: the database (its engine, migrations and the key that encrypts secrets at rest).
     """
 
-    def __init__(self, url: str, *, secrets: SecretBox) -> None:
-        from ..core.errors import ConfigError
-
-        try:
-            self.url = normalize_url(url)
-        except ArgumentError:
-            # Not the URL itself in the message: it may carry a password.
-            raise ConfigError("the database URL is not a valid URL (expected e.g. "
-                              "postgresql://user@host/db or sqlite:///path)") from None
-        _require_driver(self.url)
-        self.secrets = secrets
-        self._engine: Engine | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    # -- plumbing ---------------------------------------------------------------
-
-    @property
-    def engine(self) -> Engine:
-        pid = os.getpid()
-        if self._engine is None or self._pid != pid:
-            with self._lock:
-                if self._engine is None or self._pid != pid:
-                    if self._engine is not None:
-                        # Inherited from the parent: drop its pooled sockets without
-                        # closing them under the parent's feet.
-                        self._engine.dispose(close=False)
-                    self._engine = _create_engine(self.url)
-                    self._pid = pid
-        return self._engine
-
-    @property
-    def display_url(self) -> str:
-        """The database URL for messages: its password hidden."""
-        return make_url(self.url).render_as_string(hide_password=True)
-
-    @property
-    def backend(self) -> str:
-        return make_url(self.url).get_backend_name()
-
-    def dispose(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
-
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        try:
-            with self.engine.connect() as conn:
-                yield conn
-        except OperationalError as exc:
-            log.error("store unavailable: %s", type(exc.orig).__name__)
-            raise ServiceUnavailable("the gateway's database is unavailable") from None
-
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        try:
-            with self.engine.connect() as conn:
-                conn = conn.execution_options(bcs_write=True)
-                with conn.begin():
-                    yield conn
-        except OperationalError as exc:
-            log.error("store unavailable: %s", type(exc.orig).__name__)
-            raise ServiceUnavailable("the gateway's database is unavailable") from None
-
-    def ping(self) -> bool:
-        try:
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("SELECT 1")
-            return True
-        except OperationalError:
-            return False
-
-    def migrate(self) -> None:
-        """Bring the schema up to date (safe from many processes at once).
-
-        :raises ConfigError: the database cannot be reached or opened — the message names
-            it (password hidden) and the driver's reason.
-        """
-        from ..core.errors import ConfigError
-        from .migrate import upgrade
-
-        try:
-            upgrade(self)
-        except (OperationalError, InterfaceError) as exc:
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
-            raise ConfigError(f"cannot open the database {self.display_url}: {reason}") from None
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     # -- users and tokens ---------------------------------------------------------
 
@@ -287,7 +100,7 @@ class SQLStore:
 
     def create_user(self, name: str, *, is_superuser: bool = False) -> UserRecord:
         try:
-            with self.transaction() as conn:
+            with self.db.transaction() as conn:
                 result = conn.execute(
                     insert(m.users).values(name=name, is_superuser=is_superuser, created_at=_now())
                 )
@@ -307,7 +120,7 @@ class SQLStore:
                 existing = self.find_user(name)
                 assert existing is not None
         if existing.is_superuser != is_superuser:
-            with self.transaction() as conn:
+            with self.db.transaction() as conn:
                 conn.execute(
                     update(m.users).where(m.users.c.id == existing.id).values(is_superuser=is_superuser)
                 )
@@ -315,19 +128,19 @@ class SQLStore:
         return existing
 
     def find_user(self, name: str) -> UserRecord | None:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
         return self._user(row) if row else None
 
     def get_user(self, user_id: int) -> UserRecord:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(select(m.users).where(m.users.c.id == user_id)).first()
         if row is None:
             raise NotFound(f"user {user_id} not found", code_name="USER_NOT_FOUND")
         return self._user(row)
 
     def list_users(self) -> list[UserRecord]:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(select(m.users).order_by(m.users.c.name)).all()
         return [self._user(r) for r in rows]
 
@@ -354,7 +167,7 @@ class SQLStore:
         Demoting the last superuser is refused (409 ``LAST_SUPERUSER``), in the same
         transaction as the change.
         """
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
             if row is None:
                 raise NotFound(f"user {name!r} not found", code_name="USER_NOT_FOUND")
@@ -372,7 +185,7 @@ class SQLStore:
         (409 ``LAST_SUPERUSER``).
         """
         tokens, perms = m.user_tokens, m.cluster_permissions
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(select(m.users).where(m.users.c.name == name)).first()
             if row is None:
                 raise NotFound(f"user {name!r} not found", code_name="USER_NOT_FOUND")
@@ -411,7 +224,7 @@ class SQLStore:
             tokens issued at once by several processes cannot pass it. Superusers have no limit.
         """
         value = new_token()
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             user = self._lock_user(conn, user_id)
             if limit is not None and not user.is_superuser:
                 tokens = m.user_tokens.c
@@ -457,7 +270,7 @@ class SQLStore:
         """
         tokens = m.user_tokens.c
         now = _now()
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             # Instances starting at once are serialised on the user's row (SQLite: the
             # write transaction's BEGIN IMMEDIATE already is).
             conn.execute(select(m.users.c.id).where(m.users.c.id == user_id).with_for_update())
@@ -495,7 +308,7 @@ class SQLStore:
     def has_bootstrap_token(self, user_name: str) -> bool:
         """Whether ``user_name`` exists and has a usable bootstrap token."""
         now = _now()
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(
                 select(m.user_tokens)
                 .join(m.users, m.users.c.id == m.user_tokens.c.user_id)
@@ -512,14 +325,14 @@ class SQLStore:
 
     def list_tokens(self, user_id: int) -> list[TokenRecord]:
         self.get_user(user_id)
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(
                 select(m.user_tokens).where(m.user_tokens.c.user_id == user_id).order_by(m.user_tokens.c.id)
             ).all()
         return [self._token(r) for r in rows]
 
     def revoke_token(self, user_id: int, token_id: int) -> TokenRecord:
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(
                 select(m.user_tokens).where(
                     m.user_tokens.c.id == token_id, m.user_tokens.c.user_id == user_id
@@ -537,7 +350,7 @@ class SQLStore:
     def authenticate(self, token: str) -> tuple[UserRecord, TokenRecord] | None:
         """The user and token behind a token value, if it is usable now."""
         digest = token_digest(token)
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(
                 select(
                     m.user_tokens, m.users.c.name, m.users.c.is_superuser, m.users.c.created_at.label("user_created")
@@ -554,7 +367,7 @@ class SQLStore:
         return user, token_rec
 
     def touch_token(self, token_id: int) -> None:
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             conn.execute(
                 update(m.user_tokens).where(m.user_tokens.c.id == token_id).values(last_used_at=_now())
             )
@@ -576,7 +389,7 @@ class SQLStore:
             creator's row lock, so creates racing in several processes cannot pass it.
         """
         try:
-            with self.transaction() as conn:
+            with self.db.transaction() as conn:
                 now = _now()
                 if creator_id is not None:
                     creator = self._lock_user(conn, creator_id)
@@ -603,7 +416,7 @@ class SQLStore:
         return self._cluster(row)
 
     def list_clusters(self) -> list[ClusterRecord]:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(select(*_CLUSTER_COLUMNS).order_by(m.clusters.c.id)).all()
         return [self._cluster(r) for r in rows]
 
@@ -615,7 +428,7 @@ class SQLStore:
         admission configurations go with it. Returns what was removed, free of secrets.
         """
         perms, webhooks = m.cluster_permissions, m.webhook_definitions
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             if conn.execute(select(m.clusters.c.id).where(m.clusters.c.id == cluster_id)).first() is None:
                 raise NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
             permissions = {
@@ -657,7 +470,7 @@ class SQLStore:
         }
 
     def find_cluster(self, cluster_id: str) -> ClusterRecord | None:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(select(*_CLUSTER_COLUMNS).where(m.clusters.c.id == cluster_id)).first()
         return self._cluster(row) if row else None
 
@@ -671,12 +484,12 @@ class SQLStore:
         self.get_cluster(cluster_id)
         value = new_token()
         try:
-            with self.transaction() as conn:
+            with self.db.transaction() as conn:
                 conn.execute(
                     insert(m.register_tokens).values(
                         cluster_id=cluster_id,
                         token_hash=token_digest(value),
-                        token_encrypted=self.secrets.encrypt(value),
+                        token_encrypted=self.db.secrets.encrypt(value),
                         created_at=_now(),
                     )
                 )
@@ -688,7 +501,7 @@ class SQLStore:
 
     def get_register_token(self, cluster_id: str) -> tuple[str, datetime]:
         self.get_cluster(cluster_id)
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(
                 select(m.register_tokens).where(m.register_tokens.c.cluster_id == cluster_id)
             ).first()
@@ -696,7 +509,7 @@ class SQLStore:
             raise NotFound(
                 f"cluster {cluster_id!r} has no register token", code_name="REGISTER_TOKEN_NOT_FOUND"
             )
-        return self.secrets.decrypt(row.token_encrypted), _aware(row.created_at)  # type: ignore[return-value]
+        return self.db.secrets.decrypt(row.token_encrypted), _aware(row.created_at)  # type: ignore[return-value]
 
     def revoke_register_token(self, cluster_id: str) -> datetime:
         """Delete the cluster's register token (its creation time is returned); 404 if none.
@@ -705,7 +518,7 @@ class SQLStore:
         then be created.
         """
         self.get_cluster(cluster_id)
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(
                 select(m.register_tokens.c.created_at).where(m.register_tokens.c.cluster_id == cluster_id)
             ).first()
@@ -719,7 +532,7 @@ class SQLStore:
     def authenticate_register_token(self, token: str) -> str | None:
         """The cluster id a register token belongs to, if any."""
         digest = token_digest(token)
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(
                 select(m.register_tokens.c.cluster_id, m.register_tokens.c.token_hash).where(
                     m.register_tokens.c.token_hash == digest
@@ -736,7 +549,7 @@ class SQLStore:
         The digests are compared in constant time; the token itself is never stored.
         """
         digest = token_digest(token)
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(
                 select(m.register_tokens.c.token_hash).where(m.register_tokens.c.cluster_id == cluster_id)
             ).first()
@@ -747,7 +560,7 @@ class SQLStore:
     def register_token_digests(self, cluster_ids: list[str]) -> dict[str, str]:
         """The current register-token digests of ``cluster_ids`` that have one (read in batches)."""
         found: dict[str, str] = {}
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             for start in range(0, len(cluster_ids), _IN_BATCH):
                 batch = cluster_ids[start:start + _IN_BATCH]
                 rows = conn.execute(
@@ -774,21 +587,21 @@ class SQLStore:
             reached through that connection, not directly.
         """
         self.get_cluster(cluster_id)
-        blob = self.secrets.encrypt(
+        blob = self.db.secrets.encrypt(
             json.dumps(
                 {"server_addresses": server_addresses, "cacert_pem": cacert_pem, "user_token": user_token}
             )
         )
         now = _now()
         previous: tuple[str, ...] | None = None
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             old = conn.execute(
                 select(m.cluster_credentials.c.secret_encrypted).where(
                     m.cluster_credentials.c.cluster_id == cluster_id
                 )
             ).first()
             if old is not None:
-                previous = tuple(json.loads(self.secrets.decrypt(old.secret_encrypted))["server_addresses"])
+                previous = tuple(json.loads(self.db.secrets.decrypt(old.secret_encrypted))["server_addresses"])
             changed = conn.execute(
                 update(m.cluster_credentials)
                 .where(m.cluster_credentials.c.cluster_id == cluster_id)
@@ -814,13 +627,13 @@ class SQLStore:
                                           via_tunnel)
 
     def get_credentials(self, cluster_id: str) -> CredentialRecord | None:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(
                 select(m.cluster_credentials).where(m.cluster_credentials.c.cluster_id == cluster_id)
             ).first()
         if row is None:
             return None
-        data = json.loads(self.secrets.decrypt(row.secret_encrypted))
+        data = json.loads(self.db.secrets.decrypt(row.secret_encrypted))
         return CredentialRecord(
             cluster_id,
             tuple(data["server_addresses"]),
@@ -843,7 +656,7 @@ class SQLStore:
         values = {"holder_id": holder.id, "peer_address": holder.peer_address,
                   "peer_fingerprint": holder.peer_fingerprint, "connected_at": now, "seen_at": now}
         table = m.agent_placements
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             changed = conn.execute(update(table).where(table.c.cluster_id == cluster_id).values(**values)).rowcount
             if not changed:
                 try:
@@ -857,21 +670,21 @@ class SQLStore:
     def clear_placement(self, cluster_id: str, holder_id: str) -> bool:
         """Forget ``cluster_id``'s placement if ``holder_id`` still holds it (a newer holder stays)."""
         table = m.agent_placements
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             return bool(conn.execute(
                 delete(table).where(table.c.cluster_id == cluster_id, table.c.holder_id == holder_id)
             ).rowcount)
 
     def get_placement(self, cluster_id: str) -> PlacementRecord | None:
         table = m.agent_placements
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(select(table).where(table.c.cluster_id == cluster_id)).first()
         return self._placement(row) if row else None
 
     def touch_placements(self, holder_id: str) -> int:
         """The holder's heartbeat: mark every placement it holds as seen now."""
         table = m.agent_placements
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             return int(conn.execute(
                 update(table).where(table.c.holder_id == holder_id).values(seen_at=_now())
             ).rowcount)
@@ -888,7 +701,7 @@ class SQLStore:
                   "peer_fingerprint": holder.peer_fingerprint, "connected_at": now, "seen_at": now}
         table = m.agent_placements
         adopted = 0
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             placed: dict[str, Any] = {}
             for start in range(0, len(cluster_ids), _IN_BATCH):
                 batch = cluster_ids[start:start + _IN_BATCH]
@@ -911,14 +724,14 @@ class SQLStore:
     def clear_holder(self, holder_id: str) -> int:
         """Forget every placement of a holder (a process that is shutting down)."""
         table = m.agent_placements
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             return int(conn.execute(delete(table).where(table.c.holder_id == holder_id)).rowcount)
 
     # -- cluster permissions ------------------------------------------------------------
 
     def cluster_permission(self, cluster_id: str, user_id: int) -> str | None:
         """``"view"``, ``"edit"`` or ``None``: what the permission table says (superusers aside)."""
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             value = conn.execute(
                 select(m.cluster_permissions.c.permission).where(
                     m.cluster_permissions.c.cluster_id == cluster_id, m.cluster_permissions.c.user_id == user_id
@@ -935,7 +748,7 @@ class SQLStore:
         )
         if user_id is not None:
             query = query.where(m.cluster_permissions.c.user_id == user_id)
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(query).all()
         return [
             PermissionRecord(r.cluster_id, r.user_id, r.name, r.permission, _aware(r.updated_at))  # type: ignore[arg-type]
@@ -945,7 +758,7 @@ class SQLStore:
     def user_cluster_permissions(self, user_id: int) -> dict[str, str]:
         """Every cluster the permission table gives ``user_id`` something on: ``{cluster_id: permission}``."""
         table = m.cluster_permissions
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(select(table.c.cluster_id, table.c.permission).where(table.c.user_id == user_id))
             return {str(r.cluster_id): str(r.permission) for r in rows}
 
@@ -962,7 +775,7 @@ class SQLStore:
         is refused (:class:`QuotaExceeded`); changing or removing a grant never is.
         """
         table = m.cluster_permissions
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             # The cluster's row lock serialises every change of its permissions: rows inserted
             # by another process meanwhile are counted, not only the rows that existed.
             if conn.execute(
@@ -1013,7 +826,7 @@ class SQLStore:
     def replace_rbac_grants(self, entries: set[tuple[str, str, str]]) -> None:
         """Make the table hold exactly ``(subject_kind, subject, cluster)`` ``entries``."""
         table = m.rbac_cluster_grants
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             conn.execute(delete(table))
             if entries:
                 conn.execute(
@@ -1027,7 +840,7 @@ class SQLStore:
         subject: ColumnElement[bool] = (table.c.subject_kind == "User") & (table.c.subject == user_name)
         if groups:
             subject = or_(subject, (table.c.subject_kind == "Group") & table.c.subject.in_(groups))
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             row = conn.execute(
                 select(table.c.cluster).where(subject, table.c.cluster.in_((cluster_id, "*"))).limit(1)
             ).first()
@@ -1039,13 +852,13 @@ class SQLStore:
         subject: ColumnElement[bool] = (table.c.subject_kind == "User") & (table.c.subject == user_name)
         if groups:
             subject = or_(subject, (table.c.subject_kind == "Group") & table.c.subject.in_(groups))
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             return {str(r.cluster) for r in conn.execute(select(table.c.cluster).where(subject).distinct())}
 
     # -- instance facts (what the instances sharing this database agree on) ----------------
 
     def get_fact(self, name: str) -> str | None:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             value = conn.execute(select(m.instance_facts.c.value).where(m.instance_facts.c.name == name)).scalar()
         return str(value) if value is not None else None
 
@@ -1053,7 +866,7 @@ class SQLStore:
         """Record ``value`` as ``name`` unless a value is recorded already (``replace``: overwrite it);
         returns the value recorded now — another instance's, when it was first."""
         table = m.instance_facts
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             if replace and conn.execute(
                 update(table).where(table.c.name == name).values(value=value, updated_at=_now())
             ).rowcount:
@@ -1068,7 +881,7 @@ class SQLStore:
 
     def sample_secrets(self) -> list[str]:
         """The newest encrypted register token and cluster credential, as stored (for a key check)."""
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             token = conn.execute(select(m.register_tokens.c.token_encrypted)
                                  .order_by(m.register_tokens.c.id.desc()).limit(1)).scalar()
             credential = conn.execute(select(m.cluster_credentials.c.secret_encrypted)
@@ -1084,12 +897,12 @@ class SQLStore:
         :raises ConfigError: a stored secret that none of the keys decrypts (nothing changes).
         """
         count = 0
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             for row in conn.execute(select(m.register_tokens.c.id, m.register_tokens.c.token_encrypted)).all():
                 conn.execute(
                     update(m.register_tokens)
                     .where(m.register_tokens.c.id == row.id)
-                    .values(token_encrypted=self.secrets.rotate(row.token_encrypted))
+                    .values(token_encrypted=self.db.secrets.rotate(row.token_encrypted))
                 )
                 count += 1
             rows = conn.execute(
@@ -1099,15 +912,15 @@ class SQLStore:
                 conn.execute(
                     update(m.cluster_credentials)
                     .where(m.cluster_credentials.c.cluster_id == row.cluster_id)
-                    .values(secret_encrypted=self.secrets.rotate(row.secret_encrypted))
+                    .values(secret_encrypted=self.db.secrets.rotate(row.secret_encrypted))
                 )
                 count += 1
             check = conn.execute(select(m.instance_facts.c.value)
                                  .where(m.instance_facts.c.name == SECRET_CHECK_FACT)).scalar()
             if check is not None:
                 conn.execute(update(m.instance_facts).where(m.instance_facts.c.name == SECRET_CHECK_FACT)
-                             .values(value=self.secrets.rotate(check), updated_at=_now()))
-            key_id = self.secrets.key_id()
+                             .values(value=self.db.secrets.rotate(check), updated_at=_now()))
+            key_id = self.db.secrets.key_id()
             if not conn.execute(update(m.instance_facts).where(m.instance_facts.c.name == SECRET_KEY_ID_FACT)
                                 .values(value=key_id, updated_at=_now())).rowcount:
                 conn.execute(insert(m.instance_facts).values(name=SECRET_KEY_ID_FACT, value=key_id,
@@ -1119,7 +932,7 @@ class SQLStore:
     def record_audit(self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None) -> None:
         """Persist and log a management change. ``detail`` must hold no secret."""
         detail = detail or {}
-        with self.transaction() as conn:
+        with self.db.transaction() as conn:
             conn.execute(
                 insert(m.audit_log).values(at=_now(), actor=actor, action=action, target=target, detail=detail)
             )
@@ -1128,7 +941,7 @@ class SQLStore:
         )
 
     def list_audit(self, limit: int = 100) -> list[AuditRecord]:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             rows = conn.execute(select(m.audit_log).order_by(m.audit_log.c.id.desc()).limit(limit)).all()
         return [AuditRecord(r.id, _aware(r.at), r.actor, r.action, r.target, r.detail) for r in rows]  # type: ignore[arg-type]
 
@@ -1150,7 +963,7 @@ class SQLStore:
                 )
 
     def revision(self, topic: str) -> int:
-        with self.connection() as conn:
+        with self.db.connection() as conn:
             value = conn.execute(select(func.max(m.revisions.c.revision)).where(m.revisions.c.topic == topic)).scalar()
         return int(value or 0)
 
@@ -1162,15 +975,6 @@ def open_store(
     secret_key: str | None = None,
     migrate: bool = True,
 ) -> SQLStore:
-    """The one way to get a store: URL (or SQLite in ``data_dir``), keys, migrations."""
-    data_path = Path(data_dir) if data_dir is not None else None
-    if url is None:
-        if data_path is None:
-            raise ValueError("open_store needs a database URL or a data directory")
-        data_path.mkdir(parents=True, exist_ok=True)
-        url = sqlite_url(data_path)
-    keys, origin = load_key_source(secret_key, data_path)
-    store = SQLStore(url, secrets=SecretBox(keys, origin=origin))
-    if migrate:
-        store.migrate()
-    return store
+    """The store over the process's database for a URL (or SQLite in ``data_dir``) and key
+    source (:func:`~.database.open_database`: every caller naming the same one shares it)."""
+    return SQLStore(open_database(url, data_dir=data_dir, secret_key=secret_key, migrate=migrate))

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from bcs_middleware.clusters.directory import NOT_READY_TTL, CachedDirectory
 
+from bcs_middleware.clusters.directory import NOT_READY_TTL, CachedDirectory
 from bcs_middleware.core.records import ClusterRecord, CredentialRecord
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import Gateway, served_gateway

@@ -370,7 +370,7 @@ def store(tmp_path: Path) -> Iterator[SQLStore]:
     opened = open_store(data_dir=tmp_path, secret_key=KEY.decode())
     opened.create_cluster(CLUSTER, project_id="p", cluster_type="k8s")
     yield opened
-    opened.dispose()
+    opened.db.dispose()
 
 
 def router_for(store: SQLStore, echo: EchoServer, **kw) -> tuple[AgentRouter, StandInAgents]:  # type: ignore[no-untyped-def]
@@ -545,7 +545,7 @@ def two_instances(postgres_server, tmp_path_factory: pytest.TempPathFactory,  # 
             try:
                 yield one, two, store
             finally:
-                store.dispose()
+                store.db.dispose()
 
 
 def _connect_agent(gw: Gateway, apiserver: FakeAPIServer | QuickAPIServer, cluster_id: str,

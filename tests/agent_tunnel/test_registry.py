@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from bcs_middleware.clusters.directory import upstream_for
 
 from bcs_middleware.agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from bcs_middleware.agent_tunnel.session import Session
+from bcs_middleware.clusters.directory import upstream_for
 from bcs_middleware.core.environ import Upstream
 from bcs_middleware.core.errors import AgentUnavailable
 from bcs_middleware.core.records import CredentialRecord, Holder, PlacementRecord

@@ -80,7 +80,7 @@ def store(gateway: Gateway) -> Iterator[SQLStore]:
     """The gateway's own database."""
     opened = open_store(data_dir=gateway.data, secret_key=KEY)
     yield opened
-    opened.dispose()
+    opened.db.dispose()
 
 
 @pytest.fixture
@@ -279,7 +279,7 @@ def test_holder_gone_is_a_503_status_within_a_second(gateway: Gateway, store: SQ
 def test_stale_placement_of_a_dead_holder_is_removed(gateway: Gateway, store: SQLStore, cluster: str) -> None:
     """A holder that stopped heartbeating is not asked, and its placement is cleaned up."""
     store.put_placement(cluster, Holder(f"{socket.gethostname()}/3", "127.0.0.1:1", "ef" * 32))
-    with store.transaction() as conn:  # its last heartbeat, a minute ago
+    with store.db.transaction() as conn:  # its last heartbeat, a minute ago
         conn.execute(update(models.agent_placements).where(models.agent_placements.c.cluster_id == cluster)
                      .values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))
     status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")

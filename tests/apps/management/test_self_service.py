@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bcs_middleware.clusters.permissions import ClusterCreators, reserved_cluster_id
 from cryptography.fernet import Fernet
 from werkzeug.test import Client
 
 from bcs_middleware.apps.management.app import ManagementAPI, app_factory
 from bcs_middleware.apps.management.calls import APISettings
+from bcs_middleware.clusters.permissions import ClusterCreators, reserved_cluster_id
 from bcs_middleware.compose.gateway import config_from_options
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import ConfigError
@@ -77,7 +77,7 @@ def test_the_ini_options_become_typed_settings(tmp_path: Path) -> None:
     api = app_factory({}, data_dir=str(tmp_path / "api"), cluster_creators="superusers",
                       quota_permissions_per_cluster="7")
     assert api.settings.quotas.permissions_per_cluster == 7 and not api.settings.cluster_creators.everyone
-    api.store.dispose()
+    api.store.db.dispose()
 
 
 def test_group_members_register_clusters_and_others_do_not(tmp_path: Path) -> None:
@@ -103,4 +103,4 @@ def test_group_members_register_clusters_and_others_do_not(tmp_path: Path) -> No
     assert over.get_json() == {"code_name": "QUOTA_EXCEEDED", "quota": "clusters_per_user", "limit": 1,
                                "message": over.get_json()["message"]}
     assert [c.id for c in store.list_clusters()] == ["carols"]
-    store.dispose()
+    store.db.dispose()
