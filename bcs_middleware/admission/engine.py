@@ -235,9 +235,6 @@ class AdmissionEngine:
             self._bcs = cached
         return cached[1]
 
-    def has_bcs_operation(self, operation: str) -> bool:
-        return bool(self.bcs_kinds(operation))
-
     def bcs_kinds(self, operation: str) -> frozenset[str]:
         """The (lower-case) kinds some bcs definition covers for ``operation``."""
         version = self.store.version()

@@ -159,10 +159,6 @@ class RBACService:
         if self._own_transport:
             self.transport.close()
 
-    def trigger(self) -> None:
-        """Tick now instead of at the next ``tick`` (after a known change)."""
-        self._wake.set()
-
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:

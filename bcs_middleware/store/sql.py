@@ -721,12 +721,6 @@ class SQLStore:
                         table.c.cluster_id == cluster_id, table.c.seen_at == seen).values(**values)).rowcount
         return adopted
 
-    def clear_holder(self, holder_id: str) -> int:
-        """Forget every placement of a holder (a process that is shutting down)."""
-        table = m.agent_placements
-        with self.db.transaction() as conn:
-            return int(conn.execute(delete(table).where(table.c.holder_id == holder_id)).rowcount)
-
     # -- cluster permissions ------------------------------------------------------------
 
     def cluster_permission(self, cluster_id: str, user_id: int) -> str | None:
