@@ -436,7 +436,7 @@ def _production_config(tmp: Path) -> Path:
     if not conf.exists():
         conf.write_text(
             "from bcs_middleware.cli.main import connection_slots\n"
-            "from bcs_middleware.pki.certs import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
+            "from bcs_middleware.pki.reload import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
             f"globals().update(connection_slots({GUNICORN['worker_class']!r}, {GUNICORN['threads']!r}))\n"
         )
     return conf

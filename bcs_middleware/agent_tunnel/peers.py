@@ -75,7 +75,7 @@ from typing import Protocol, TypeVar
 
 from ..apps.upgrade import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_DURATION, splice
 from ..core.errors import ConfigError
-from ..pki.certs import cert_fingerprint, self_signed_server_cert
+from ..pki.certificates import cert_fingerprint, self_signed_server_cert
 
 log = logging.getLogger(__name__)
 

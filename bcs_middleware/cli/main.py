@@ -34,7 +34,7 @@ from ..telemetry.logsetup import configure_logging
 from . import serve_config
 
 if TYPE_CHECKING:
-    from ..pki.certs import GatewayPKI
+    from ..pki.files import GatewayPKI
 
 log = logging.getLogger("bcs_middleware.cli.main")
 
@@ -279,7 +279,7 @@ def _ini_application(args: argparse.Namespace, parser: configparser.ConfigParser
 
 def _generated_pki(data_dir: Path, hosts: list[str]) -> GatewayPKI:
     """The data directory's CA and server certificate (made or renewed as needed)."""
-    from ..pki.certs import ensure_gateway_pki
+    from ..pki.files import ensure_gateway_pki
 
     try:
         return ensure_gateway_pki(data_dir, hosts)
@@ -355,7 +355,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not ca_file:
             log.warning("no --ca-file: client_credentials and kubeconfigs will not carry a CA")
     else:
-        from ..pki.certs import CertificateRenewer, default_gateway_hosts
+        from ..pki.files import default_gateway_hosts
+        from ..pki.reload import CertificateRenewer
 
         hosts = default_gateway_hosts() + [h for spec in args.tls_host for h in spec.split(",") if h]
         if role == "gateway":
@@ -389,7 +390,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loader = _driver_loader(args, data_dir)
     else:
         loader = _gateway_loader(args, data_dir, ca_file, cert_for_api)
-    from ..pki.certs import gunicorn_ssl_context
+    from ..pki.reload import gunicorn_ssl_context
 
     settings.update(_worker_settings(opts, args))
     settings.update(

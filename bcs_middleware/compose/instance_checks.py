@@ -34,7 +34,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from ..core.errors import ConfigError
-from ..pki.certs import cert_fingerprint
+from ..pki.certificates import cert_fingerprint
 from ..store.database import Database
 from ..store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
 

@@ -25,7 +25,7 @@ from bcs_middleware.agent_tunnel.peers import PEER_KEY_PURPOSE, PeerAddress, Pee
 from bcs_middleware.agent_tunnel.router import AgentRouter
 from bcs_middleware.core.errors import AgentUnavailable, ConfigError
 from bcs_middleware.core.records import Holder
-from bcs_middleware.pki.certs import generate_ca, issue_server_cert
+from bcs_middleware.pki.certificates import generate_ca, issue_server_cert
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.sql import SQLStore, open_store
 from tests.kubernetes_route.test_upgrade import Handlers

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from bcs_middleware.pki import certs as tls
+from bcs_middleware.pki import certificates
 from tests.support.servers import BIN, ServerProcess, free_port, http_get
 
 CLI = str(BIN / "bcs-middleware")
@@ -95,8 +95,8 @@ def test_a_running_gateway_renews_its_certificate_without_a_restart(tmp_path: Pa
         master = server.proc.pid
         key_before = (tls_dir / "server.key").read_bytes()
         # The certificate now expires tomorrow (same key, same CA): due for renewal.
-        ca = tls.load_keypair(ca_file, tls_dir / "ca.key")
-        short = tls.issue_server_cert(ca, ["localhost", "127.0.0.1"], days=1, key_pem=key_before)
+        ca = certificates.load_keypair(ca_file, tls_dir / "ca.key")
+        short = certificates.issue_server_cert(ca, ["localhost", "127.0.0.1"], days=1, key_pem=key_before)
         (tls_dir / "server.crt").write_bytes(short.cert_pem)
         assert _served_certificate(server.port, ca_file).not_valid_after_utc < datetime.now(UTC) + timedelta(days=2)
 

@@ -29,7 +29,7 @@ from sqlalchemy import update
 
 from bcs_middleware.agent_tunnel.peers import GREETING, PEER_KEY_PURPOSE, PeerAddress, PeerListener
 from bcs_middleware.core.records import Holder
-from bcs_middleware.pki.certs import self_signed_server_cert
+from bcs_middleware.pki.certificates import self_signed_server_cert
 from bcs_middleware.store import models
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.sql import SQLStore, open_store
