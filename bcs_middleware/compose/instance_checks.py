@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from ..core.errors import ConfigError
 from ..pki.certificates import cert_fingerprint
 from ..store.database import Database
-from ..store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
+from ..store.facts import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
 
 log = logging.getLogger(__name__)
 

@@ -17,16 +17,11 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ..admission.definitions import (
-    BcsDefinition,
-    K8sConfiguration,
-    parse_bcs_definition,
-    parse_k8s_configuration,
-)
+from ..admission.definitions import BcsDefinition, K8sConfiguration, parse_bcs_definition, parse_k8s_configuration
 from ..core.errors import Conflict
 from ..core.quotas import QuotaExceeded
 from . import models as m
-from .sql import WEBHOOKS_TOPIC as TOPIC
+from .rows import WEBHOOKS_TOPIC as TOPIC
 from .sql import SQLStore
 
 _BCS = "bcs"

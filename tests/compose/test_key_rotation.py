@@ -17,7 +17,8 @@ from sqlalchemy import select
 from bcs_middleware.store import models as m
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.database import Database
-from bcs_middleware.store.sql import SECRET_KEY_ID_FACT, SQLStore
+from bcs_middleware.store.facts import SECRET_KEY_ID_FACT
+from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, register_cluster, served_gateway, write_kubeconfig
 from tests.support.servers import BIN, free_port

@@ -12,7 +12,8 @@ from bcs_middleware.compose.instance_checks import check_gateway_ca, check_secre
 from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.store.crypto import SecretBox, token_digest
 from bcs_middleware.store.database import Database
-from bcs_middleware.store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT, SQLStore
+from bcs_middleware.store.facts import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
+from bcs_middleware.store.sql import SQLStore
 
 
 def _key() -> str:

@@ -83,7 +83,7 @@ def test_deleting_the_cluster_removes_its_placement(stores) -> None:  # type: ig
 
 def test_register_token_digests_are_read_in_one_call_for_many_clusters(stores) -> None:  # type: ignore[no-untyped-def]
     from bcs_middleware.store.crypto import token_digest
-    from bcs_middleware.store.sql import _IN_BATCH
+    from bcs_middleware.store.rows import IN_BATCH as _IN_BATCH
 
     one, two = stores
     ids = [f"many-{i}" for i in range(_IN_BATCH + 3)]  # more than one IN batch
