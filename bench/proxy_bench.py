@@ -383,7 +383,7 @@ def _start_gateway(tmp: Path, name: str, upstream_url: str,
                 store.set_cluster_permission(CLUSTER_ID, user.id, "view")  # a user of the cluster, not its manager
             tokens[user_name] = store.create_token(user.id)[1]
     finally:
-        store.dispose()
+        store.db.dispose()
     metrics_dir = tmp / f"{name}-metrics"
     metrics_dir.mkdir()
     server = _serve("proxy_bench:gateway_app()",
@@ -436,7 +436,7 @@ def _production_config(tmp: Path) -> Path:
     if not conf.exists():
         conf.write_text(
             "from bcs_middleware.cli.serve_options import connection_slots\n"
-            "from bcs_middleware.pki.certs import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
+            "from bcs_middleware.pki.reload import gunicorn_ssl_context as ssl_context  # noqa: F401\n\n"
             f"globals().update(connection_slots({GUNICORN['worker_class']!r}, {GUNICORN['threads']!r}))\n"
         )
     return conf

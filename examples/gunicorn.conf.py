@@ -51,7 +51,8 @@ if _WORKER_CLASS == "gevent":
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bcs_middleware.pki.certs import CertificateRenewer, default_gateway_hosts, ensure_gateway_pki  # noqa: E402
+from bcs_middleware.pki.files import default_gateway_hosts, ensure_gateway_pki  # noqa: E402
+from bcs_middleware.pki.reload import CertificateRenewer  # noqa: E402
 from bcs_middleware.serving import datadir  # noqa: E402
 
 bind = [os.environ.get("BCS_BIND", "127.0.0.1:8443")]
@@ -123,7 +124,7 @@ else:
 
 def ssl_context(conf, default_ssl_context_factory):  # type: ignore[no-untyped-def]
     # gthread asks for a server context per connection; reuse one while the files are unchanged.
-    from bcs_middleware.pki.certs import gunicorn_ssl_context
+    from bcs_middleware.pki.reload import gunicorn_ssl_context
 
     return gunicorn_ssl_context(conf, default_ssl_context_factory)
 

@@ -177,7 +177,7 @@ def _gateway_user_token(clone: Path) -> str:
     store = open_store(data_dir=clone / "bcs-data")
     user = store.create_user("webuser")
     _, token = store.create_token(user.id)
-    store.dispose()
+    store.db.dispose()
     return token
 
 

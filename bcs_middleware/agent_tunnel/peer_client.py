@@ -15,7 +15,7 @@ import threading
 import time
 
 from ..core.splice import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_DURATION, splice
-from ..pki.certs import cert_fingerprint
+from ..pki.certificates import cert_fingerprint
 from .peer_link import (
     CHALLENGE_SIZE,
     GREETING,

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ..core.errors import ConfigError
 from ..core.splice import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_DURATION, splice
-from ..pki.certs import cert_fingerprint, self_signed_server_cert
+from ..pki.certificates import cert_fingerprint, self_signed_server_cert
 from .peer_link import (
     CHALLENGE_SIZE,
     GREETING,

@@ -13,7 +13,7 @@ Three modes, exactly one per call::
 files are never overwritten without ``--force``. Exit code 0 on success, 2 on
 a usage error or a refused write.
 
-The building is done by :mod:`bcs_middleware.pki.certs`; this module only parses
+The building is done by :mod:`bcs_middleware.pki` (certificates, files, reload, bundles); this module only parses
 and prints.
 """
 
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..pki import certs as tls
+from ..pki import bundles, certificates
 
 __all__ = ["configure_parser", "run"]
 
@@ -68,7 +68,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=3072,
         metavar="N",
-        help=f"RSA key size, at least {tls.MIN_RSA_BITS} (default: 3072)",
+        help=f"RSA key size, at least {certificates.MIN_RSA_BITS} (default: 3072)",
     )
     parser.add_argument(
         "--ca-dir", metavar="DIR", help="with --client: directory holding ca.crt and ca.key"
@@ -101,13 +101,13 @@ def _gateway(args: argparse.Namespace, out: Path) -> int:
     hosts = _hosts(args.host)
     if not hosts:
         return _fail("--gateway needs --host NAME[,NAME...] (every name clients will use)")
-    paths = tls.write_gateway_bundle(
+    paths = bundles.write_gateway_bundle(
         out, hosts, key_type=args.key_type, rsa_bits=args.rsa_bits, force=args.force
     )
     cert_pem = paths["cert_file"].read_bytes()
     print(f"Wrote {', '.join(_q(p) for p in paths.values())}")
-    print(f"Server certificate names: {', '.join(tls.cert_hosts(cert_pem))}")
-    print(f"Valid until: {tls.cert_not_after(cert_pem):%Y-%m-%d %H:%M} UTC")
+    print(f"Server certificate names: {', '.join(certificates.cert_hosts(cert_pem))}")
+    print(f"Valid until: {certificates.cert_not_after(cert_pem):%Y-%m-%d %H:%M} UTC")
     print("Serve with:")
     print(
         f"  bcs-middleware serve --certfile {_q(paths['cert_file'])} "
@@ -123,7 +123,7 @@ def _gateway(args: argparse.Namespace, out: Path) -> int:
 def _service(args: argparse.Namespace, out: Path) -> int:
     if not args.namespace:
         return _fail("--service needs --namespace NS")
-    bundle = tls.write_service_bundle(
+    bundle = bundles.write_service_bundle(
         out,
         args.service,
         args.namespace,
@@ -146,11 +146,11 @@ def _service(args: argparse.Namespace, out: Path) -> int:
 def _client(args: argparse.Namespace, out: Path) -> int:
     if not args.ca_dir:
         return _fail("--client needs --ca-dir DIR (holding ca.crt and ca.key)")
-    paths = tls.write_client_bundle(
+    paths = bundles.write_client_bundle(
         out, Path(args.ca_dir), args.client, organizations=args.org, force=args.force
     )
     print(f"Wrote {_q(paths['cert_file'])}, {_q(paths['key_file'])}")
-    subject = tls.load_keypair(paths["cert_file"], paths["key_file"]).certificate.subject
+    subject = certificates.load_keypair(paths["cert_file"], paths["key_file"]).certificate.subject
     print(f"Subject: {subject.rfc4514_string()}")
     return 0
 

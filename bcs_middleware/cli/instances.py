@@ -61,14 +61,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _open_store(args: argparse.Namespace) -> SQLStore:
     from ..store.crypto import SecretBox
-    from ..store.sql import SQLStore, sqlite_url
+    from ..store.database import Database, sqlite_url
+    from ..store.sql import SQLStore
 
     data_dir = Path(args.data_dir).absolute()
     if not args.database_url and not (data_dir / "bcs.sqlite3").exists():
         raise ConfigError(f"no gateway database in {data_dir} (give --data-dir, or --database-url)")
     # Neither command reads a secret back: no key is loaded (nor generated).
-    store = SQLStore(args.database_url or sqlite_url(data_dir), secrets=SecretBox([]))
-    store.migrate()
+    store = SQLStore(Database(args.database_url or sqlite_url(data_dir), secrets=SecretBox([])))
+    store.db.migrate()
     return store
 
 
@@ -101,7 +102,7 @@ def run_rotate(args: argparse.Namespace) -> int:
     finally:
         if staged is not None:
             staged.unlink(missing_ok=True)
-        store.dispose()
+        store.db.dispose()
     source = f"env {ADMIN_TOKEN_ENV}" if configured else str(data_dir / ADMIN_TOKEN_FILE)
     print(f"Bootstrap user {args.user!r} has a new token ({source}); the old one no longer works. Give it "
           f"to every instance configured with the old token ({ADMIN_TOKEN_ENV} or its DATA_DIR/{ADMIN_TOKEN_FILE}) "
@@ -122,7 +123,7 @@ def run_set_ca(args: argparse.Namespace) -> int:
         before, now = record_gateway_ca(store, pem)
         store.record_audit("set-shared-ca", "gateway.ca.set", "gateway_ca", {"ca": now, "before": before})
     finally:
-        store.dispose()
+        store.db.dispose()
     print(f"Recorded the gateways' CA: {now}" + (f" (was {before})" if before and before != now else "")
           + ". Restart every instance with this CA; one handing out another refuses to start.", file=sys.stderr)
     return 0

@@ -69,7 +69,7 @@ def gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None
         try:
             build_gateway(config, store=store, background=False)
         finally:
-            store.dispose()
+            store.db.dispose()
 
     build_in_master(check, source="the gateway")
 

@@ -46,7 +46,7 @@ class GunicornRunner:
 def gunicorn_settings(opts: ServerOptions, args: argparse.Namespace) -> dict[str, Any]:
     """What every ``serve`` sets in gunicorn (the TLS files and the hooks of ZooKeeper and the
     certificate renewer are added by the caller)."""
-    from ..pki.certs import gunicorn_ssl_context
+    from ..pki.reload import gunicorn_ssl_context
 
     return {
         **worker_settings(opts, args),

@@ -16,7 +16,8 @@ from ..core.errors import ConfigError
 from .serve_options import ServerOptions, bind_is_loopback
 
 if TYPE_CHECKING:
-    from ..pki.certs import CertificateRenewer, GatewayPKI
+    from ..pki.files import GatewayPKI
+    from ..pki.reload import CertificateRenewer
 
 log = logging.getLogger("bcs_middleware.cli.main")
 
@@ -67,7 +68,8 @@ def resolve_tls(args: argparse.Namespace, opts: ServerOptions, *, role: str, app
 
 def _generate(tls: ServeTLS, args: argparse.Namespace, *, role: str, app_conf: dict[str, str],
               data_dir: Path) -> None:
-    from ..pki.certs import CertificateRenewer, default_gateway_hosts
+    from ..pki.files import default_gateway_hosts
+    from ..pki.reload import CertificateRenewer
 
     hosts = default_gateway_hosts() + [h for spec in args.tls_host for h in spec.split(",") if h]
     if role == "gateway":
@@ -106,19 +108,20 @@ def refuse_a_second_ca(database_url: str | None, data_dir: Path, tls_dir: Path) 
     this instance must hand out that one, not mint its own."""
     from ..compose.instance_checks import recorded_ca
     from ..store.crypto import SecretBox
-    from ..store.sql import SQLStore, sqlite_url
+    from ..store.database import Database, sqlite_url
+    from ..store.sql import SQLStore
 
     if (tls_dir / "ca.crt").exists():
         return
-    store = SQLStore(database_url or sqlite_url(data_dir), secrets=SecretBox([]))
+    store = SQLStore(Database(database_url or sqlite_url(data_dir), secrets=SecretBox([])))
     try:
-        store.migrate()
+        store.db.migrate()
         recorded = recorded_ca(store)
     finally:
-        store.dispose()
+        store.db.dispose()
     if recorded is not None:
         raise ConfigError(
-            f"the database {store.display_url} records the CA the gateways hand to clients ({recorded}), and "
+            f"the database {store.db.display_url} records the CA the gateways hand to clients ({recorded}), and "
             f"{tls_dir} has no CA: this instance would make a CA of its own, which no client trusts. Copy ca.crt "
             f"and ca.key from another instance's DATA_DIR/tls/ into {tls_dir}/ (mode 0600 for the key), or serve "
             "--certfile/--keyfile signed by that CA with --ca-file"
@@ -127,7 +130,7 @@ def refuse_a_second_ca(database_url: str | None, data_dir: Path, tls_dir: Path) 
 
 def generated_pki(data_dir: Path, hosts: list[str]) -> GatewayPKI:
     """The data directory's CA and server certificate (made or renewed as needed)."""
-    from ..pki.certs import ensure_gateway_pki
+    from ..pki.files import ensure_gateway_pki
 
     try:
         return ensure_gateway_pki(data_dir, hosts)

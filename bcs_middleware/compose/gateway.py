@@ -192,7 +192,7 @@ def apply_bootstrap(store: SQLStore, users: Iterable[BootstrapUser]) -> None:
             _say_joined(user.name)
         elif outcome in _REFUSED:
             raise ConfigError(f"bootstrap user {user.name!r}: " + _REFUSED[outcome].format(
-                db=store.display_url, source=user.source, hint=ROTATE_HINT))
+                db=store.db.display_url, source=user.source, hint=ROTATE_HINT))
         elif written is not None:
             from ..serving.datadir import announce_generated_admin_token
 
@@ -326,7 +326,7 @@ class GatewayDispatcher:
 
     def readiness(self) -> tuple[bool, dict[str, str]]:
         """Ready = the store answers and discovery is fresh (a stale snapshot still routes)."""
-        report = {"store": "ok" if self.store.ping() else "unreachable"}
+        report = {"store": "ok" if self.store.db.ping() else "unreachable"}
         if self.discovery is not None:
             report["discovery"] = "stale" if self.discovery.stale() else "ok"
         return all(v == "ok" for v in report.values()), report
@@ -443,8 +443,8 @@ def build_gateway(
     if store is None:
         store = open_store(config.database_url, data_dir=config.data_dir, secret_key=config.secret_key)
         if lifecycle.building_in_master():
-            lifecycle.after_master_build(store.dispose)
-    if store.secrets.locked:
+            lifecycle.after_master_build(store.db.dispose)
+    if store.db.secrets.locked:
         raise ConfigError("the gateway needs a secret key: set secret_key, env BCS_SECRET_KEY, or data_dir")
     # What every instance sharing the database must agree on (instance_checks), before anything else.
     check_secret_key(store)
@@ -460,7 +460,7 @@ def build_gateway(
         atexit.register(agents.close)
     # Other workers and instances reach this worker's agents through its peer listener.
     tunnels: TunnelDialer = LocalOnlyDialer(agents) if config.peer_address is None else peer_routing(
-        agents, store, store.secrets, peer_address=config.peer_address, background=background)
+        agents, store, store.db.secrets, peer_address=config.peer_address, background=background)
     if transport is None:
         transport = PooledTransport(
             connect_timeout=config.connect_timeout,

@@ -34,9 +34,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from ..core.errors import ConfigError
-from ..pki.certs import cert_fingerprint
-from ..store.crypto import SecretBox
-from ..store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
+from ..pki.certificates import cert_fingerprint
+from ..store.database import Database
+from ..store.facts import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,10 @@ _CHECK_TEXT = "bcs-middleware secret key check"
 
 
 class FactStore(Protocol):
-    """What the checks need of the store (:class:`~bcs_middleware.store.SQLStore`)."""
-
-    secrets: SecretBox
+    """What the checks need of the store (:class:`~bcs_middleware.store.sql.SQLStore`)."""
 
     @property
-    def display_url(self) -> str: ...
+    def db(self) -> Database: ...
 
     def get_fact(self, name: str) -> str | None: ...
 
@@ -65,7 +63,7 @@ class FactStore(Protocol):
 def check_secret_key(store: FactStore) -> None:
     """Refuse a secret key that cannot decrypt what the database holds; record the check
     value when this is the first instance with a key."""
-    box = store.secrets
+    box = store.db.secrets
     if box.locked:
         return  # nothing to decrypt with: the callers that need a key say so themselves
     recorded = store.get_fact(SECRET_CHECK_FACT)
@@ -83,10 +81,10 @@ def check_secret_key(store: FactStore) -> None:
 
 
 def _wrong_key(store: FactStore) -> ConfigError:
-    box = store.secrets
+    box = store.db.secrets
     return ConfigError(
         f"the secret key ({box.origin}) cannot decrypt the secrets stored in the database "
-        f"{store.display_url}: every gateway instance sharing a database must use the same key. "
+        f"{store.db.display_url}: every gateway instance sharing a database must use the same key. "
         "Give this instance the key of the instances already using it (their BCS_SECRET_KEY or "
         "secret_key, or their DATA_DIR/secret.key); to rotate a key, list the new one first and "
         "keep the old one: BCS_SECRET_KEY=NEW,OLD"
@@ -125,7 +123,7 @@ def check_gateway_ca(store: FactStore, ca_pem: str | None, *, source: str) -> No
     if sorted(_fingerprints(recorded)) != sorted(mine):
         raise ConfigError(
             f"this instance's CA ({source}: {_describe(ca_pem)}) is not the CA the gateways sharing the "
-            f"database {store.display_url} hand to clients ({_describe(recorded)}): clients given one could "
+            f"database {store.db.display_url} hand to clients ({_describe(recorded)}): clients given one could "
             "not verify the other. Give this instance the shared CA (copy ca.crt and ca.key into its "
             "DATA_DIR/tls/, or serve --certfile/--keyfile signed by it with --ca-file), or record a new "
             "CA for every instance: bcs-middleware set-shared-ca"

@@ -336,7 +336,8 @@ def open_gateway_store(*, data_dir: str | Path | None = None, database_url: str 
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from ..store.sql import open_store, sqlite_url
+    from ..store.database import sqlite_url
+    from ..store.sql import open_store
 
     url = database_url
     if url is None:
@@ -353,7 +354,7 @@ def open_gateway_store(*, data_dir: str | Path | None = None, database_url: str 
     try:
         store.find_user("")
     except SQLAlchemyError:
-        store.dispose()
+        store.db.dispose()
         where = database_url or f"data_dir {data_dir}"
         raise ConfigError(f"token auth: {where} holds no gateway database (its tables are missing): "
                           "start the gateway on it once") from None

@@ -160,7 +160,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     if not opts.get("database_url"):
         raise conv.ConfigError("[filter:cluster_routing] database_url is required")
     store = open_store(opts["database_url"], secret_key=opts.get("secret_key"), migrate=False)
-    if store.secrets.locked:
+    if store.db.secrets.locked:
         raise conv.ConfigError("[filter:cluster_routing] needs secret_key (or env BCS_SECRET_KEY) to read credentials")
     if opts.get("verify") is False:
         logging.getLogger(__name__).warning(

@@ -59,7 +59,7 @@ class LeaderLease:
         now = datetime.now(UTC)
         expires = now + timedelta(seconds=self.ttl)
         try:
-            with self.store.transaction() as conn:
+            with self.store.db.transaction() as conn:
                 taken = conn.execute(
                     update(leases)
                     .where(leases.c.name == self.name,
@@ -93,7 +93,7 @@ class LeaderLease:
             return
         self.is_leader = False
         try:
-            with self.store.transaction() as conn:
+            with self.store.db.transaction() as conn:
                 conn.execute(
                     update(leases)
                     .where(leases.c.name == self.name, leases.c.holder == self.holder)
@@ -105,7 +105,7 @@ class LeaderLease:
 
     def current(self) -> dict[str, Any] | None:
         """The lease row as the status page shows it, or ``None`` before anyone took it."""
-        with self.store.connection() as conn:
+        with self.store.db.connection() as conn:
             row = conn.execute(select(leases).where(leases.c.name == self.name)).first()
         if row is None:
             return None

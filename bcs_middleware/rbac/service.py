@@ -60,7 +60,7 @@ CLUSTER_SCOPE = "cluster:"
 def write_status(store: SQLStore, scope: str, document: dict[str, Any]) -> None:
     """Upsert one status row (last writer wins; only the leader writes)."""
     now = datetime.now(UTC)
-    with store.transaction() as conn:
+    with store.db.transaction() as conn:
         changed = conn.execute(
             update(rbac_status).where(rbac_status.c.scope == scope).values(document=document, updated_at=now)
         ).rowcount
@@ -75,7 +75,7 @@ def write_status(store: SQLStore, scope: str, document: dict[str, Any]) -> None:
 
 
 def read_status(store: SQLStore) -> dict[str, dict[str, Any]]:
-    with store.connection() as conn:
+    with store.db.connection() as conn:
         rows = conn.execute(select(rbac_status.c.scope, rbac_status.c.document).order_by(rbac_status.c.scope)).all()
     return {row.scope: row.document for row in rows}
 
@@ -159,10 +159,6 @@ class RBACService:
         if self._own_transport:
             self.transport.close()
 
-    def trigger(self) -> None:
-        """Tick now instead of at the next ``tick`` (after a known change)."""
-        self._wake.set()
-
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -245,7 +241,7 @@ class RBACService:
         }
 
     def _clusters(self) -> list[CredentialRecord]:
-        with self.store.connection() as conn:
+        with self.store.db.connection() as conn:
             ids = conn.execute(
                 select(m.clusters.c.id).where(m.clusters.c.cluster_type == "k8s").order_by(m.clusters.c.id)
             ).scalars().all()

@@ -33,7 +33,6 @@ options, or ``examples/gunicorn.conf.py``).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -46,6 +45,8 @@ from gevent.server import StreamServer
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
+
+from ..pki.reload import ServerContext, reloading_context
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
@@ -88,9 +89,7 @@ class GatewayGeventWorker(GeventWorker):
         # The pool also holds the connections being refused (briefly each).
         self.worker_connections = self.connection_limit + max(16, self.connection_limit // 8)
         self.active = 0
-        self._ssl: Any = None
-        self._ssl_files: tuple[int, int] | None = None
-        self._ssl_checked = 0.0
+        self._ssl: ServerContext | None = None
         self._refusal = _refusal(self.retry_after)
         # Per connection (by greenlet): the wait for its request heads.
         self._conns: dict[int, _HeadWait] = {}
@@ -107,7 +106,9 @@ class GatewayGeventWorker(GeventWorker):
         # (gevent's server would handshake first, unbounded) and the pool is larger
         # than the limit so that clients beyond it get an answer instead of a queue.
         if self.cfg.is_ssl:
-            self._tls_context()
+            # The one reloading context (pki/reload.py): a renewed certificate is served from
+            # the next connection on, as under the gthread worker.
+            self._ssl = reloading_context(self.cfg, lambda: ssl_context(self.cfg))
         servers = []
         for s in self.sockets:
             s.setblocking(1)
@@ -170,33 +171,9 @@ class GatewayGeventWorker(GeventWorker):
             self._conns.pop(me, None)
             self.active -= 1
 
-    def _tls_context(self) -> Any:
-        """The TLS context, rebuilt when the certificate or key file changes (checked once a second).
-
-        A renewed certificate (:class:`bcs_middleware.pki.certs.CertificateRenewer` replaces the file)
-        is served from the next connection on, as gunicorn's gthread worker does by loading the
-        files for every connection.
-        """
-        now = time.monotonic()
-        if self._ssl is None or now - self._ssl_checked >= 1.0:
-            self._ssl_checked = now
-            files: tuple[int, int] | None
-            try:
-                files = (os.stat(self.cfg.certfile).st_mtime_ns, os.stat(self.cfg.keyfile).st_mtime_ns)
-            except OSError:
-                files = self._ssl_files
-            if self._ssl is None or files != self._ssl_files:
-                try:
-                    self._ssl = ssl_context(self.cfg)
-                    self._ssl_files = files
-                except (OSError, ValueError) as exc:  # half-written: the current one serves on
-                    if self._ssl is None:
-                        raise
-                    self.log.warning("reloading the TLS certificate failed (%s); retrying", exc)
-        return self._ssl
-
     def _handshake(self, client: Any) -> Any:
-        tls = self._tls_context().wrap_socket(client, server_side=True, do_handshake_on_connect=False,
+        assert self._ssl is not None
+        tls = self._ssl.wrap_socket(client, server_side=True, do_handshake_on_connect=False,
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
         try:
             with Timeout(self.header_timeout):
@@ -225,8 +202,7 @@ class GatewayGeventWorker(GeventWorker):
         try:
             with Timeout(_REFUSAL_TIME, False):
                 if self._ssl is not None:
-                    client = self._tls_context().wrap_socket(client, server_side=True,
-                                                             do_handshake_on_connect=False)
+                    client = self._ssl.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
                     client.do_handshake()
                 client.sendall(self._refusal)
                 # Read what the client sent before closing: closing with unread input

@@ -17,16 +17,11 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ..admission.definitions import (
-    BcsDefinition,
-    K8sConfiguration,
-    parse_bcs_definition,
-    parse_k8s_configuration,
-)
+from ..admission.definitions import BcsDefinition, K8sConfiguration, parse_bcs_definition, parse_k8s_configuration
 from ..core.errors import Conflict
 from ..core.quotas import QuotaExceeded
 from . import models as m
-from .sql import WEBHOOKS_TOPIC as TOPIC
+from .rows import WEBHOOKS_TOPIC as TOPIC
 from .sql import SQLStore
 
 _BCS = "bcs"
@@ -78,7 +73,7 @@ class SQLDefinitionStore:
         with self._lock:
             if key in self._cache and self._version == version:
                 return list(self._cache[key])
-        with self.store.connection() as conn:
+        with self.store.db.connection() as conn:
             rows = conn.execute(
                 select(m.webhook_definitions.c.document)
                 .where(m.webhook_definitions.c.flavor == flavor, m.webhook_definitions.c.cluster_id == cluster_id)
@@ -99,7 +94,7 @@ class SQLDefinitionStore:
         where = (table.c.flavor == flavor, table.c.cluster_id == cluster_id, table.c.kind == kind,
                  table.c.name == name)
         try:
-            with self.store.transaction() as conn:
+            with self.store.db.transaction() as conn:
                 changed = conn.execute(
                     update(table).where(*where).values(match_key=match_key, document=document, updated_at=now)
                 ).rowcount
@@ -131,7 +126,7 @@ class SQLDefinitionStore:
 
     def _delete(self, flavor: str, cluster_id: str, kind: str, name: str) -> bool:
         table = m.webhook_definitions
-        with self.store.transaction() as conn:
+        with self.store.db.transaction() as conn:
             found = conn.execute(
                 delete(table).where(table.c.flavor == flavor, table.c.cluster_id == cluster_id,
                                     table.c.kind == kind, table.c.name == name)

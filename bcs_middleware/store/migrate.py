@@ -13,20 +13,26 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
-
-if TYPE_CHECKING:
-    from .sql import SQLStore
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _LOCK_ID = 0x6263_7331  # "bcs1": any constant shared by every process of this project
+
+
+class Migratable(Protocol):
+    """What a migration needs of a database (:class:`~.database.Database` has it)."""
+
+    url: str
+
+    @property
+    def engine(self) -> Engine: ...
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -43,8 +49,8 @@ def head_revision() -> str:
     return head
 
 
-def current_revision(store: SQLStore) -> str | None:
-    with store.engine.connect() as conn:
+def current_revision(database: Migratable) -> str | None:
+    with database.engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
@@ -59,14 +65,14 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def upgrade(store: SQLStore, revision: str = "head") -> None:
-    url = make_url(store.url)
+def upgrade(database: Migratable, revision: str = "head") -> None:
+    url = make_url(database.url)
     backend = url.get_backend_name()
     if backend == "sqlite" and url.database and url.database != ":memory:":
-        with _file_lock(Path(url.database + ".migrate.lock")), store.engine.begin() as conn:
+        with _file_lock(Path(url.database + ".migrate.lock")), database.engine.begin() as conn:
             command.upgrade(alembic_config(conn), revision)
         return
-    with store.engine.begin() as conn:
+    with database.engine.begin() as conn:
         if backend == "postgresql":
             # Released at commit, after the new schema is visible to the next waiter.
             conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})

@@ -132,7 +132,7 @@ def kill_placement_holder(gw: Gateway, cluster_id: str) -> int:
     try:
         record = store.get_placement(cluster_id)
     finally:
-        store.dispose()
+        store.db.dispose()
     assert record is not None, f"no placement for {cluster_id}"
     pid = int(record.holder_id.rpartition("/")[2])
     os.kill(pid, signal.SIGKILL)

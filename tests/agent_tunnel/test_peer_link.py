@@ -27,7 +27,7 @@ from bcs_middleware.agent_tunnel.peer_listener import PeerListener
 from bcs_middleware.agent_tunnel.router import AgentRouter
 from bcs_middleware.core.errors import AgentUnavailable, ConfigError
 from bcs_middleware.core.records import Holder
-from bcs_middleware.pki.certs import generate_ca, issue_server_cert
+from bcs_middleware.pki.certificates import generate_ca, issue_server_cert
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.sql import SQLStore, open_store
 from tests.kubernetes_route.test_upgrade import Handlers
@@ -372,7 +372,7 @@ def store(tmp_path: Path) -> Iterator[SQLStore]:
     opened = open_store(data_dir=tmp_path, secret_key=KEY.decode())
     opened.create_cluster(CLUSTER, project_id="p", cluster_type="k8s")
     yield opened
-    opened.dispose()
+    opened.db.dispose()
 
 
 def router_for(store: SQLStore, echo: EchoServer, **kw) -> tuple[AgentRouter, StandInAgents]:  # type: ignore[no-untyped-def]
@@ -545,7 +545,7 @@ def two_instances(postgres_server, tmp_path_factory: pytest.TempPathFactory,  # 
             try:
                 yield one, two, store
             finally:
-                store.dispose()
+                store.db.dispose()
 
 
 def _connect_agent(gw: Gateway, apiserver: FakeAPIServer | QuickAPIServer, cluster_id: str,

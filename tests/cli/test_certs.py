@@ -13,7 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from bcs_middleware.cli import certs as cli_certs
-from bcs_middleware.pki import certs as tls
+from bcs_middleware.pki import certificates
 
 
 def certs(argv: list[str]) -> int:
@@ -52,8 +52,8 @@ def test_gateway_writes_a_ca_and_cert_and_prints_the_serve_options(
         ipaddress.ip_address("10.0.0.5"),
         ipaddress.ip_address("::1"),
     ]
-    key = tls.load_keypair(out / "server.crt", out / "server.key")
-    assert isinstance(tls._load_key(key.key_pem), ec.EllipticCurvePrivateKey)
+    key = certificates.load_keypair(out / "server.crt", out / "server.key")
+    assert isinstance(certificates.load_key(key.key_pem), ec.EllipticCurvePrivateKey)
     for name in ("ca.key", "server.key"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
 
@@ -61,7 +61,7 @@ def test_gateway_writes_a_ca_and_cert_and_prints_the_serve_options(
 def test_gateway_rsa(tmp_path: Path) -> None:
     argv = ["--gateway", "--host", "gw", "--key-type", "rsa", "--rsa-bits", "2048"]
     assert certs([*argv, "--out", str(tmp_path)]) == 0
-    key = tls._load_key((tmp_path / "server.key").read_bytes())
+    key = certificates.load_key((tmp_path / "server.key").read_bytes())
     assert isinstance(key, rsa.RSAPrivateKey) and key.key_size == 2048
 
 
@@ -94,7 +94,7 @@ def test_service_prints_the_ca_bundle_and_names(
         "127.0.0.1",
     ]
     assert f"Server certificate names: {', '.join(names)}" in stdout
-    assert tls.cert_hosts((tmp_path / "server.crt").read_bytes()) == names
+    assert certificates.cert_hosts((tmp_path / "server.crt").read_bytes()) == names
     load(tmp_path / "server.crt").verify_directly_issued_by(load(tmp_path / "ca.crt"))
     assert "PRIVATE KEY" not in stdout
 

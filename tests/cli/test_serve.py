@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from bcs_middleware.pki import certs as tls
+from bcs_middleware.pki import certificates
 from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port, http_get
 
@@ -98,8 +98,8 @@ def test_a_running_gateway_renews_its_certificate_without_a_restart(tmp_path: Pa
         # The certificate now expires tomorrow (same key, same CA): due for renewal. The renewer
         # checks every 0.5 s, so the short certificate may never be served at all: the proof of
         # renewal is a long-lived certificate that is neither the first one nor the short one.
-        ca = tls.load_keypair(ca_file, tls_dir / "ca.key")
-        short = tls.issue_server_cert(ca, ["localhost", "127.0.0.1"], days=1, key_pem=key_before)
+        ca = certificates.load_keypair(ca_file, tls_dir / "ca.key")
+        short = certificates.issue_server_cert(ca, ["localhost", "127.0.0.1"], days=1, key_pem=key_before)
         (tls_dir / "server.crt").write_bytes(short.cert_pem)
         replaced = (first, x509.load_pem_x509_certificate(short.cert_pem).serial_number)
 

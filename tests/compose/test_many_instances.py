@@ -23,6 +23,7 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, copy_ca, register_cluster, served_gateway
@@ -222,9 +223,9 @@ def test_an_instance_with_another_secret_key_stops_at_start_and_tunnel_errors_st
         # A stored secret that no configured key decrypts (written behind the gateway's back): a tunnel
         # request to that cluster is a Kubernetes Status kubectl can print, never the server's HTML page.
         gw.json("POST", "/rest/clusters/bcs", body={"id": "BCS-K8S-ROGUE", "project_id": "p", "cluster_type": "k8s"})
-        rogue = SQLStore(postgres_url, secrets=SecretBox([other_key]))
+        rogue = SQLStore(Database(postgres_url, secrets=SecretBox([other_key])))
         rogue.report_credentials("BCS-K8S-ROGUE", server_addresses=[api.url], cacert_pem=api.ca_pem, user_token="x")
-        rogue.dispose()
+        rogue.db.dispose()
         status, body = gw.call("GET", PODS.format("BCS-K8S-ROGUE"))
         assert status == 500, body
         answer = json.loads(body)

@@ -135,7 +135,7 @@ def test_revocation_takes_effect_within_the_cache_ttl(tmp_path: Path) -> None:
     while cached.authenticate(token) is not None:
         assert time.monotonic() < deadline, "revoked token still accepted after the TTL"
         time.sleep(0.05)
-    store.dispose()
+    store.db.dispose()
 
 
 def test_filter_factory_rejects_unknown_keys_and_needs_a_source() -> None:
@@ -153,7 +153,7 @@ def test_token_auth_in_front_of_a_foreign_app_under_gunicorn(tmp_path: Path) -> 
     store = open_store(url, secret_key=key)
     user = store.create_user("webuser")
     _, token = store.create_token(user.id)
-    store.dispose()
+    store.db.dispose()
     ini = tmp_path / "app.ini"
     ini.write_text(textwrap.dedent(f"""
         [pipeline:main]

@@ -109,4 +109,4 @@ def test_kube_agent_reports_with_its_certificate(gateway, tmp_path: Path) -> Non
     creds = store.get_credentials("cc1")
     assert creds is not None and creds.user_token == "sa-cc1"
     assert store.get_credentials("cc2") is None
-    store.dispose()
+    store.db.dispose()

@@ -161,4 +161,4 @@ def test_a_clusters_editors_add_admission_but_never_replace_the_gateway_wide_one
         with pytest.raises(Conflict):
             cluster.put_bcs(parse_bcs_definition(_definition("mine2", "https://127.0.0.1:3/")))
     finally:
-        store.dispose()
+        store.db.dispose()

@@ -1,4 +1,4 @@
-"""Certificates built by bcs_middleware.pki.certs, checked with ``cryptography`` and a real TLS socket."""
+"""Certificates built by bcs_middleware.pki, checked with ``cryptography`` and a real TLS socket."""
 
 from __future__ import annotations
 
@@ -25,19 +25,19 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bcs_middleware.core.errors import ConfigError
-from bcs_middleware.pki import certs as tls
+from bcs_middleware.pki import bundles, certificates, files, reload
 
 HOSTS = ["localhost", "127.0.0.1", "::1"]
 
 
 @pytest.fixture(scope="module")
-def ca() -> tls.KeyPair:
-    return tls.generate_ca("test CA")
+def ca() -> certificates.KeyPair:
+    return certificates.generate_ca("test CA")
 
 
 @pytest.fixture(scope="module")
-def server(ca: tls.KeyPair) -> tls.KeyPair:
-    return tls.issue_server_cert(ca, ["localhost", "gw.example.com", "127.0.0.1", "::1"])
+def server(ca: certificates.KeyPair) -> certificates.KeyPair:
+    return certificates.issue_server_cert(ca, ["localhost", "gw.example.com", "127.0.0.1", "::1"])
 
 
 def load(pem: bytes) -> x509.Certificate:
@@ -63,11 +63,11 @@ def mode(path: Path) -> int:
     ],
 )
 def test_ca_has_the_requested_key_and_ca_flags(
-    key_type: tls.KeyType, rsa_bits: int, key_class: type[Any], size: int
+    key_type: certificates.KeyType, rsa_bits: int, key_class: type[Any], size: int
 ) -> None:
-    pair = tls.generate_ca("my CA", key_type=key_type, rsa_bits=rsa_bits)
+    pair = certificates.generate_ca("my CA", key_type=key_type, rsa_bits=rsa_bits)
     cert = load(pair.cert_pem)
-    key = tls._load_key(pair.key_pem)
+    key = certificates.load_key(pair.key_pem)
     assert isinstance(key, key_class)
     assert key.key_size == size
     if key_type == "ecdsa":
@@ -95,7 +95,7 @@ def test_ca_has_the_requested_key_and_ca_flags(
 
 
 def test_rsa_default_size_is_3072() -> None:
-    key = tls._load_key(tls.generate_ca("big", key_type="rsa").key_pem)
+    key = certificates.load_key(certificates.generate_ca("big", key_type="rsa").key_pem)
     assert key.key_size == 3072
 
 
@@ -107,18 +107,18 @@ def test_rsa_default_size_is_3072() -> None:
         pytest.param("dsa", 2048, id="unknown-key-type"),
     ],
 )
-def test_weak_or_unknown_keys_are_refused(key_type: Any, rsa_bits: int, ca: tls.KeyPair) -> None:
+def test_weak_or_unknown_keys_are_refused(key_type: Any, rsa_bits: int, ca: certificates.KeyPair) -> None:
     with pytest.raises(ValueError):
-        tls.generate_ca("weak", key_type=key_type, rsa_bits=rsa_bits)
+        certificates.generate_ca("weak", key_type=key_type, rsa_bits=rsa_bits)
     with pytest.raises(ValueError):
-        tls.issue_server_cert(ca, ["localhost"], key_type=key_type, rsa_bits=rsa_bits)
+        certificates.issue_server_cert(ca, ["localhost"], key_type=key_type, rsa_bits=rsa_bits)
 
 
 # -- server certificates -----------------------------------------------------------------
 
 
-def test_server_cert_sans_split_dns_and_ip(ca: tls.KeyPair) -> None:
-    pair = tls.issue_server_cert(
+def test_server_cert_sans_split_dns_and_ip(ca: certificates.KeyPair) -> None:
+    pair = certificates.issue_server_cert(
         ca, ["LocalHost.", "gw.example.com", "127.0.0.1", "0:0::1", "[fe80::1]", "localhost"]
     )
     san = ext(load(pair.cert_pem), x509.SubjectAlternativeName).value
@@ -128,7 +128,7 @@ def test_server_cert_sans_split_dns_and_ip(ca: tls.KeyPair) -> None:
         ipaddress.ip_address("::1"),
         ipaddress.ip_address("fe80::1"),
     ]
-    assert tls.cert_hosts(pair.cert_pem) == [
+    assert certificates.cert_hosts(pair.cert_pem) == [
         "localhost",
         "gw.example.com",
         "127.0.0.1",
@@ -138,7 +138,7 @@ def test_server_cert_sans_split_dns_and_ip(ca: tls.KeyPair) -> None:
 
 
 def test_server_cert_is_a_leaf_for_server_auth_signed_by_the_ca(
-    ca: tls.KeyPair, server: tls.KeyPair
+    ca: certificates.KeyPair, server: certificates.KeyPair
 ) -> None:
     ca_cert, cert = load(ca.cert_pem), load(server.cert_pem)
     cert.verify_directly_issued_by(ca_cert)
@@ -150,34 +150,34 @@ def test_server_cert_is_a_leaf_for_server_auth_signed_by_the_ca(
     aki = ext(cert, x509.AuthorityKeyIdentifier).value
     assert aki.key_identifier == ext(ca_cert, x509.SubjectKeyIdentifier).value.digest
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "localhost"
-    key = tls._load_key(server.key_pem)
+    key = certificates.load_key(server.key_pem)
     assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
     assert cert.public_key() == key.public_key()
 
 
-def test_server_cert_validity_allows_clock_skew_and_lasts_397_days(server: tls.KeyPair) -> None:
+def test_server_cert_validity_allows_clock_skew_and_lasts_397_days(server: certificates.KeyPair) -> None:
     cert = load(server.cert_pem)
     now = datetime.now(UTC)
     assert now - timedelta(minutes=10) < cert.not_valid_before_utc <= now - timedelta(minutes=4)
     assert abs(cert.not_valid_after_utc - (now + timedelta(days=397))) < timedelta(minutes=1)
-    assert tls.cert_not_after(server.cert_pem) == cert.not_valid_after_utc
+    assert certificates.cert_not_after(server.cert_pem) == cert.not_valid_after_utc
 
 
 def test_server_cert_never_outlives_its_ca() -> None:
-    short_ca = tls.generate_ca("short", days=10)
-    leaf = tls.issue_server_cert(short_ca, ["localhost"], days=397)
-    assert tls.cert_not_after(leaf.cert_pem) <= tls.cert_not_after(short_ca.cert_pem)
+    short_ca = certificates.generate_ca("short", days=10)
+    leaf = certificates.issue_server_cert(short_ca, ["localhost"], days=397)
+    assert certificates.cert_not_after(leaf.cert_pem) <= certificates.cert_not_after(short_ca.cert_pem)
 
 
-def test_serials_are_random_and_distinct(ca: tls.KeyPair) -> None:
-    serials = {load(tls.issue_server_cert(ca, ["a"]).cert_pem).serial_number for _ in range(3)}
+def test_serials_are_random_and_distinct(ca: certificates.KeyPair) -> None:
+    serials = {load(certificates.issue_server_cert(ca, ["a"]).cert_pem).serial_number for _ in range(3)}
     assert len(serials) == 3
     assert all(s.bit_length() > 64 for s in serials)
 
 
-def test_rsa_server_cert(ca: tls.KeyPair) -> None:
-    pair = tls.issue_server_cert(ca, ["localhost"], key_type="rsa", rsa_bits=2048)
-    key = tls._load_key(pair.key_pem)
+def test_rsa_server_cert(ca: certificates.KeyPair) -> None:
+    pair = certificates.issue_server_cert(ca, ["localhost"], key_type="rsa", rsa_bits=2048)
+    key = certificates.load_key(pair.key_pem)
     assert isinstance(key, rsa.RSAPrivateKey) and key.key_size == 2048
     assert ext(load(pair.cert_pem), x509.KeyUsage).value.key_encipherment
 
@@ -194,20 +194,20 @@ def test_rsa_server_cert(ca: tls.KeyPair) -> None:
         pytest.param(["a" * 64 + ".com"], id="label-too-long"),
     ],
 )
-def test_invalid_hosts_are_refused(ca: tls.KeyPair, hosts: list[str]) -> None:
+def test_invalid_hosts_are_refused(ca: certificates.KeyPair, hosts: list[str]) -> None:
     with pytest.raises(ValueError):
-        tls.issue_server_cert(ca, hosts)
+        certificates.issue_server_cert(ca, hosts)
 
 
-def test_a_ca_key_that_does_not_match_is_refused(ca: tls.KeyPair) -> None:
-    other = tls.generate_ca("other")
+def test_a_ca_key_that_does_not_match_is_refused(ca: certificates.KeyPair) -> None:
+    other = certificates.generate_ca("other")
     with pytest.raises(ValueError, match="does not belong"):
-        tls.issue_server_cert(tls.KeyPair(ca.cert_pem, other.key_pem), ["localhost"])
+        certificates.issue_server_cert(certificates.KeyPair(ca.cert_pem, other.key_pem), ["localhost"])
 
 
-def test_a_leaf_cannot_act_as_ca(ca: tls.KeyPair, server: tls.KeyPair) -> None:
+def test_a_leaf_cannot_act_as_ca(ca: certificates.KeyPair, server: certificates.KeyPair) -> None:
     with pytest.raises(ValueError, match="not a CA"):
-        tls.issue_server_cert(server, ["localhost"])
+        certificates.issue_server_cert(server, ["localhost"])
 
 
 @pytest.mark.parametrize(
@@ -226,21 +226,21 @@ def test_a_leaf_cannot_act_as_ca(ca: tls.KeyPair, server: tls.KeyPair) -> None:
         pytest.param("not a host", False, id="garbage"),
     ],
 )
-def test_host_matches(ca: tls.KeyPair, host: str, expected: bool) -> None:
-    pair = tls.issue_server_cert(ca, ["gw.example.com", "*.wild.example.com", "127.0.0.1", "::1"])
-    assert tls.host_matches(pair.cert_pem, host) is expected
+def test_host_matches(ca: certificates.KeyPair, host: str, expected: bool) -> None:
+    pair = certificates.issue_server_cert(ca, ["gw.example.com", "*.wild.example.com", "127.0.0.1", "::1"])
+    assert certificates.host_matches(pair.cert_pem, host) is expected
 
 
-def test_wildcard_never_matches_an_ip(ca: tls.KeyPair) -> None:
-    pair = tls.issue_server_cert(ca, ["*.0.0.1"])
-    assert not tls.host_matches(pair.cert_pem, "127.0.0.1")
+def test_wildcard_never_matches_an_ip(ca: certificates.KeyPair) -> None:
+    pair = certificates.issue_server_cert(ca, ["*.0.0.1"])
+    assert not certificates.host_matches(pair.cert_pem, "127.0.0.1")
 
 
 # -- client certificates -----------------------------------------------------------------
 
 
-def test_client_cert_carries_subject_and_client_auth(ca: tls.KeyPair) -> None:
-    pair = tls.issue_client_cert(ca, "kube-agent", organizations=("clusters", "BCS-K8S-001"))
+def test_client_cert_carries_subject_and_client_auth(ca: certificates.KeyPair) -> None:
+    pair = certificates.issue_client_cert(ca, "kube-agent", organizations=("clusters", "BCS-K8S-001"))
     cert = load(pair.cert_pem)
     cert.verify_directly_issued_by(load(ca.cert_pem))
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "kube-agent"
@@ -248,7 +248,7 @@ def test_client_cert_carries_subject_and_client_auth(ca: tls.KeyPair) -> None:
     assert orgs == ["clusters", "BCS-K8S-001"]
     assert list(ext(cert, x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert ext(cert, x509.BasicConstraints).value.ca is False
-    assert tls.cert_hosts(pair.cert_pem) == []
+    assert certificates.cert_hosts(pair.cert_pem) == []
     now = datetime.now(UTC)
     assert abs(cert.not_valid_after_utc - (now + timedelta(days=365))) < timedelta(minutes=1)
 
@@ -271,14 +271,14 @@ def test_default_gateway_hosts(
 ) -> None:
     monkeypatch.setattr(socket, "gethostname", lambda: hostname)
     monkeypatch.setattr(socket, "getfqdn", lambda name="": fqdn)
-    assert tls.default_gateway_hosts() == ["localhost", "127.0.0.1", "::1", *expected_tail]
+    assert files.default_gateway_hosts() == ["localhost", "127.0.0.1", "::1", *expected_tail]
 
 
-def test_default_gateway_hosts_are_valid_for_a_certificate(ca: tls.KeyPair) -> None:
-    hosts = tls.default_gateway_hosts()
+def test_default_gateway_hosts_are_valid_for_a_certificate(ca: certificates.KeyPair) -> None:
+    hosts = files.default_gateway_hosts()
     assert hosts[:3] == HOSTS
     assert len(hosts) == len(set(hosts))
-    tls.issue_server_cert(ca, hosts)
+    certificates.issue_server_cert(ca, hosts)
 
 
 # -- ensure_gateway_pki ------------------------------------------------------------------
@@ -289,7 +289,7 @@ def tls_files(data_dir: Path) -> dict[str, bytes]:
 
 
 def test_first_start_creates_ca_and_server_cert_with_private_modes(tmp_path: Path) -> None:
-    pki = tls.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.com"])
+    pki = files.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.com"])
     tls_dir = tmp_path / "tls"
     assert pki.created_ca and pki.issued_cert
     assert pki.reason == "server certificate missing"
@@ -305,14 +305,14 @@ def test_first_start_creates_ca_and_server_cert_with_private_modes(tmp_path: Pat
     assert sorted(tls_files(tmp_path)) == [".lock", "ca.crt", "ca.key", "server.crt", "server.key"]
     ca_cert, cert = load(pki.ca_file.read_bytes()), load(pki.cert_file.read_bytes())
     cert.verify_directly_issued_by(ca_cert)
-    assert tls.cert_hosts(pki.cert_file.read_bytes()) == [*HOSTS, "gw.example.com"]
-    tls.load_keypair(pki.cert_file, pki.key_file)
+    assert certificates.cert_hosts(pki.cert_file.read_bytes()) == [*HOSTS, "gw.example.com"]
+    certificates.load_keypair(pki.cert_file, pki.key_file)
 
 
 def test_private_keys_are_0600_whatever_the_umask(tmp_path: Path) -> None:
     old = os.umask(0)
     try:
-        pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+        pki = files.ensure_gateway_pki(tmp_path, HOSTS)
     finally:
         os.umask(old)
     assert mode(pki.key_file) == 0o600
@@ -321,110 +321,110 @@ def test_private_keys_are_0600_whatever_the_umask(tmp_path: Path) -> None:
 
 
 def test_second_start_reuses_everything(tmp_path: Path) -> None:
-    tls.ensure_gateway_pki(tmp_path, HOSTS)
+    files.ensure_gateway_pki(tmp_path, HOSTS)
     before = tls_files(tmp_path)
-    pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    pki = files.ensure_gateway_pki(tmp_path, HOSTS)
     assert not pki.created_ca and not pki.issued_cert
     assert pki.reason == "server certificate is valid"
     assert tls_files(tmp_path) == before
 
 
 def test_fewer_hosts_than_certified_keep_the_cert(tmp_path: Path) -> None:
-    tls.ensure_gateway_pki(tmp_path, [*HOSTS, "extra.example.com"])
-    assert not tls.ensure_gateway_pki(tmp_path, ["LOCALHOST", "0::1"]).issued_cert
+    files.ensure_gateway_pki(tmp_path, [*HOSTS, "extra.example.com"])
+    assert not files.ensure_gateway_pki(tmp_path, ["LOCALHOST", "0::1"]).issued_cert
 
 
 def test_a_new_host_reissues_the_cert_and_keeps_the_ca(tmp_path: Path) -> None:
-    first = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    first = files.ensure_gateway_pki(tmp_path, HOSTS)
     ca_before = first.ca_file.read_bytes()
-    pki = tls.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.com", "10.1.2.3"])
+    pki = files.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.com", "10.1.2.3"])
     assert pki.issued_cert and not pki.created_ca
     assert pki.reason == "server certificate does not cover gw.example.com, 10.1.2.3"
     assert pki.ca_file.read_bytes() == ca_before
-    assert tls.host_matches(pki.cert_file.read_bytes(), "gw.example.com")
-    assert tls.host_matches(pki.cert_file.read_bytes(), "10.1.2.3")
+    assert certificates.host_matches(pki.cert_file.read_bytes(), "gw.example.com")
+    assert certificates.host_matches(pki.cert_file.read_bytes(), "10.1.2.3")
 
 
 def test_servers_sharing_a_data_directory_do_not_drop_each_other_s_names(tmp_path: Path) -> None:
     """Two servers in one data directory, each with its own --tls-host: the certificate names both,
     instead of each renewal taking the other's name away (and its clients' verification with it)."""
-    tls.ensure_gateway_pki(tmp_path, [*HOSTS, "one.example.com"])
-    second = tls.ensure_gateway_pki(tmp_path, [*HOSTS, "two.example.com"])
+    files.ensure_gateway_pki(tmp_path, [*HOSTS, "one.example.com"])
+    second = files.ensure_gateway_pki(tmp_path, [*HOSTS, "two.example.com"])
     assert second.issued_cert
-    assert not tls.ensure_gateway_pki(tmp_path, [*HOSTS, "one.example.com"]).issued_cert  # no flapping
+    assert not files.ensure_gateway_pki(tmp_path, [*HOSTS, "one.example.com"]).issued_cert  # no flapping
     for host in ("one.example.com", "two.example.com", *HOSTS):
-        assert tls.host_matches(second.cert_file.read_bytes(), host), host
+        assert certificates.host_matches(second.cert_file.read_bytes(), host), host
 
 
 def test_a_cert_near_expiry_is_renewed_and_the_ca_kept(tmp_path: Path) -> None:
-    pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    pki = files.ensure_gateway_pki(tmp_path, HOSTS)
     ca_before = pki.ca_file.read_bytes()
-    ca = tls.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
-    short = tls.issue_server_cert(ca, HOSTS, days=1)
+    ca = certificates.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
+    short = certificates.issue_server_cert(ca, HOSTS, days=1)
     pki.cert_file.write_bytes(short.cert_pem)
     pki.key_file.write_bytes(short.key_pem)
 
-    renewed = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    renewed = files.ensure_gateway_pki(tmp_path, HOSTS)
     assert renewed.issued_cert and not renewed.created_ca
     assert "renewing early" in renewed.reason
     assert renewed.ca_file.read_bytes() == ca_before
     new_cert = renewed.cert_file.read_bytes()
     assert new_cert != short.cert_pem
-    assert tls.cert_not_after(new_cert) > datetime.now(UTC) + timedelta(days=300)
+    assert certificates.cert_not_after(new_cert) > datetime.now(UTC) + timedelta(days=300)
     load(new_cert).verify_directly_issued_by(load(ca_before))
     # A 1-day certificate is fine when the caller renews only in its last hour.
     pki.cert_file.write_bytes(short.cert_pem)
     pki.key_file.write_bytes(short.key_pem)
-    assert not tls.ensure_gateway_pki(tmp_path, HOSTS, renew_before=timedelta(hours=1)).issued_cert
+    assert not files.ensure_gateway_pki(tmp_path, HOSTS, renew_before=timedelta(hours=1)).issued_cert
 
 
 def test_renewal_certifies_the_same_key_and_replaces_only_the_certificate(tmp_path: Path) -> None:
-    pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    pki = files.ensure_gateway_pki(tmp_path, HOSTS)
     key_before = pki.key_file.read_bytes()
-    ca = tls.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
-    pki.cert_file.write_bytes(tls.issue_server_cert(ca, HOSTS, days=1, key_pem=key_before).cert_pem)
+    ca = certificates.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
+    pki.cert_file.write_bytes(certificates.issue_server_cert(ca, HOSTS, days=1, key_pem=key_before).cert_pem)
     key_inode = pki.key_file.stat().st_ino
 
-    renewed = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    renewed = files.ensure_gateway_pki(tmp_path, HOSTS)
     assert renewed.issued_cert and "renewing early" in renewed.reason
     assert pki.key_file.read_bytes() == key_before and pki.key_file.stat().st_ino == key_inode
-    pair = tls.load_keypair(pki.cert_file, pki.key_file)  # the new certificate matches the kept key
+    pair = certificates.load_keypair(pki.cert_file, pki.key_file)  # the new certificate matches the kept key
     assert pair.certificate.not_valid_after_utc > datetime.now(UTC) + timedelta(days=300)
     # A new host: the same key certified for one more name.
-    more = tls.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.test"])
+    more = files.ensure_gateway_pki(tmp_path, [*HOSTS, "gw.example.test"])
     assert more.issued_cert and pki.key_file.read_bytes() == key_before
-    assert tls.host_matches(pki.cert_file.read_bytes(), "gw.example.test")
+    assert certificates.host_matches(pki.cert_file.read_bytes(), "gw.example.test")
 
 
 def test_the_renewer_renews_once_due_and_logs_a_failure_instead_of_raising(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    renewer = tls.CertificateRenewer(tmp_path, HOSTS, interval=3600)
+    renewer = reload.CertificateRenewer(tmp_path, HOSTS, interval=3600)
     first = renewer.check()
     assert first is not None and first.issued_cert  # the first check creates everything
     assert renewer.check() is not None and not renewer.check().issued_cert  # type: ignore[union-attr]
-    ca = tls.load_keypair(first.ca_file, tmp_path / "tls" / "ca.key")
+    ca = certificates.load_keypair(first.ca_file, tmp_path / "tls" / "ca.key")
     first.cert_file.write_bytes(
-        tls.issue_server_cert(ca, HOSTS, days=1, key_pem=first.key_file.read_bytes()).cert_pem)
-    with caplog.at_level(logging.INFO, logger="bcs_middleware.pki.certs"):
+        certificates.issue_server_cert(ca, HOSTS, days=1, key_pem=first.key_file.read_bytes()).cert_pem)
+    with caplog.at_level(logging.INFO, logger="bcs_middleware.pki"):
         assert renewer.check().issued_cert  # type: ignore[union-attr]
         (tmp_path / "tls" / "ca.key").write_bytes(b"not a key")
         assert renewer.check() is None
     assert "renewed the gateway certificate" in caplog.text
     assert "checking the gateway certificate failed (ConfigError)" in caplog.text
     with pytest.raises(ValueError):
-        tls.CertificateRenewer(tmp_path, HOSTS, interval=0)
+        reload.CertificateRenewer(tmp_path, HOSTS, interval=0)
 
 
 def _damage_foreign_ca(tls_dir: Path) -> None:
-    foreign = tls.issue_server_cert(tls.generate_ca("foreign"), HOSTS)
+    foreign = certificates.issue_server_cert(certificates.generate_ca("foreign"), HOSTS)
     (tls_dir / "server.crt").write_bytes(foreign.cert_pem)
     (tls_dir / "server.key").write_bytes(foreign.key_pem)
 
 
 def _damage_key_mismatch(tls_dir: Path) -> None:
-    ca = tls.load_keypair(tls_dir / "ca.crt", tls_dir / "ca.key")
-    (tls_dir / "server.key").write_bytes(tls.issue_server_cert(ca, HOSTS).key_pem)
+    ca = certificates.load_keypair(tls_dir / "ca.crt", tls_dir / "ca.key")
+    (tls_dir / "server.key").write_bytes(certificates.issue_server_cert(ca, HOSTS).key_pem)
 
 
 @pytest.mark.parametrize(
@@ -450,13 +450,13 @@ def _damage_key_mismatch(tls_dir: Path) -> None:
     ],
 )
 def test_a_bad_server_cert_is_reissued(tmp_path: Path, damage: Any, reason: str) -> None:
-    ca_before = tls.ensure_gateway_pki(tmp_path, HOSTS).ca_file.read_bytes()
+    ca_before = files.ensure_gateway_pki(tmp_path, HOSTS).ca_file.read_bytes()
     damage(tmp_path / "tls")
-    pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    pki = files.ensure_gateway_pki(tmp_path, HOSTS)
     assert pki.issued_cert and not pki.created_ca
     assert pki.reason == reason
     assert pki.ca_file.read_bytes() == ca_before
-    tls.load_keypair(pki.cert_file, pki.key_file)
+    certificates.load_keypair(pki.cert_file, pki.key_file)
     load(pki.cert_file.read_bytes()).verify_directly_issued_by(load(ca_before))
 
 
@@ -465,17 +465,17 @@ def test_a_bad_server_cert_is_reissued(tmp_path: Path, damage: Any, reason: str)
     [
         pytest.param(lambda d: (d / "ca.key").unlink(), id="ca-key-missing"),
         pytest.param(
-            lambda d: (d / "ca.key").write_bytes(tls.generate_ca("x").key_pem), id="ca-key-mismatch"
+            lambda d: (d / "ca.key").write_bytes(certificates.generate_ca("x").key_pem), id="ca-key-mismatch"
         ),
         pytest.param(lambda d: (d / "ca.crt").write_bytes(b"garbage"), id="ca-cert-garbage"),
     ],
 )
 def test_a_broken_ca_is_an_error_not_silently_replaced(tmp_path: Path, damage: Any) -> None:
-    tls.ensure_gateway_pki(tmp_path, HOSTS)
+    files.ensure_gateway_pki(tmp_path, HOSTS)
     damage(tmp_path / "tls")
     before = tls_files(tmp_path)
     with pytest.raises(ConfigError, match="remove both files") as info:
-        tls.ensure_gateway_pki(tmp_path, HOSTS)
+        files.ensure_gateway_pki(tmp_path, HOSTS)
     assert "PRIVATE KEY" not in str(info.value)
     assert tls_files(tmp_path) == before
 
@@ -483,13 +483,13 @@ def test_a_broken_ca_is_an_error_not_silently_replaced(tmp_path: Path, damage: A
 def test_a_half_written_ca_without_cert_is_replaced(tmp_path: Path) -> None:
     (tmp_path / "tls").mkdir()
     (tmp_path / "tls" / "ca.key").write_bytes(b"left over from a crash")
-    pki = tls.ensure_gateway_pki(tmp_path, HOSTS)
+    pki = files.ensure_gateway_pki(tmp_path, HOSTS)
     assert pki.created_ca
-    tls.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
+    certificates.load_keypair(pki.ca_file, tmp_path / "tls" / "ca.key")
 
 
 def _ensure_in_child(data_dir: str) -> tuple[bytes, bytes, bool]:
-    pki = tls.ensure_gateway_pki(Path(data_dir), HOSTS)
+    pki = files.ensure_gateway_pki(Path(data_dir), HOSTS)
     return pki.ca_file.read_bytes(), pki.cert_file.read_bytes(), pki.created_ca
 
 
@@ -509,7 +509,7 @@ def test_racing_processes_agree_on_one_ca(tmp_path: Path) -> None:
 
 def test_gateway_bundle_files_and_overwrite_rule(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    paths = tls.write_gateway_bundle(out, ["gw.example.com", "10.0.0.5"])
+    paths = bundles.write_gateway_bundle(out, ["gw.example.com", "10.0.0.5"])
     assert {k: v.name for k, v in paths.items()} == {
         "ca_file": "ca.crt",
         "ca_key_file": "ca.key",
@@ -518,41 +518,41 @@ def test_gateway_bundle_files_and_overwrite_rule(tmp_path: Path) -> None:
     }
     assert mode(out) == 0o700
     assert mode(paths["ca_key_file"]) == 0o600 and mode(paths["key_file"]) == 0o600
-    pair = tls.load_keypair(paths["cert_file"], paths["key_file"])
+    pair = certificates.load_keypair(paths["cert_file"], paths["key_file"])
     pair.certificate.verify_directly_issued_by(load(paths["ca_file"].read_bytes()))
-    assert tls.cert_hosts(pair.cert_pem) == ["gw.example.com", "10.0.0.5"]
+    assert certificates.cert_hosts(pair.cert_pem) == ["gw.example.com", "10.0.0.5"]
 
     before = paths["ca_file"].read_bytes()
     with pytest.raises(FileExistsError, match="refusing to overwrite"):
-        tls.write_gateway_bundle(out, ["gw.example.com"])
+        bundles.write_gateway_bundle(out, ["gw.example.com"])
     assert paths["ca_file"].read_bytes() == before
-    tls.write_gateway_bundle(out, ["gw.example.com"], force=True)
+    bundles.write_gateway_bundle(out, ["gw.example.com"], force=True)
     assert paths["ca_file"].read_bytes() != before
 
 
 def test_gateway_bundle_does_not_chmod_an_existing_directory(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
-    tls.write_gateway_bundle(tmp_path, ["localhost"])
+    bundles.write_gateway_bundle(tmp_path, ["localhost"])
     assert mode(tmp_path) == 0o755
 
 
 def test_gateway_bundle_rsa(tmp_path: Path) -> None:
-    paths = tls.write_gateway_bundle(tmp_path, ["localhost"], key_type="rsa", rsa_bits=2048)
+    paths = bundles.write_gateway_bundle(tmp_path, ["localhost"], key_type="rsa", rsa_bits=2048)
     for name in ("ca_key_file", "key_file"):
-        key = tls._load_key(paths[name].read_bytes())
+        key = certificates.load_key(paths[name].read_bytes())
         assert isinstance(key, rsa.RSAPrivateKey) and key.key_size == 2048
 
 
 def test_bad_arguments_leave_no_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
-        tls.write_gateway_bundle(tmp_path / "a", ["localhost"], key_type="rsa", rsa_bits=1024)
+        bundles.write_gateway_bundle(tmp_path / "a", ["localhost"], key_type="rsa", rsa_bits=1024)
     with pytest.raises(ValueError):
-        tls.write_gateway_bundle(tmp_path / "b", ["bad host"])
+        bundles.write_gateway_bundle(tmp_path / "b", ["bad host"])
     assert list(tmp_path.iterdir()) == []
 
 
 def test_service_bundle_names_the_service_and_gives_the_ca_bundle(tmp_path: Path) -> None:
-    bundle = tls.write_service_bundle(
+    bundle = bundles.write_service_bundle(
         tmp_path, "sidecar-injector", "bcs-system", extra_hosts=["127.0.0.1"]
     )
     assert bundle.hosts == (
@@ -561,7 +561,7 @@ def test_service_bundle_names_the_service_and_gives_the_ca_bundle(tmp_path: Path
         "sidecar-injector.bcs-system.svc.cluster.local",
         "127.0.0.1",
     )
-    assert tls.cert_hosts(bundle.cert_file.read_bytes()) == list(bundle.hosts)
+    assert certificates.cert_hosts(bundle.cert_file.read_bytes()) == list(bundle.hosts)
     assert base64.b64decode(bundle.ca_bundle_b64) == bundle.ca_file.read_bytes()
     assert mode(bundle.key_file) == 0o600 and mode(bundle.ca_key_file) == 0o600
     load(bundle.cert_file.read_bytes()).verify_directly_issued_by(load(bundle.ca_file.read_bytes()))
@@ -580,14 +580,14 @@ def test_service_bundle_refuses_invalid_kubernetes_names(
     tmp_path: Path, service: str, namespace: str
 ) -> None:
     with pytest.raises(ValueError):
-        tls.write_service_bundle(tmp_path / "out", service, namespace)
+        bundles.write_service_bundle(tmp_path / "out", service, namespace)
     assert not (tmp_path / "out").exists()
 
 
 def test_client_bundle_signed_by_an_existing_ca(tmp_path: Path) -> None:
-    paths = tls.write_gateway_bundle(tmp_path / "ca", ["localhost"])
-    client = tls.write_client_bundle(tmp_path / "client", tmp_path / "ca", "kube-agent")
-    pair = tls.load_keypair(client["cert_file"], client["key_file"])
+    paths = bundles.write_gateway_bundle(tmp_path / "ca", ["localhost"])
+    client = bundles.write_client_bundle(tmp_path / "client", tmp_path / "ca", "kube-agent")
+    pair = certificates.load_keypair(client["cert_file"], client["key_file"])
     pair.certificate.verify_directly_issued_by(load(paths["ca_file"].read_bytes()))
     assert mode(client["key_file"]) == 0o600
 
@@ -655,8 +655,8 @@ def hello(port: int, host: str, server_hostname: str, context: ssl.SSLContext) -
 
 
 @pytest.fixture(scope="module")
-def gateway_pki(tmp_path_factory: pytest.TempPathFactory) -> tls.GatewayPKI:
-    return tls.ensure_gateway_pki(tmp_path_factory.mktemp("data"), HOSTS)
+def gateway_pki(tmp_path_factory: pytest.TempPathFactory) -> files.GatewayPKI:
+    return files.ensure_gateway_pki(tmp_path_factory.mktemp("data"), HOSTS)
 
 
 @pytest.mark.parametrize(
@@ -668,7 +668,7 @@ def gateway_pki(tmp_path_factory: pytest.TempPathFactory) -> tls.GatewayPKI:
     ],
 )
 def test_tls_round_trip_verifies_against_the_generated_ca(
-    gateway_pki: tls.GatewayPKI, host: str, server_hostname: str
+    gateway_pki: files.GatewayPKI, host: str, server_hostname: str
 ) -> None:
     client = ssl.create_default_context(cafile=str(gateway_pki.ca_file))
     with tls_server(gateway_pki.cert_file, gateway_pki.key_file, host) as server:
@@ -682,7 +682,7 @@ def test_tls_round_trip_verifies_against_the_generated_ca(
             ssl.create_default_context, "localhost", "unable to get local issuer", id="system-cas"
         ),
         pytest.param(
-            lambda: ssl.create_default_context(cadata=tls.generate_ca("other").cert_pem.decode()),
+            lambda: ssl.create_default_context(cadata=certificates.generate_ca("other").cert_pem.decode()),
             "localhost",
             "unable to get local issuer",
             id="other-ca",
@@ -691,7 +691,7 @@ def test_tls_round_trip_verifies_against_the_generated_ca(
     ],
 )
 def test_tls_round_trip_fails_without_the_right_ca_or_name(
-    gateway_pki: tls.GatewayPKI, make_context: Any, server_hostname: str, message: str
+    gateway_pki: files.GatewayPKI, make_context: Any, server_hostname: str, message: str
 ) -> None:
     context = ssl.create_default_context(cafile=str(gateway_pki.ca_file)) if make_context is None else make_context()
     with (
@@ -702,8 +702,8 @@ def test_tls_round_trip_fails_without_the_right_ca_or_name(
 
 
 def test_client_certificate_is_accepted_by_a_server_trusting_the_ca(tmp_path: Path) -> None:
-    paths = tls.write_gateway_bundle(tmp_path / "gw", ["localhost"])
-    client = tls.write_client_bundle(
+    paths = bundles.write_gateway_bundle(tmp_path / "gw", ["localhost"])
+    client = bundles.write_client_bundle(
         tmp_path / "agent", tmp_path / "gw", "kube-agent", organizations=["clusters"]
     )
     context = ssl.create_default_context(cafile=str(paths["ca_file"]))

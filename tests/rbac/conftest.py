@@ -28,7 +28,7 @@ def secret_key() -> str:
 def store(tmp_path: Path, secret_key: str) -> Iterator[SQLStore]:
     store = open_store(f"sqlite:///{tmp_path / 'bcs.sqlite3'}", secret_key=secret_key)
     yield store
-    store.dispose()
+    store.db.dispose()
 
 
 def add_cluster(store: SQLStore, cluster_id: str, *, url: str, ca_pem: str, token: str = SA_TOKEN) -> None:

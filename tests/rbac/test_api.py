@@ -10,6 +10,7 @@ from werkzeug.test import Client
 
 from bcs_middleware.apps.rbac_status import RBACStatusApp
 from bcs_middleware.core import environ as env
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.sql import SQLStore
 from tests.support.fake_apiserver import FakeAPIServer
 
@@ -53,11 +54,11 @@ def test_status_shows_leader_source_and_cluster_outcomes(
         assert before == {"enabled": True, "leader": None, "source": None, "clusters": []}
         run_once(service)
         # Another process (its own SQLStore) reads what the leader wrote.
-        other = SQLStore(store.url, secrets=store.secrets)
+        other = SQLStore(Database(store.db.url, secrets=store.db.secrets))
         try:
             document = _client(other, admin).get("/rest/rbac/status").get_json()
         finally:
-            other.dispose()
+            other.db.dispose()
     finally:
         service.stop()
     assert document["leader"]["holder"] == "gw-test" and document["leader"]["active"]

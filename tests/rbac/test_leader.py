@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bcs_middleware.rbac.leader import LeaderLease
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.sql import SQLStore, open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.polling import wait_for
@@ -31,8 +32,8 @@ def test_lease_is_exclusive_renewable_and_taken_over_after_expiry(database_url: 
         current = a.current()
         assert current is not None and current["holder"] == "a" and current["active"]
     finally:
-        first.dispose()
-        second.dispose()
+        first.db.dispose()
+        second.db.dispose()
 
 
 def test_two_services_on_one_database_only_one_reconciles(
@@ -67,11 +68,11 @@ def test_two_services_on_one_database_only_one_reconciles(
         for service in services:
             service.stop()
         for store in stores:
-            store.dispose()
+            store.db.dispose()
 
 
 def test_clean_stop_hands_over_at_once(store: SQLStore, secret_key: str) -> None:
-    other = SQLStore(store.url, secrets=store.secrets)
+    other = SQLStore(Database(store.db.url, secrets=store.db.secrets))
     try:
         a = LeaderLease(store, holder="a", ttl=60)
         b = LeaderLease(other, holder="b", ttl=60)
@@ -79,7 +80,7 @@ def test_clean_stop_hands_over_at_once(store: SQLStore, secret_key: str) -> None
         a.release()
         assert b.acquire()
     finally:
-        other.dispose()
+        other.db.dispose()
 
 
 @pytest.mark.parametrize("ttl, tick", [pytest.param(1.0, 0.5, id="ttl-equals-two-ticks")])

@@ -33,7 +33,7 @@ def gateway_store(gateway: Gateway) -> Iterator[SQLStore]:
     """The gateway's own database, opened from this process like a second gateway would."""
     store = open_store(data_dir=gateway.data)
     yield store
-    store.dispose()
+    store.db.dispose()
 
 
 def test_user_granted_view_reaches_the_cluster_with_the_bound_name(

@@ -109,7 +109,7 @@ def report(gw: Gateway, token: str, server_addresses: str, ca_pem: str, *, refus
     try:
         store.put_credentials(cluster_id, server_addresses=[server_addresses], cacert_pem=ca_pem, user_token=SA_TOKEN)
     finally:
-        store.dispose()
+        store.db.dispose()
     return cluster_id
 
 
@@ -315,7 +315,7 @@ def test_the_rbac_service_gets_the_gateways_policy(tmp_path: Path) -> None:
         service = build_service(store, source_file=str(source), address_policy=policy)
         assert service.transport.address_policy is policy  # type: ignore[attr-defined]
     finally:
-        store.dispose()
+        store.db.dispose()
 
 
 def test_ini_options_are_cidr_lists_and_bad_ones_name_the_key(tmp_path: Path) -> None:

@@ -100,11 +100,11 @@ def _stored_configurations(world: World) -> list[tuple[str, str]]:
 
     store = open_store(data_dir=world.gw.data, migrate=False)
     try:
-        with store.connection() as conn:
+        with store.db.connection() as conn:
             table = m.webhook_definitions
             rows = conn.execute(select(table.c.kind, table.c.name).where(table.c.cluster_id == CLUSTER)).all()
     finally:
-        store.dispose()
+        store.db.dispose()
     return sorted((r.kind, r.name) for r in rows)
 
 
@@ -113,7 +113,7 @@ def _audit(world: World) -> list[Any]:
     try:
         return sorted(store.list_audit(limit=1000), key=lambda a: a.id)  # oldest first
     finally:
-        store.dispose()
+        store.db.dispose()
 
 
 # -- Bob, with no permission on Alice's cluster ----------------------------------------------

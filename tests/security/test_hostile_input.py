@@ -189,7 +189,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         "admissionWebhooks": [{"name": "h", "failurePolicy": "Ignore",
                                "clientConfig": {"caBundle": bundle, "namespace": "ns", "name": "svc"}}],
     }))
-    store.dispose()
+    store.db.dispose()
     scheduler = FakeScheduler("scheduler")
     port = free_port()
     try:

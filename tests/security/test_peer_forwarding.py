@@ -30,7 +30,7 @@ from sqlalchemy import update
 from bcs_middleware.agent_tunnel.peer_link import GREETING, PEER_KEY_PURPOSE, PeerAddress
 from bcs_middleware.agent_tunnel.peer_listener import PeerListener
 from bcs_middleware.core.records import Holder
-from bcs_middleware.pki.certs import self_signed_server_cert
+from bcs_middleware.pki.certificates import self_signed_server_cert
 from bcs_middleware.store import models
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.sql import SQLStore, open_store
@@ -81,7 +81,7 @@ def store(gateway: Gateway) -> Iterator[SQLStore]:
     """The gateway's own database."""
     opened = open_store(data_dir=gateway.data, secret_key=KEY)
     yield opened
-    opened.dispose()
+    opened.db.dispose()
 
 
 @pytest.fixture
@@ -280,7 +280,7 @@ def test_holder_gone_is_a_503_status_within_a_second(gateway: Gateway, store: SQ
 def test_stale_placement_of_a_dead_holder_is_removed(gateway: Gateway, store: SQLStore, cluster: str) -> None:
     """A holder that stopped heartbeating is not asked, and its placement is cleaned up."""
     store.put_placement(cluster, Holder(f"{socket.gethostname()}/3", "127.0.0.1:1", "ef" * 32))
-    with store.transaction() as conn:  # its last heartbeat, a minute ago
+    with store.db.transaction() as conn:  # its last heartbeat, a minute ago
         conn.execute(update(models.agent_placements).where(models.agent_placements.c.cluster_id == cluster)
                      .values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))
     status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")

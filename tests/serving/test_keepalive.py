@@ -131,7 +131,7 @@ def test_a_stop_under_load_ends_connections_only_between_requests(gateway: Gatew
         assert {cluster.id for cluster in store.list_clusters() if cluster.id.startswith("BCS-K8S-KA")} \
             == load.created()
     finally:
-        store.dispose()
+        store.db.dispose()
     told = [run.number for run in runs if run.told_close_after]
     assert told, "no connection was told Connection: close"
     assert took < 8, f"the server took {took:.1f}s to stop"

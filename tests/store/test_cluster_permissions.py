@@ -9,16 +9,17 @@ from bcs_middleware.clusters.permissions import EDIT, VIEW, ClusterAuthorizer
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import Conflict, NotFound
 from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.migrate import upgrade
 from bcs_middleware.store.sql import SQLStore
 
 
 @pytest.fixture
 def store(database_url: str):  # type: ignore[no-untyped-def]
-    store = SQLStore(database_url, secrets=SecretBox([Fernet.generate_key()]))
-    upgrade(store)
+    store = SQLStore(Database(database_url, secrets=SecretBox([Fernet.generate_key()])))
+    upgrade(store.db)
     yield store
-    store.dispose()
+    store.db.dispose()
 
 
 def test_the_creator_gets_edit_and_nobody_else_anything(store: SQLStore) -> None:

@@ -22,8 +22,8 @@ def stores(database_url):  # type: ignore[no-untyped-def]
     first = open_store(database_url, secret_key=key)
     second = open_store(database_url, secret_key=key, migrate=False)
     yield SQLDefinitionStore(first, refresh=0.2), SQLDefinitionStore(second, refresh=0.2)
-    first.dispose()
-    second.dispose()
+    first.db.dispose()
+    second.db.dispose()
 
 
 CA = trustme.CA()

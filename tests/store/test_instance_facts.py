@@ -11,7 +11,9 @@ from cryptography.fernet import Fernet
 from bcs_middleware.compose.instance_checks import check_gateway_ca, check_secret_key, record_gateway_ca, recorded_ca
 from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.store.crypto import SecretBox, token_digest
-from bcs_middleware.store.sql import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT, SQLStore
+from bcs_middleware.store.database import Database
+from bcs_middleware.store.facts import SECRET_CHECK_FACT, SECRET_KEY_ID_FACT
+from bcs_middleware.store.sql import SQLStore
 
 
 def _key() -> str:
@@ -28,17 +30,17 @@ _opened: list[SQLStore] = []
 
 @pytest.fixture
 def store(database_url: str, keys: tuple[str, str]) -> Iterator[SQLStore]:
-    store = SQLStore(database_url, secrets=SecretBox([keys[0]]))
-    store.migrate()
+    store = SQLStore(Database(database_url, secrets=SecretBox([keys[0]])))
+    store.db.migrate()
     yield store
     for other in [store, *_opened]:
-        other.dispose()
+        other.db.dispose()
     _opened.clear()
 
 
 def _with_keys(store: SQLStore, *keys: str) -> SQLStore:
     """The same database as another instance with ``keys`` sees it."""
-    other = SQLStore(store.url, secrets=SecretBox(list(keys), origin="test keys"))
+    other = SQLStore(Database(store.db.url, secrets=SecretBox(list(keys), origin="test keys")))
     _opened.append(other)
     return other
 

@@ -7,6 +7,7 @@ from cryptography.fernet import Fernet
 
 from bcs_middleware.core.records import Holder
 from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.migrate import upgrade
 from bcs_middleware.store.sql import SQLStore
 
@@ -14,12 +15,12 @@ from bcs_middleware.store.sql import SQLStore
 @pytest.fixture
 def stores(database_url: str):  # type: ignore[no-untyped-def]
     box = SecretBox([Fernet.generate_key()])
-    first, second = SQLStore(database_url, secrets=box), SQLStore(database_url, secrets=box)
-    upgrade(first)
+    first, second = SQLStore(Database(database_url, secrets=box)), SQLStore(Database(database_url, secrets=box))
+    upgrade(first.db)
     first.create_cluster("c1", project_id="p", cluster_type="k8s")
     yield first, second
-    first.dispose()
-    second.dispose()
+    first.db.dispose()
+    second.db.dispose()
 
 
 def test_credentials_remember_that_they_came_through_a_tunnel(stores) -> None:  # type: ignore[no-untyped-def]
@@ -59,7 +60,7 @@ def test_adopting_records_a_holder_only_where_none_live_is(stores) -> None:  # t
     one.create_cluster("c3", project_id="p", cluster_type="k8s")
     one.put_placement("c1", Holder("gw-a/1"))  # a live holder: kept
     one.put_placement("c3", Holder("gw-c/3"))  # a holder whose heartbeat stopped: taken over
-    with one.transaction() as conn:
+    with one.db.transaction() as conn:
         conn.execute(update(m.agent_placements).where(m.agent_placements.c.cluster_id == "c3")
                      .values(seen_at=datetime.now(UTC) - timedelta(seconds=60)))
     # c2 has no placement; "gone" is no cluster at all (deleted meanwhile): skipped, no error.
@@ -82,7 +83,7 @@ def test_deleting_the_cluster_removes_its_placement(stores) -> None:  # type: ig
 
 def test_register_token_digests_are_read_in_one_call_for_many_clusters(stores) -> None:  # type: ignore[no-untyped-def]
     from bcs_middleware.store.crypto import token_digest
-    from bcs_middleware.store.sql import _IN_BATCH
+    from bcs_middleware.store.rows import IN_BATCH as _IN_BATCH
 
     one, two = stores
     ids = [f"many-{i}" for i in range(_IN_BATCH + 3)]  # more than one IN batch

@@ -23,6 +23,7 @@ from bcs_middleware.core.errors import Conflict
 from bcs_middleware.core.quotas import QuotaExceeded, Quotas
 from bcs_middleware.store import models as m
 from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.migrate import upgrade
 from bcs_middleware.store.sql import SQLStore, open_store
@@ -43,7 +44,7 @@ def key() -> str:
 def store(database_url: str, key: str) -> Iterator[SQLStore]:
     made = open_store(database_url, secret_key=key)
     yield made
-    made.dispose()
+    made.db.dispose()
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def processes(database_url: str, key: str, store: SQLStore) -> Iterator[list[SQL
     made = [open_store(database_url, secret_key=key, migrate=False) for _ in range(RACERS)]
     yield made
     for one in made:
-        one.dispose()
+        one.db.dispose()
 
 
 def race(processes: list[SQLStore], attempt: Callable[[SQLStore, int], object]) -> tuple[int, int]:
@@ -112,7 +113,7 @@ def test_a_deleted_user_frees_their_count_and_a_new_user_inherits_none_of_it(sto
     store.create_cluster("g0", project_id="p", cluster_type="k8s", creator_id=gone.id, limit=1)
     store.set_cluster_permission("g0", admin.id, "edit")
     store.delete_user("gone")
-    with store.connection() as conn:
+    with store.db.connection() as conn:
         assert conn.execute(m.clusters.select().where(m.clusters.c.id == "g0")).one().created_by is None
     fresh = store.create_user("fresh")
     store.create_cluster("f0", project_id="p", cluster_type="k8s", creator_id=fresh.id, limit=1)
@@ -174,7 +175,7 @@ def test_concurrent_cluster_creates_stop_exactly_at_the_limit(store: SQLStore, p
     won, refused = race(processes, lambda s, n: s.create_cluster(
         f"race-{n}", project_id="p", cluster_type="k8s", creator_id=racer.id, limit=LIMIT))
     assert (won, refused) == (LIMIT - 1, RACERS - LIMIT + 1)
-    with store.connection() as conn:
+    with store.db.connection() as conn:
         assert len(conn.execute(m.clusters.select().where(m.clusters.c.created_by == racer.id)).all()) == LIMIT
 
 
@@ -210,8 +211,8 @@ def test_quota_values_are_non_negative_numbers_or_unlimited() -> None:
 
 
 def test_clusters_registered_before_the_quota_count_for_their_creator(database_url: str) -> None:
-    store = SQLStore(database_url, secrets=SecretBox([Fernet.generate_key()]))
-    upgrade(store, "0004_agent_tunnels")
+    store = SQLStore(Database(database_url, secrets=SecretBox([Fernet.generate_key()])))
+    upgrade(store.db, "0004_agent_tunnels")
     alice = store.create_user("alice")
     bob = store.create_user("bob")
     for cluster in ("old-1", "old-2", "again", "orphan"):
@@ -222,24 +223,24 @@ def test_clusters_registered_before_the_quota_count_for_their_creator(database_u
     store.record_audit("bob", "cluster.create", "cluster:again")  # deleted and registered again by bob
     store.record_audit("ghost", "cluster.create", "cluster:orphan")  # a user since deleted
     register = store.create_register_token("old-1")
-    upgrade(store)
-    with store.connection() as conn:
+    upgrade(store.db)
+    with store.db.connection() as conn:
         creators = {r.id: r.created_by for r in conn.execute(m.clusters.select())}
     assert creators == {"old-1": alice.id, "old-2": alice.id, "again": bob.id, "orphan": None}
     # The upgrade lost nothing that references clusters (SQLite rebuilds would have).
     assert store.authenticate_register_token(register) == "old-1"
     with pytest.raises(QuotaExceeded):
         store.create_cluster("new", project_id="p", cluster_type="k8s", creator_id=alice.id, limit=2)
-    store.dispose()
+    store.db.dispose()
 
 
 def test_the_migrated_schema_is_the_models(database_url: str) -> None:
     from bcs_middleware.rbac import tables
 
     assert tables.leases.metadata is m.metadata
-    store = SQLStore(database_url, secrets=SecretBox([Fernet.generate_key()]))
-    upgrade(store)
-    with store.engine.connect() as conn:
+    store = SQLStore(Database(database_url, secrets=SecretBox([Fernet.generate_key()])))
+    upgrade(store.db)
+    with store.db.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), m.metadata)
     assert diff == []
-    store.dispose()
+    store.db.dispose()

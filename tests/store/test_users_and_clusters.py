@@ -11,6 +11,7 @@ from bcs_middleware.clusters.permissions import EDIT, VIEW, ClusterAuthorizer
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import Conflict
 from bcs_middleware.store.crypto import SecretBox
+from bcs_middleware.store.database import Database
 from bcs_middleware.store.migrate import upgrade
 from bcs_middleware.store.sql import SQLStore
 
@@ -18,11 +19,11 @@ from bcs_middleware.store.sql import SQLStore
 @pytest.fixture
 def stores(database_url: str):  # type: ignore[no-untyped-def]
     box = SecretBox([Fernet.generate_key()])
-    first, second = SQLStore(database_url, secrets=box), SQLStore(database_url, secrets=box)
-    upgrade(first)
+    first, second = SQLStore(Database(database_url, secrets=box)), SQLStore(Database(database_url, secrets=box))
+    upgrade(first.db)
     yield first, second
-    first.dispose()
-    second.dispose()
+    first.db.dispose()
+    second.db.dispose()
 
 
 @pytest.mark.parametrize("action", ["demote", "delete"])

@@ -15,7 +15,7 @@ import ssl
 
 from bcs_middleware.agent_tunnel.peer_link import GREETING, request_mac
 from bcs_middleware.core.records import Holder
-from bcs_middleware.pki.certs import cert_fingerprint
+from bcs_middleware.pki.certificates import cert_fingerprint
 from tests.support.servers import ConnectionServer
 
 
@@ -107,7 +107,7 @@ class QuickAPIServer(ConnectionServer):
     def __init__(self, tmp: str) -> None:
         import os
 
-        from bcs_middleware.pki.certs import generate_ca, issue_server_cert
+        from bcs_middleware.pki.certificates import generate_ca, issue_server_cert
 
         ca = generate_ca("quick-apiserver-ca")
         leaf = issue_server_cert(ca, ["127.0.0.1", "localhost"])

@@ -358,7 +358,7 @@ def _gateway_base(ctx: Ctx) -> str:
     if settings.public_url:
         if settings.gateway_cert_pem is None:
             return settings.public_url.rstrip("/")
-        from ...pki.certs import host_matches
+        from ...pki.certificates import host_matches
 
         hostname = urlsplit(f"//{host}").hostname or ""
         if not host_matches(settings.gateway_cert_pem, hostname):

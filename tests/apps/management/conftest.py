@@ -66,4 +66,4 @@ def api(migrated_database_url, gateway_ca, tmp_path, caplog):  # type: ignore[no
         text = record.getMessage()
         for token in client.tokens:
             assert token not in text, f"a token leaked into a log line: {record.name}"
-    store.dispose()
+    store.db.dispose()

@@ -94,7 +94,7 @@ def test_register_token_is_created_once_and_read_back(api) -> None:  # type: ign
     read = api.call("GET", "/rest/clusters/BCS-K8S-001/register_tokens")
     assert read.status_code == 200 and read.get_json()["token"] == token
     # Encrypted at rest: the value is nowhere in the table.
-    with api.store.engine.connect() as conn:
+    with api.store.db.engine.connect() as conn:
         dump = "\n".join(str(r) for r in conn.exec_driver_sql("SELECT * FROM register_tokens"))
     assert token not in dump
 
@@ -113,7 +113,7 @@ def test_register_token_reports_credentials(api, prefix) -> None:  # type: ignor
     creds = api.store.get_credentials("BCS-K8S-001")
     assert creds.server_addresses == ("https://10.0.0.1:6443", "https://10.0.0.2:6443")
     assert creds.user_token == "sa-token-abcdefghijklmnopqrstuvwxyz"
-    with api.store.engine.connect() as conn:
+    with api.store.db.engine.connect() as conn:
         dump = "\n".join(str(r) for r in conn.exec_driver_sql("SELECT * FROM cluster_credentials"))
     assert "sa-token" not in dump and "10.0.0.1" not in dump
 

@@ -77,7 +77,7 @@ def test_the_ini_options_become_typed_settings(tmp_path: Path) -> None:
     api = app_factory({}, data_dir=str(tmp_path / "api"), cluster_creators="superusers",
                       quota_permissions_per_cluster="7")
     assert api.settings.quotas.permissions_per_cluster == 7 and not api.settings.cluster_creators.everyone
-    api.store.dispose()
+    api.store.db.dispose()
 
 
 def test_group_members_register_clusters_and_others_do_not(tmp_path: Path) -> None:
@@ -103,4 +103,4 @@ def test_group_members_register_clusters_and_others_do_not(tmp_path: Path) -> No
     assert over.get_json() == {"code_name": "QUOTA_EXCEEDED", "quota": "clusters_per_user", "limit": 1,
                                "message": over.get_json()["message"]}
     assert [c.id for c in store.list_clusters()] == ["carols"]
-    store.dispose()
+    store.db.dispose()

@@ -60,7 +60,7 @@ def test_token_value_is_shown_once_and_listing_has_no_values(api) -> None:  # ty
     assert "user_token" not in listed[0] and token not in str(listed)
     # The token works, and only its digest is stored.
     assert api.call("GET", "/rest/clusters/none", token=token).status_code == 404
-    with api.store.engine.connect() as conn:
+    with api.store.db.engine.connect() as conn:
         dump = "\n".join(str(row) for row in conn.exec_driver_sql("SELECT * FROM user_tokens"))
     assert token not in dump
 
