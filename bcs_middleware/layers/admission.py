@@ -39,7 +39,7 @@ Which definitions apply:
 
 * ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
   webhook configurations of that cluster, matched on the request as kube-apiserver
-  classifies it (:func:`bcs_middleware.core.requestinfo.of`, ``bcs.request_info``: the
+  classifies it (the request's facts, :func:`bcs_middleware.core.facts.of`: the
   tunnel path after ``/tunnels/clusters/{id}``, else ``PATH_INFO``);
 * otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
   POST = Create / PUT = Update and the body's ``kind``.
@@ -75,16 +75,17 @@ Strategic-merge and apply patches cannot be resolved without the resource's sche
 and are refused (415) rather than let through unadmitted.
 
 Exempt are only the webhook-definition routes of the gateway and the mesos-driver
-(whole paths) and, on the tunnel, a cluster's own webhook and admission-policy
-configurations (``admissionregistration.k8s.io``, judged on the parsed API path),
-which the kube-apiserver does not send to webhooks either.
+(whole paths, named in :mod:`bcs_middleware.core.routes`) and, on the tunnel, a
+cluster's own webhook and admission-policy configurations
+(``admissionregistration.k8s.io``, judged on the parsed API path), which the
+kube-apiserver does not send to webhooks either.
 
-Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.request_info``
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.facts``
 (classifying the request when no layer did); sets ``bcs.admission``
 (:class:`~bcs_middleware.core.environ.AdmissionResult`); rewrites ``wsgi.input``,
 ``CONTENT_LENGTH`` (and, for a resolved PATCH or a DELETE, ``CONTENT_TYPE``), and for
 an admitted CONNECT ``bcs.upstream``'s path and query (without routing in front:
-``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``;
+``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.facts``;
 and for a bcs body it decoded sets ``bcs.document`` (the admitted object).
 Webhook ``warnings`` become ``Warning: 299`` response headers.
 
@@ -126,7 +127,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote
@@ -149,7 +149,8 @@ from ..admission.store import (
     load_definitions_file,
 )
 from ..core import environ as env
-from ..core import gojson, requestinfo
+from ..core import facts as request_facts
+from ..core import gojson
 from ..core.bodies import (
     BufferBudget,
     has_body,
@@ -168,9 +169,9 @@ from ..core.errors import (
     NotFound,
     UnsupportedMediaType,
 )
-from ..core.paths import TUNNEL_PREFIX, parse_tunnel_path
 from ..core.printable import escape
 from ..core.requestinfo import RequestInfo, parse_query
+from ..core.routes import KUBERNETES_PREFIX
 from ..outbound.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -178,16 +179,6 @@ log = logging.getLogger(__name__)
 Mode = Literal["bcs", "kubernetes", "auto"]
 StartResponse = Callable[..., Any]
 
-# The gateway's and the mesos-driver's own webhook-definition routes, matched on the whole
-# path: no webhook intercepts changes to webhook definitions (a webhook that refused them
-# could never be removed). Nothing else is exempt — above all nothing under /tunnels/, where
-# a namespace or object may carry any of these names.
-_MANAGEMENT_PATHS = re.compile(
-    r"(?:/mesosdriver/v4|/bcsapi/v4/scheduler/mesos)"
-    r"/(?:namespaces/[^/]+/admissionwebhook(?:/[^/]+)?|admissionwebhooks)/?"
-    r"|/rest/(?:admissionwebhooks(?:/[^/]+)?"
-    r"|clusters/[^/]+/admissionwebhookconfigurations(?:/[^/]+/[^/]+)?|admission/review)/?"
-)
 # A cluster's own webhook (and admission policy) configurations: the kube-apiserver calls no
 # webhook for these (k8s.io/apiserver .../webhook/predicates/rules.IsExemptAdmissionConfigurationResource),
 # so the gateway, which must not be stricter than the cluster it fronts, does not either.
@@ -263,16 +254,20 @@ class AdmissionMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
         try:
-            cluster_id = self._kubernetes_cluster(environ)
-            # The request as kube-apiserver classifies it, decided once (audit may have asked first).
-            info = requestinfo.of(environ) if cluster_id is not None else None
+            # The request as kube-apiserver classifies it, decided once, in the request's facts.
+            facts = request_facts.of(environ)
+            cluster_id = self._kubernetes_cluster(environ, facts)
         except BCSError as exc:  # an unsafe tunnel path, refused as routing refuses it
             return exc(environ, start_response)
+        info = facts.info if cluster_id is not None else None
         if info is not None:
             if info.admission_operation is None:
                 return self.app(environ, start_response)  # get, list, watch, logs: nothing to admit
-        elif method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", "")):
-            return self.app(environ, start_response)  # bcs definitions know Create and Update only
+        elif method not in ("POST", "PUT") or (facts.route is not None and facts.route.definitions):
+            # bcs definitions know Create and Update only; no webhook intercepts a change to
+            # webhook definitions, or one that refused them could never be removed
+            # (bcs_middleware.core.routes names those routes).
+            return self.app(environ, start_response)
         style: env.ErrorStyle = "kubernetes" if info is not None else env.get_error_style(environ)
         slot = self.budget.claim()
         try:
@@ -357,11 +352,11 @@ class AdmissionMiddleware:
 
     # -- Kubernetes -------------------------------------------------------------------
 
-    def _kubernetes_cluster(self, environ: dict[str, Any]) -> str | None:
+    def _kubernetes_cluster(self, environ: dict[str, Any], facts: request_facts.RequestFacts) -> str | None:
         """The cluster whose Kubernetes definitions apply (``""``: none named), else ``None``.
 
         Behind routing the cluster is ``bcs.cluster``; without routing in front (a pipeline
-        in ``kubernetes`` mode) it is the tunnel path's, split by the routing layer's parser.
+        in ``kubernetes`` mode) it is the Kubernetes route's, from the request's facts.
         """
         cluster = env.get_cluster(environ)
         if self.mode == "bcs" or (
@@ -370,9 +365,8 @@ class AdmissionMiddleware:
             return None
         if cluster is not None:
             return cluster.id
-        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-        tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
-        return tunnel.cluster_id if tunnel else ""
+        facts.refuse()
+        return facts.cluster_id if facts.cluster_id is not None else ""
 
     def _admit_kubernetes(
         self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo, *,
@@ -502,14 +496,13 @@ class AdmissionMiddleware:
         if upstream is not None:
             environ[env.UPSTREAM] = dataclasses.replace(upstream, path=path, query=forwarded_query)
         else:  # no routing in front: the next layer reads the request itself
-            raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-            tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
-            environ["PATH_INFO"] = (TUNNEL_PREFIX + tunnel.cluster_id if tunnel else "") + unquote(path)
+            facts = request_facts.of(environ)
+            prefix = KUBERNETES_PREFIX + facts.cluster_id if facts.cluster_id is not None else ""
+            environ["PATH_INFO"] = prefix + unquote(path)
             environ["QUERY_STRING"] = forwarded_query
             for key in ("RAW_URI", "REQUEST_URI"):
                 environ.pop(key, None)
-        environ[env.REQUEST_INFO] = requestinfo.classify(
-            environ.get("REQUEST_METHOD", "GET"), unquote(path), forwarded_query)
+        request_facts.reclassified(environ, path, forwarded_query)
         return outcome
 
     def _admit_delete(

@@ -18,7 +18,8 @@ as a kube-apiserver audits failed authentication: the layer sits in front of tok
 authentication, and an unauthenticated request's ``user`` is ``system:anonymous``.
 
 ``user`` is the gateway user; ``impersonatedUser`` the identity the cluster was
-asked to act as (``Impersonate-User``), when there is one. Never a token: the
+asked to act as (the upstream's :class:`~bcs_middleware.core.impersonation.Impersonation`),
+when there is one. Never a token: the
 client's ``Authorization`` is not part of an event and query parameters naming a
 token are dropped from ``requestURI``. Bodies only at ``Request`` level
 (``requestObject``) and ``RequestResponse`` (``responseObject``), JSON only, at
@@ -47,10 +48,9 @@ from ..admission.review import user_info
 from ..audit.policy import DEFAULT_POLICY, Attributes, Level, Policy, load_policy
 from ..core import converters as conv
 from ..core import environ as env
-from ..core import requestinfo
+from ..core import facts as request_facts
 from ..core.bodies import parse_json
 from ..core.errors import BCSError, ConfigError
-from ..core.paths import TUNNEL_PREFIX, encode_path
 from ..core.printable import json_line
 from ..core.requestinfo import RequestInfo
 from ..telemetry.logsetup import LineWriterHandler
@@ -76,22 +76,16 @@ def _carries_credentials(info: RequestInfo) -> bool:
 
 
 def classified(environ: dict[str, Any]) -> tuple[RequestInfo, str]:
-    """The request's classification and its ``requestURI`` (the path as routing re-encodes it).
+    """The request's classification and its ``requestURI`` (the path as forwarded).
 
-    A tunnel path routing refuses (400) is audited as a non-resource request whose
-    path is percent-encoded here; nothing a client sent reaches an event raw. (WSGI
-    strings carry the request's bytes as latin-1: they are encoded back to those bytes.)
+    Both come from the request's facts (:func:`bcs_middleware.core.facts.of`): a path
+    routing refuses (400) is named there percent-encoded, as a non-resource request;
+    nothing a client sent reaches an event raw.
     """
-    query = str(environ.get("QUERY_STRING", ""))
-    try:
-        info = requestinfo.of(environ)
-        path = encode_path(info.path)
-    except BCSError:
-        raw = str(environ.get("PATH_INFO", ""))[len(TUNNEL_PREFIX):].partition("/")[2]
-        path = quote(("/" + raw).encode("latin-1", "replace"), safe="/")
-        info = RequestInfo(is_resource=False, path=path, verb=str(environ.get("REQUEST_METHOD", "GET")).lower())
-    safe_query = quote(_safe_query(query).encode("latin-1", "replace"), safe=_QUERY_SAFE)
-    return info, path + (f"?{safe_query}" if safe_query else "")
+    facts = request_facts.of(environ)
+    safe_query = quote(_safe_query(str(environ.get("QUERY_STRING", ""))).encode("latin-1", "replace"),
+                       safe=_QUERY_SAFE)
+    return facts.info, facts.api_path + (f"?{safe_query}" if safe_query else "")
 
 
 def _safe_query(query: str) -> str:
@@ -271,8 +265,7 @@ class AuditMiddleware:
         self._may_capture = any(rule.level in ("Request", "RequestResponse") for rule in policy.rules)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if not path.startswith(TUNNEL_PREFIX):
+        if not request_facts.of(environ).kubernetes:
             return self.app(environ, start_response)
         received = self._clock()
         method = environ.get("REQUEST_METHOD", "GET")
@@ -374,13 +367,9 @@ class AuditMiddleware:
             "requestReceivedTimestamp": _timestamp(received),
             "stageTimestamp": _timestamp(at if at is not None else self._clock()),
         }
-        if upstream is not None:
-            impersonated = [v for k, v in upstream.set_headers if k.lower() == "impersonate-user"]
-            if impersonated:
-                event["impersonatedUser"] = {
-                    "username": impersonated[0],
-                    "groups": [v for k, v in upstream.set_headers if k.lower() == "impersonate-group"],
-                }
+        if upstream is not None and upstream.impersonate is not None:
+            event["impersonatedUser"] = {"username": upstream.impersonate.user,
+                                         "groups": list(upstream.impersonate.groups)}
         agent = environ.get("HTTP_USER_AGENT")
         if agent:
             event["userAgent"] = agent
