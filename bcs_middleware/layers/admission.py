@@ -44,7 +44,8 @@ Which definitions apply:
 * otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
   POST = Create / PUT = Update and the body's ``kind``.
 
-The operation is the one the apiserver admits (:mod:`bcs_middleware.core.requestinfo`):
+The operation is the one the apiserver admits (:mod:`bcs_middleware.core.requestinfo`;
+resolved, with the objects admitted, by :mod:`bcs_middleware.admission.kubernetes`):
 ``POST`` is CREATE, a ``PUT`` is UPDATE when the object exists and CREATE when it does
 not (asked of the cluster, as the caller), ``PATCH`` is UPDATE, ``DELETE`` is DELETE,
 and **every method** on the ``exec``/``attach``/``portforward``/``proxy`` subresources
@@ -125,23 +126,12 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
-from urllib.parse import parse_qs, unquote
-
-import jsonpatch
 
 from ..admission.client import CircuitBreaker, WebhookClient
-from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
-from ..admission.options import connect_options, connect_target, delete_body, delete_options
-from ..admission.review import (
-    RequestAttributes,
-    admission_attributes,
-    apply_json_patch,
-    apply_merge_patch,
-)
+from ..admission.engine import AdmissionEngine, Outcome, warning_headers
+from ..admission.kubernetes import KubernetesAdmission
 from ..admission.store import (
     ClusterReader,
     DefinitionStore,
@@ -162,34 +152,15 @@ from ..core.bodies import (
 )
 from ..core.converters import asint, convert_options, mapping, seconds, size, text
 from ..core.errors import (
-    BadGateway,
-    BadRequest,
     BCSError,
     ConfigError,
-    NotFound,
     UnsupportedMediaType,
 )
-from ..core.printable import escape
-from ..core.requestinfo import RequestInfo, parse_query
-from ..core.routes import KUBERNETES_PREFIX
 from ..outbound.transport import Transport
-
-log = logging.getLogger(__name__)
 
 Mode = Literal["bcs", "kubernetes", "auto"]
 StartResponse = Callable[..., Any]
 
-# A cluster's own webhook (and admission policy) configurations: the kube-apiserver calls no
-# webhook for these (k8s.io/apiserver .../webhook/predicates/rules.IsExemptAdmissionConfigurationResource),
-# so the gateway, which must not be stricter than the cluster it fronts, does not either.
-_REGISTRATION_GROUP = "admissionregistration.k8s.io"
-_EXEMPT_REGISTRATION_RESOURCES = frozenset({
-    "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
-    "validatingadmissionpolicies", "validatingadmissionpolicybindings",
-    "mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
-})
-_JSON_PATCH = "application/json-patch+json"
-_MERGE_PATCH = "application/merge-patch+json"
 Canonical = Callable[[str, str, Any], Any]
 #: One admitted body may cost at most this many times ``max_body`` once decoded (estimated
 #: before decoding, :func:`~bcs_middleware.core.bodies.decoded_cost`): more is a 413.
@@ -250,6 +221,7 @@ class AdmissionMiddleware:
             default_timeout=default_timeout,
             namespace_ttl=namespace_ttl,
         )
+        self.kubernetes = KubernetesAdmission(self.engine, max_body=max_body)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
@@ -272,7 +244,7 @@ class AdmissionMiddleware:
         slot = self.budget.claim()
         try:
             if info is not None and cluster_id is not None:
-                outcome = self._admit_kubernetes(environ, method, cluster_id, info, slot=slot)
+                outcome = self.kubernetes.admit(environ, method, cluster_id, info, slot=slot)
             else:
                 outcome = self._admit_bcs(environ, method, slot=slot)
         except BCSError as exc:
@@ -368,249 +340,8 @@ class AdmissionMiddleware:
         facts.refuse()
         return facts.cluster_id if facts.cluster_id is not None else ""
 
-    def _admit_kubernetes(
-        self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo, *,
-        slot: BufferBudget.Slot,
-    ) -> Outcome | None:
-        attrs = admission_attributes(info)
-        if attrs is None or (
-            attrs.group == _REGISTRATION_GROUP and attrs.resource in _EXEMPT_REGISTRATION_RESOURCES
-        ):
-            return None
-        if info.admission_operation == "CONNECT":
-            return self._admit_connect(environ, cluster_id, info, attrs)
-        if info.admission_operation == "DELETE":
-            return self._admit_delete(environ, cluster_id, info, attrs)
-        if method not in ("POST", "PUT", "PATCH"):
-            return None  # a create or update verb only these methods carry
-        # The operation the apiserver will perform: POST creates, PATCH updates, and PUT
-        # updates an object that exists but creates one that does not.
-        candidates: tuple[Operation, ...] = (
-            ("CREATE",) if method == "POST" else ("UPDATE",) if method == "PATCH" else ("CREATE", "UPDATE")
-        )
-        matched = {op: self.engine.k8s_matching(cluster_id, op, attrs) for op in candidates}
-        first = next((hooks[0].name for hooks in matched.values() if hooks), None)
-        if first is None:
-            return None
-        content_type = _mime(environ)
-        if method == "PATCH":
-            if content_type not in (_JSON_PATCH, _MERGE_PATCH):
-                raise UnsupportedMediaType(
-                    f'{content_type or "this"} patch cannot be admitted by webhook "{first}": '
-                    f"send a JSON Patch ({_JSON_PATCH}), a merge patch ({_MERGE_PATCH}) "
-                    "or a full update"
-                )
-        elif content_type not in ("application/json", ""):
-            raise UnsupportedMediaType(
-                f'a {content_type} body cannot be admitted by webhook "{first}": '
-                "send application/json"
-            )
-        slot.reserve_for(environ, self.max_body)
-        body = read_buffer(environ, self.max_body, what="a request body to admit")
-        document = parse_json(body, measure=slot.fit)
-        del body
-        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-        dry_run = "All" in query.get("dryRun", [])
-        old: Any = None
-        operation: Operation = candidates[0]
-        if method == "PATCH":
-            old = self._current(environ, cluster_id, attrs, required=True)
-            try:
-                obj = (
-                    apply_json_patch(old, document)
-                    if content_type == _JSON_PATCH
-                    else apply_merge_patch(old, document)
-                )
-            except ValueError as exc:
-                raise BCSError(
-                    f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
-                ) from None
-            if isinstance(obj, dict) and not _meta(obj).get("resourceVersion"):
-                obj.setdefault("metadata", {})["resourceVersion"] = _meta(old).get("resourceVersion")
-        else:
-            obj = document
-            if method == "PUT":
-                old = self._current(environ, cluster_id, attrs, required=False)
-                operation = "UPDATE" if old is not None or attrs.subresource else "CREATE"
-        if not isinstance(obj, dict):
-            raise BadRequest("request body must be a JSON object")
-        webhooks = matched[operation]
-        if not webhooks:
-            # Decoded, though no webhook of this operation judged it: the re-encoding goes on.
-            replace_body(environ, gojson.dumps(obj))
-            return None
-        outcome = self.engine.admit_k8s(
-            cluster_id,
-            operation,
-            attrs,
-            obj,
-            old,
-            env.get_user(environ),
-            dry_run=dry_run,
-            options=_options(operation, query),
-            webhooks=webhooks,
-        )
-        admitted = outcome.object
-        if method == "PATCH":
-            # Forwarded as a PATCH (the cluster's RBAC checks the "patch" verb the caller
-            # used): the change from the object the caller read to the admitted one, applied
-            # only if the object is still the one that was admitted.
-            environ["CONTENT_TYPE"] = _JSON_PATCH
-            replace_body(environ, gojson.dumps(_guarded_patch(old, admitted)))
-            return outcome
-        if method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
-            # Admitted as an UPDATE: it must not turn into a create if the object is deleted
-            # meanwhile (CREATE webhooks never saw it).
-            rv = _meta(old).get("resourceVersion")
-            if rv and isinstance(admitted.get("metadata"), dict):
-                admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
-                replace_body(environ, gojson.dumps(admitted))
-                return outcome
-        # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
-        replace_body(environ, outcome.encoding())
-        return outcome
-
-    def _admit_connect(
-        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
-    ) -> Outcome | None:
-        """CONNECT (exec, attach, port-forward, proxy) as ``ConnectResource`` admits it.
-
-        The webhooks get the connect options decoded from the query and path; what goes on
-        is the request rebuilt from the options they admitted (a mutating webhook may
-        change them, as it may on the apiserver), never the client's own query.
-        """
-        webhooks = self.engine.k8s_matching(cluster_id, "CONNECT", attrs)
-        if not webhooks:
-            return None
-        query = str(environ.get("QUERY_STRING", ""))
-        if "dryRun" in parse_query(query):
-            raise BadRequest("dryRun is not supported", code_name="DRY_RUN_UNSUPPORTED")
-        options = connect_options(info, query)
-        outcome = self.engine.admit_k8s(
-            cluster_id, "CONNECT", attrs, options, None, env.get_user(environ),
-            dry_run=False, options=None, webhooks=webhooks,
-        )
-        admitted = outcome.object if isinstance(outcome.object, dict) else options
-        path, forwarded_query = connect_target(info, admitted, query)
-        upstream = env.get_upstream(environ)
-        if upstream is not None:
-            environ[env.UPSTREAM] = dataclasses.replace(upstream, path=path, query=forwarded_query)
-        else:  # no routing in front: the next layer reads the request itself
-            facts = request_facts.of(environ)
-            prefix = KUBERNETES_PREFIX + facts.cluster_id if facts.cluster_id is not None else ""
-            environ["PATH_INFO"] = prefix + unquote(path)
-            environ["QUERY_STRING"] = forwarded_query
-            for key in ("RAW_URI", "REQUEST_URI"):
-                environ.pop(key, None)
-        request_facts.reclassified(environ, path, forwarded_query)
-        return outcome
-
-    def _admit_delete(
-        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
-    ) -> Outcome | None:
-        """DELETE as ``handlers/delete.go`` admits it: ``oldObject`` the object, ``options`` its DeleteOptions.
-
-        The object is read as the caller. The DELETE goes on carrying the admitted options
-        as its body, with preconditions on the uid and resourceVersion read, so only the
-        object the webhooks saw can be deleted. A deletecollection is admitted by the
-        apiserver once per item it deletes, which the gateway cannot do: refused when a
-        ``Fail`` webhook matches it, passed with a ``Warning`` (and logged) for ``Ignore``.
-        """
-        webhooks = self.engine.k8s_matching(cluster_id, "DELETE", attrs)
-        if not webhooks:
-            return None
-        if info.verb == "deletecollection" or not attrs.name:
-            failing = [w.name for w in webhooks if w.failure_policy == "Fail"]
-            if failing:
-                raise BCSError(
-                    f'webhook "{failing[0]}" (failurePolicy: Fail) admits the DELETE of {attrs.resource}, and the '
-                    "gateway cannot send a deletecollection to admission item by item: delete the objects one "
-                    "by one",
-                    status=501,
-                    code_name="ADMISSION_OPERATION_UNSUPPORTED",
-                )
-            for webhook in webhooks:
-                log.warning("admission: a deletecollection of %s is not sent to webhook %s (failurePolicy: Ignore)",
-                            escape(attrs.resource), webhook.name)
-            return Outcome(None, webhooks=(), warnings=tuple(
-                f'deletecollection not sent to admission webhook "{w.name}" (failurePolicy: Ignore)' for w in webhooks))
-        content_type = _mime(environ)
-        body = bytes(read_buffer(environ, self.max_body, what="a DeleteOptions body"))
-        if body and content_type not in ("application/json", ""):
-            raise UnsupportedMediaType(
-                f'a {content_type} DeleteOptions body cannot be admitted by webhook "{webhooks[0].name}": '
-                "send application/json"
-            )
-        options = delete_options(body, str(environ.get("QUERY_STRING", "")))
-        old = self._current(environ, cluster_id, attrs, required=True)
-        outcome = self.engine.admit_k8s(
-            cluster_id, "DELETE", attrs, None, old, env.get_user(environ),
-            dry_run=bool(options.get("dryRun")), options=options, webhooks=webhooks,
-        )
-        replace_body(environ, gojson.dumps(delete_body(options, old)), content_type="application/json")
-        return outcome
-
-    def _current(
-        self, environ: dict[str, Any], cluster_id: str, attrs: RequestAttributes, *, required: bool
-    ) -> Any:
-        """The object the request acts on, read as its caller; ``None`` when it does not exist.
-
-        With ``bcs.upstream`` (the tunnel) the read carries the request's own credential and
-        impersonation, so the caller's RBAC decides: what they may not read is their 403 (or
-        404), exactly as the cluster answers, never something the gateway's credential saw.
-        """
-        reader = self.engine.cluster_reader
-        if reader is None or not attrs.name:
-            if required:
-                raise BadGateway(
-                    "cannot resolve the patch for admission: the cluster cannot be read"
-                )
-            return None
-        upstream = env.get_upstream(environ)
-        try:
-            if upstream is not None:
-                current = reader.get_object_as(upstream, attrs.api_path)
-            else:
-                current = reader.get_object(cluster_id, attrs.api_path)
-        except BCSError:
-            raise
-        except Exception:
-            log.warning("admission: cannot read %s from cluster %s", attrs.api_path, cluster_id,
-                        exc_info=True)
-            raise BadGateway(
-                "cannot read the current object from the cluster for admission"
-            ) from None
-        if current is None and required:
-            raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
-        return current
-
-
-def _meta(obj: Any) -> Mapping[str, Any]:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    return meta if isinstance(meta, dict) else {}
-
-
-def _guarded_patch(old: Any, admitted: Any) -> list[dict[str, Any]]:
-    """A JSON Patch from ``old`` to ``admitted`` that applies only to ``old``'s resourceVersion."""
-    operations = list(jsonpatch.make_patch(old, admitted).patch)
-    rv = _meta(old).get("resourceVersion")
-    if isinstance(rv, str) and rv:
-        operations.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-    return operations
-
-
 def _mime(environ: Mapping[str, Any]) -> str:
     return str(environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
-
-
-def _options(operation: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
-    kind = "CreateOptions" if operation == "CREATE" else "UpdateOptions"
-    options: dict[str, Any] = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
-    if query.get("dryRun"):
-        options["dryRun"] = query["dryRun"]
-    if query.get("fieldManager"):
-        options["fieldManager"] = query["fieldManager"][0]
-    return options
 
 
 def _mode(value: str) -> Mode:
