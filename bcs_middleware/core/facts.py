@@ -20,6 +20,7 @@ the refusal kept in :attr:`RequestFacts.refusal`; the routing layer answers it w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -89,12 +90,25 @@ def classify(environ: dict[str, Any]) -> RequestFacts:
     path = str(environ.get("PATH_INFO", ""))
     method = str(environ.get("REQUEST_METHOD", "GET"))
     query = str(environ.get("QUERY_STRING", ""))
-    route = match(path, method)
+    raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
     upgrade = upgrade_protocol(environ)
+    if len(path) + len(query) + len(raw_uri or "") <= _CACHED:
+        return _classify(path, method, query, raw_uri, upgrade)
+    return _classify.__wrapped__(path, method, query, raw_uri, upgrade)
+
+
+# A client repeats its requests (lists, watches, gets of the same objects): the facts of a
+# request line are worked out once. Bounded: 1024 entries of at most _CACHED characters.
+_CACHED = 1024
+
+
+@functools.lru_cache(maxsize=1024)
+def _classify(path: str, method: str, query: str, raw_uri: str | None, upgrade: str | None) -> RequestFacts:
+    route = match(path, method)
     if route is None or route.kind != "kubernetes":
         return RequestFacts(route, None, path, classify_request(method, path, query), upgrade)
     try:
-        tunnel = parse_tunnel_path(path, environ.get("RAW_URI") or environ.get("REQUEST_URI"))
+        tunnel = parse_tunnel_path(path, raw_uri)
     except BadRequest as exc:
         # Named in events and log lines as the client sent it, every byte percent-encoded
         # (WSGI strings carry the request's bytes as latin-1: they are encoded back first).

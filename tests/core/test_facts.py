@@ -93,3 +93,21 @@ def test_reclassified_after_admission_rewrites_the_connect_target() -> None:
     updated = facts.reclassified(environ, "/api/v1/namespaces/d/pods/p/attach", "stdin=true")
     assert facts.of(environ) is updated
     assert updated.cluster_id == "c" and updated.info.subresource == "attach"
+
+
+def test_a_repeated_request_line_gets_the_same_facts_and_a_long_one_equal_facts() -> None:
+    path = "/tunnels/clusters/c/api/v1/namespaces/default/pods"
+    assert facts.classify(_environ(path)) is facts.classify(_environ(path))
+    long_path = path + "/x" * 600
+    first, second = facts.classify(_environ(long_path)), facts.classify(_environ(long_path))
+    assert first == second and first is not second  # not remembered: too long
+    refused = "/tunnels/clusters/c/api/../x"
+    assert facts.classify(_environ(refused)).refusal == facts.classify(_environ(refused)).refusal is not None
+
+
+def test_the_upgrade_decision_is_part_of_the_facts() -> None:
+    path = "/tunnels/clusters/c/api/v1/namespaces/d/pods/p/exec"
+    upgraded = facts.classify(_environ(path, "POST", HTTP_CONNECTION="Upgrade", HTTP_UPGRADE="websocket"))
+    plain = facts.classify(_environ(path, "POST", HTTP_UPGRADE="websocket"))  # no Connection: upgrade
+    h2c = facts.classify(_environ(path, "POST", HTTP_CONNECTION="Upgrade", HTTP_UPGRADE="h2c"))
+    assert (upgraded.upgrade, plain.upgrade, h2c.upgrade) == ("websocket", None, None)
