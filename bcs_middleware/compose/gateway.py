@@ -6,7 +6,8 @@ Request flow::
       ├ /bcsapi/v1/websocket/connect           AgentTunnelMiddleware (kube-agent tunnels,
       │                                        authenticated by the register token)
       └ TokenAuthMiddleware                    bcs.user / bcs.agent
-          └ GatewayDispatcher
+          └ GatewayDispatcher                  apps/dispatcher.py, by the route kind of the
+                                               request's facts (core/routes.py, core/facts.py)
               ├ /healthz /readyz               health (public)
               ├ /metrics                       metrics (superusers, the metrics token)
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]

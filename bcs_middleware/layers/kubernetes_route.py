@@ -43,11 +43,7 @@ from ..core import environ as env
 from ..core import facts as request_facts
 from ..core.errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
 from ..core.impersonation import Impersonation
-from ..core.routes import KUBERNETES_PREFIX
 from ..core.shapes import ShapeCache
-
-#: Kept for the pipelines and tests that name it here: the Kubernetes route's prefix.
-TUNNEL_PREFIX = KUBERNETES_PREFIX
 
 
 def impersonation_headers(environ: Mapping[str, Any]) -> tuple[str, ...]:
