@@ -24,7 +24,8 @@ Example — protect any WSGI app with tokens kept in the gateway's database::
     app = TokenAuthMiddleware(app, authenticator=StoreAuthenticator(store),
                               public_paths=["/healthz"])
 
-Reads ``HTTP_AUTHORIZATION``, ``PATH_INFO``; sets ``bcs.user`` or ``bcs.agent``.
+Reads ``HTTP_AUTHORIZATION``, ``PATH_INFO`` and, for a request without a token, the route
+kind of ``bcs.facts`` (:func:`bcs_middleware.core.facts.of`); sets ``bcs.user`` or ``bcs.agent``.
 """
 
 from __future__ import annotations
