@@ -27,7 +27,9 @@ import json
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-CONNECT_PATH = "/bcsapi/v1/websocket/connect"
+from ..core.routes import AGENT_CONNECT_PATH
+
+CONNECT_PATH = AGENT_CONNECT_PATH
 HEADER_MODULE = "BCS-API-Tunnel-Module"
 HEADER_TOKEN = "BCS-API-Tunnel-Token"
 HEADER_CLUSTER = "BCS-API-Tunnel-ClusterId"

@@ -15,7 +15,9 @@ What it does to the request:
   ``Transfer-Encoding``, ``Upgrade``, ``Proxy-*``) and every header named in
   ``Connection`` are dropped, in both directions (RFC 9110 §7.6.1).
 * The client's ``Authorization`` is **never** forwarded; the upstream's own
-  ``bearer_token`` is sent instead, then ``Upstream.set_headers`` are set.
+  ``bearer_token`` is sent instead, then ``Upstream.impersonate`` as ``Impersonate-*``
+  headers (:func:`~bcs_middleware.core.impersonation.impersonation_headers`), then
+  ``Upstream.set_headers``.
   A client's ``Impersonate-*`` headers are always stripped (the routing layer
   refuses them outright; this is the backstop when it did not run), and so are
   identity headers an upstream may believe: ``X-Remote-*`` (kube-apiserver's
@@ -82,6 +84,7 @@ from ..core.errors import (
     UpstreamUnreachable,
 )
 from ..core.http import HOP_BY_HOP, named_by_connection
+from ..core.impersonation import impersonation_headers
 from ..core.shapes import small_shape
 from ..outbound.causes import OutboundError, as_http_error
 from ..outbound.transport import PooledTransport, Response, Transport
@@ -385,6 +388,8 @@ class UpstreamProxy:
             headers.append(("X-Forwarded-Host", host))
         if upstream.bearer_token:
             headers.append(("Authorization", f"Bearer {upstream.bearer_token}"))
+        if upstream.impersonate is not None:
+            headers.extend(impersonation_headers(upstream.impersonate))
         headers.extend(upstream.set_headers)
         return headers
 

@@ -77,8 +77,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core import requestinfo
-from ..core.errors import BCSError
 from ..core.http import HOP_BY_HOP
 from ..core.paths import encode_path
 from ..core.printable import escape
@@ -210,7 +210,7 @@ class CloseAfter:
 def audit(environ: dict[str, Any], upstream: env.Upstream, protocol: str, status: int) -> None:
     """Log who opened which stream to which object; never a credential, no raw client text.
 
-    The object is the request's one classification (:func:`bcs_middleware.core.requestinfo.of`,
+    The object is the request's one classification (:func:`bcs_middleware.core.facts.of`,
     the connect options as admitted when admission ran); every value a client chose is
     escaped, so a newline or an ESC in a path or a command forges no line and drives no
     terminal.
@@ -218,17 +218,14 @@ def audit(environ: dict[str, Any], upstream: env.Upstream, protocol: str, status
     user = env.get_user(environ)
     cluster = env.get_cluster(environ)
     detail: dict[str, Any] = {"protocol": protocol.lower(), "status": status}
-    try:
-        info = requestinfo.of(environ)
-    except BCSError:  # a path routing refused never gets here; nothing to name if it did
-        info = None
-    if info is not None and info.connect:
+    info = request_facts.of(environ).info
+    if info.connect:
         action = f"tunnel.{info.connect_subresource}"
         target = f"{info.namespace}/{info.name}" if info.namespace else info.name
         detail.update(namespace=info.namespace, resource=info.resource, subresource=info.connect_subresource)
         detail["pod" if info.resource == "pods" else "name"] = info.name
     else:
-        action, target = "tunnel.upgrade", encode_path(info.path) if info is not None else "?"
+        action, target = "tunnel.upgrade", encode_path(info.path)
     query = requestinfo.parse_query(upstream.query)
     for key in ("container", "command", "port", "ports"):
         if key in query:

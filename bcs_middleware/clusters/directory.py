@@ -10,25 +10,24 @@ layer's reads, the RBAC sync — starts here:
   connected to another worker or instance, takes to be usable here);
 * :func:`upstream_for` — the :class:`~bcs_middleware.core.environ.Upstream` for a cluster:
   its apiserver addresses, the reported CA, the TLS server name, the service-account
-  token, and — for a non-superuser with RBAC on — the impersonation headers that let
-  the cluster's own RBAC decide.
+  token, and — for a non-superuser with RBAC on — the identity to impersonate, a value
+  only the proxy and the cluster reader render as headers.
 
-The cluster id itself is parsed once per request, by the routing layer
-(:func:`bcs_middleware.layers.kubernetes_route.parse_tunnel_path`), and travels in
-``bcs.cluster``.
+The cluster id itself is parsed once per request, in the request's facts
+(:func:`bcs_middleware.core.facts.classify`), and travels in ``bcs.cluster``.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Protocol
 
 from ..core import environ as env
 from ..core.cache import Cache
+from ..core.impersonation import Impersonation
 from ..core.records import ClusterRecord, CredentialRecord
 
-__all__ = ["CachedDirectory", "ClusterDirectory", "impersonating", "upstream_for"]
+__all__ = ["CachedDirectory", "ClusterDirectory", "upstream_for"]
 
 
 class ClusterDirectory(Protocol):
@@ -93,17 +92,10 @@ class CachedDirectory:
         return cluster, self.inner.get_credentials(cluster_id) if cluster is not None else None
 
 
-@functools.lru_cache(maxsize=4096)
-def impersonating(user: env.User) -> tuple[tuple[str, str], ...]:
-    """``Impersonate-User``/``-Group`` for a user (users are immutable: cached)."""
-    return (("Impersonate-User", user.name),
-            *(("Impersonate-Group", group) for group in ("system:authenticated", *user.groups)))
-
-
 def upstream_for(
     credentials: CredentialRecord,
     *,
-    user: env.User | None = None,
+    impersonate: Impersonation | None = None,
     path: str = "/",
     query: str = "",
     server_name: str | None = None,
@@ -111,7 +103,7 @@ def upstream_for(
 ) -> env.Upstream:
     """The apiserver of ``credentials``' cluster as an upstream.
 
-    :param user: the caller to impersonate (RBAC on, not a superuser); ``None`` acts
+    :param impersonate: the identity to act as (RBAC on, not a superuser); ``None`` acts
         as the cluster's own service account (the credential's rights).
     :param path: the path upstream (already percent-encoded).
     :param server_name: verify the apiserver certificate for this name instead of
@@ -126,7 +118,7 @@ def upstream_for(
         server_name=server_name or None,
         verify=verify,
         bearer_token=credentials.user_token,
-        set_headers=impersonating(user) if user is not None else (),
+        impersonate=impersonate,
         name=f"cluster:{credentials.cluster_id}",
         # Reported through the agent's tunnel: reached through it, never directly.
         tunnel=credentials.cluster_id if credentials.via_tunnel else None,

@@ -21,6 +21,7 @@ from typing import Any
 from ..core import environ as env
 from ..core.bodies import parse_json
 from ..core.errors import BadGateway, BadRequest, BCSError, ServiceUnavailable, UpstreamUnreachable
+from ..core.impersonation import impersonation_headers
 from ..core.paths import encode_path
 from ..core.records import CredentialRecord
 from ..outbound.causes import OutboundError, as_http_error
@@ -61,11 +62,14 @@ def upstream_request(
     body: Any = None,
     max_bytes: int = MAX_OBJECT,
 ) -> tuple[int, str, Any]:
-    """One JSON request to ``upstream`` as the tunnel would send it: its credential and its
-    ``set_headers`` (the caller's impersonation); returns ``(status, reason, document)``."""
+    """One JSON request to ``upstream`` as the tunnel would send it: its credential, the
+    caller's impersonation and its ``set_headers``; returns ``(status, reason, document)``."""
     # The transport frames requests; credentials are the caller's to set (the proxy does the
-    # same for tunnel traffic).
-    headers = [("Accept", "application/json"), *upstream.set_headers]
+    # same for tunnel traffic, through the same rendering of the impersonation).
+    headers = [("Accept", "application/json")]
+    if upstream.impersonate is not None:
+        headers.extend(impersonation_headers(upstream.impersonate))
+    headers.extend(upstream.set_headers)
     if upstream.bearer_token:
         headers.append(("Authorization", f"Bearer {upstream.bearer_token}"))
     payload = None

@@ -6,7 +6,8 @@ Request flow::
       ├ /bcsapi/v1/websocket/connect           AgentTunnelMiddleware (kube-agent tunnels,
       │                                        authenticated by the register token)
       └ TokenAuthMiddleware                    bcs.user / bcs.agent
-          └ GatewayDispatcher
+          └ GatewayDispatcher                  apps/dispatcher.py, by the route kind of the
+                                               request's facts (core/routes.py, core/facts.py)
               ├ /healthz /readyz               health (public)
               ├ /metrics                       metrics (superusers, the metrics token)
               ├ /tunnels/clusters/{id}/…       ClusterRoutingMiddleware → [AdmissionMiddleware]
@@ -24,8 +25,6 @@ factory and ``bcs-middleware serve`` only differ in where the strings come from.
 from __future__ import annotations
 
 import atexit
-import hmac
-import json
 import logging
 import os
 import socket
@@ -36,7 +35,8 @@ from typing import Any
 
 from ..agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from ..agent_tunnel.router import peer_routing
-from ..apps.management.app import AGENT_REPORT, ManagementAPI
+from ..apps.dispatcher import GatewayDispatcher
+from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
@@ -44,17 +44,16 @@ from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer, ClusterCreators
 from ..clusters.reader import TunnelClusterReader
 from ..core import converters as conv
-from ..core import environ as env
-from ..core.errors import ConfigError, Forbidden, NotFound, Unauthorized
+from ..core.errors import ConfigError
 from ..core.quotas import Quotas, limit_value
 from ..core.records import Holder
 from ..discovery.base import Discovery, Endpoint
 from ..discovery.static import StaticDiscovery
 from ..layers.agent_endpoint import AgentTunnelMiddleware
-from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware, bearer_token
+from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator, parse_subject_map
-from ..layers.kubernetes_route import TUNNEL_PREFIX, ClusterRoutingMiddleware
-from ..layers.mesos_route import DRIVER_PATH, MESOS_PREFIX, MesosRoutingMiddleware
+from ..layers.kubernetes_route import ClusterRoutingMiddleware
+from ..layers.mesos_route import DRIVER_PATH, MesosRoutingMiddleware
 from ..layers.request_context import RequestContextMiddleware
 from ..layers.webconsole_route import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from ..layers.webconsole_route import WEBCONSOLE
@@ -64,7 +63,6 @@ from ..outbound.transport import PooledTransport, Transport
 from ..rbac.service import build_service
 from ..store.crypto import new_token, token_digest
 from ..store.sql import SQLStore, open_store
-from ..telemetry.metrics import BATCH
 
 log = logging.getLogger(__name__)
 
@@ -294,102 +292,6 @@ class GatewayConfig:
     metrics_token: str | None = field(default=None, repr=False)
 
 
-def _text_response(start_response: Any, status: str, body: dict[str, Any]) -> list[bytes]:
-    payload = json.dumps(body).encode()
-    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
-    return [payload]
-
-
-class GatewayDispatcher:
-    """Send each request to the part of the gateway that owns its path."""
-
-    def __init__(
-        self,
-        *,
-        api: Any,
-        tunnel: Any,
-        store: SQLStore,
-        rbac_status: Any = None,
-        mesos: Any = None,
-        discovery: Discovery | None = None,
-        webconsole: Any = None,
-        metrics_token: str | None = None,
-    ) -> None:
-        self.webconsole = webconsole
-        self.metrics_token = metrics_token
-        self.api = api
-        self.tunnel = tunnel
-        self.store = store
-        self.rbac_status = rbac_status
-        self.mesos = mesos
-        self.discovery = discovery
-
-    def readiness(self) -> tuple[bool, dict[str, str]]:
-        """Ready = the store answers and discovery is fresh (a stale snapshot still routes)."""
-        report = {"store": "ok" if self.store.db.ping() else "unreachable"}
-        if self.discovery is not None:
-            report["discovery"] = "stale" if self.discovery.stale() else "ok"
-        return all(v == "ok" for v in report.values()), report
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path.startswith(TUNNEL_PREFIX):
-            return self.tunnel(environ, start_response)
-        if path == "/healthz":
-            return _text_response(start_response, "200 OK", {"status": "ok"})
-        if path == "/readyz":
-            ready, report = self.readiness()
-            if ready:
-                return _text_response(start_response, "200 OK", {"status": "ready", **report})
-            return _text_response(start_response, "503 Service Unavailable", {"status": "not ready", **report})
-        if path.startswith(MESOS_PREFIX) and self.mesos is not None:
-            return self.mesos(environ, start_response)
-        if path.startswith(WEBCONSOLE_PREFIX) and self.webconsole is not None:
-            return self.webconsole(environ, start_response)
-        if path == "/metrics":
-            return self.metrics(environ, start_response)
-        if path == "/rest/rbac/status" and self.rbac_status is not None:
-            return self.rbac_status(environ, start_response)
-        if path.startswith(("/rest/", "/clusters/")):
-            return self.api(environ, start_response)
-        return NotFound(f"no route for {path}")(environ, start_response)
-
-
-    def metrics(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        """``/metrics`` for superusers and the holder of the metrics token only.
-
-        Its labels name clusters, webhooks and upstreams — records a caller may get a 404
-        for — so, as kube-apiserver's own ``/metrics``, it is not for anyone: a scraper
-        presents ``metrics_token`` (``Authorization: Bearer``), compared in constant time.
-        """
-        user = env.get_user(environ)
-        if user is not None and user.is_superuser:
-            return metrics_app(environ, start_response)
-        token = bearer_token(environ)
-        if self.metrics_token and token and hmac.compare_digest(token_digest(token), self.metrics_token):
-            return metrics_app(environ, start_response)
-        if user is None:
-            return Unauthorized("/metrics needs a superuser's token or the metrics token")(environ, start_response)
-        return Forbidden("/metrics is for superusers and the metrics token")(environ, start_response)
-
-
-def metrics_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-    from prometheus_client import REGISTRY as DEFAULT_REGISTRY
-
-    BATCH.flush()  # what this worker counted is current; other workers' within 0.25 s
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-    else:
-        registry = DEFAULT_REGISTRY
-    payload = generate_latest(registry)
-    start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(payload)))])
-    return [payload]
-
-
 def _read_text(path: Path | None, key: str) -> str | None:
     if path is None:
         return None
@@ -586,7 +488,7 @@ def build_gateway(
             # lease expires by itself and the stop is not held up.
             atexit.register(service.stop, RBAC_EXIT_WAIT)
     dispatcher = GatewayDispatcher(
-        api=api, tunnel=tunnel, store=store, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
+        api=api, tunnel=tunnel, store=store.db, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
         webconsole=webconsole, metrics_token=config.metrics_token,
     )
     authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
@@ -597,7 +499,7 @@ def build_gateway(
     )
     authed: Any = TokenAuthMiddleware(
         dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
-        public_requests=(AGENT_REPORT,),
+        public_routes=("agent_report",),
     )
     if config.audit_log:
         from ..audit.policy import DEFAULT_POLICY, load_policy

@@ -15,9 +15,10 @@ key                       value
 ``bcs.error_style``       ``"json"``, ``"kubernetes"`` or ``"bcs"`` — how errors render
 ``bcs.upgrade``           ``str`` — the upgrade protocol, ``""`` for none
                           (:mod:`bcs_middleware.core.http` decides)
-``bcs.request_info``      :class:`~bcs_middleware.core.requestinfo.RequestInfo` — the
-                          Kubernetes request as kube-apiserver classifies it
-                          (:func:`bcs_middleware.core.requestinfo.of` decides, once)
+``bcs.facts``             :class:`~bcs_middleware.core.facts.RequestFacts` — the
+                          request classified once: route, cluster, API path, the
+                          Kubernetes ``RequestInfo``, the upgrade
+                          (:func:`bcs_middleware.core.facts.of` decides)
 ``bcs.document``          :class:`Document` — the request body as decoded for its
                           receiver and admitted (``wsgi.input`` holds its encoding)
 ========================  ==================================================
@@ -28,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .impersonation import Impersonation
+
 USER = "bcs.user"
 AGENT = "bcs.agent"
 CLUSTER = "bcs.cluster"
@@ -36,7 +39,7 @@ ADMISSION = "bcs.admission"
 REQUEST_ID = "bcs.request_id"
 ERROR_STYLE = "bcs.error_style"
 UPGRADE = "bcs.upgrade"
-REQUEST_INFO = "bcs.request_info"
+FACTS = "bcs.facts"
 DOCUMENT = "bcs.document"
 
 ErrorStyle = Literal["json", "kubernetes", "bcs"]
@@ -85,8 +88,11 @@ class Upstream:
         the URL (the source system always used ``kubernetes``).
     :param verify: ``False`` only when an operator explicitly turned checking off.
     :param bearer_token: credential presented upstream as ``Authorization``.
-    :param set_headers: headers the proxy sets after dropping the client's
-        ``Authorization`` and hop-by-hop headers (impersonation, for example).
+    :param impersonate: the identity the cluster is asked to act as; the proxy renders
+        it as ``Impersonate-*`` headers (:func:`~bcs_middleware.core.impersonation.impersonation_headers`),
+        ``None``: the credential's own identity.
+    :param set_headers: other headers the proxy sets after dropping the client's
+        ``Authorization`` and hop-by-hop headers.
     :param client_cert: ``(certfile, keyfile)`` to present, if any.
     :param name: a label for logs and metrics (never a credential).
     :param tunnel: the cluster id whose kube-agent tunnel carries the connection
@@ -101,6 +107,7 @@ class Upstream:
     verify: bool = True
     bearer_token: str | None = field(default=None, repr=False)
     set_headers: tuple[tuple[str, str], ...] = ()
+    impersonate: Impersonation | None = None
     client_cert: tuple[str, str] | None = None
     name: str = ""
     tunnel: str | None = None

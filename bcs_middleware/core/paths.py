@@ -14,9 +14,7 @@ from urllib.parse import quote
 
 from .cache import Cache
 from .errors import BadRequest
-
-#: Kubernetes requests to a registered cluster: ``/tunnels/clusters/{cluster_id}/{rest}``.
-TUNNEL_PREFIX = "/tunnels/clusters/"
+from .routes import KUBERNETES_PREFIX as TUNNEL_PREFIX
 
 _UNSAFE_RAW = re.compile(r"%(2f|5c)", re.IGNORECASE)
 _SAFE = "/:@!$&'()*+,;=-._~"
@@ -49,7 +47,10 @@ class TunnelPath:
 
 
 def parse_tunnel_path(path_info: str, raw_uri: str | None) -> TunnelPath | None:
-    """Split a tunnel path, or return ``None`` when it is not one; 400 when unsafe."""
+    """Split a Kubernetes-route path, or return ``None`` when it is not one; 400 when unsafe.
+
+    Called once per request, by :func:`bcs_middleware.core.facts.classify`.
+    """
     if not path_info.startswith(TUNNEL_PREFIX):
         return None
     return _parsed((path_info, raw_uri))

@@ -6,8 +6,8 @@ or not, verb, API prefix, group, version, namespace, resource, subresource, name
 field and label selector), plus what the gateway decides from them — the **admission
 operation** (``CREATE``, ``UPDATE``, ``DELETE``, ``CONNECT`` or none) and whether the
 request is **long-running**. Admission, audit and the upgrade audit all read this one
-value (:func:`of` keeps it in the environ under ``bcs.request_info``); none of them
-splits a path itself.
+value, computed once per request as part of its facts (:func:`bcs_middleware.core.facts.of`,
+``bcs.facts``); none of them splits a path itself.
 
 The rules are ported from the Kubernetes sources, and the tests take their table from
 ``requestinfo_test.go``:
@@ -47,12 +47,9 @@ a space.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import unquote
+from typing import Literal
 
-from . import environ as env
 from .cache import Cache
-from .paths import TUNNEL_PREFIX, parse_tunnel_path
 from .selectors import SelectorError, field_selector_exact, parse_label_selector
 
 __all__ = [
@@ -60,7 +57,6 @@ __all__ = [
     "AdmissionOperation",
     "RequestInfo",
     "classify",
-    "of",
     "parse_query",
 ]
 
@@ -289,32 +285,3 @@ def _classify(method: str, path: str, query: str) -> RequestInfo:
 _classified: Cache[tuple[str, str, str], RequestInfo] = Cache(
     max_entries=1024, loader=lambda key: _classify(*key),
     admit=lambda key: len(key[1]) + len(key[2]) <= _CACHED)
-
-
-def api_path(environ: dict[str, Any]) -> str:
-    """The decoded Kubernetes API path of a request: the tunnel path after its cluster
-    (decoded and re-encoded as routing does it, then decoded), else ``PATH_INFO``.
-
-    Raises :class:`~bcs_middleware.core.errors.BadRequest` for a tunnel path routing refuses.
-    """
-    path = environ.get("PATH_INFO", "")
-    if not path.startswith(TUNNEL_PREFIX):
-        return str(path)
-    tunnel = parse_tunnel_path(path, environ.get("RAW_URI") or environ.get("REQUEST_URI"))
-    assert tunnel is not None
-    return unquote(tunnel.rest)
-
-
-def of(environ: dict[str, Any]) -> RequestInfo:
-    """The request's :class:`RequestInfo`, classified once and kept in ``bcs.request_info``.
-
-    Raises :class:`~bcs_middleware.core.errors.BadRequest` (and keeps nothing) for a tunnel
-    path that routing refuses.
-    """
-    info = environ.get(env.REQUEST_INFO)
-    if isinstance(info, RequestInfo):
-        return info
-    info = classify(str(environ.get("REQUEST_METHOD", "GET")), api_path(environ),
-                    str(environ.get("QUERY_STRING", "")))
-    environ[env.REQUEST_INFO] = info
-    return info

@@ -39,12 +39,13 @@ Which definitions apply:
 
 * ``bcs.cluster`` of type ``k8s`` (or ``mode="kubernetes"``): the Kubernetes
   webhook configurations of that cluster, matched on the request as kube-apiserver
-  classifies it (:func:`bcs_middleware.core.requestinfo.of`, ``bcs.request_info``: the
+  classifies it (the request's facts, :func:`bcs_middleware.core.facts.of`: the
   tunnel path after ``/tunnels/clusters/{id}``, else ``PATH_INFO``);
 * otherwise (Mesos, no cluster, ``mode="bcs"``): the bcs definitions, matched on
   POST = Create / PUT = Update and the body's ``kind``.
 
-The operation is the one the apiserver admits (:mod:`bcs_middleware.core.requestinfo`):
+The operation is the one the apiserver admits (:mod:`bcs_middleware.core.requestinfo`;
+resolved, with the objects admitted, by :mod:`bcs_middleware.admission.kubernetes`):
 ``POST`` is CREATE, a ``PUT`` is UPDATE when the object exists and CREATE when it does
 not (asked of the cluster, as the caller), ``PATCH`` is UPDATE, ``DELETE`` is DELETE,
 and **every method** on the ``exec``/``attach``/``portforward``/``proxy`` subresources
@@ -75,16 +76,17 @@ Strategic-merge and apply patches cannot be resolved without the resource's sche
 and are refused (415) rather than let through unadmitted.
 
 Exempt are only the webhook-definition routes of the gateway and the mesos-driver
-(whole paths) and, on the tunnel, a cluster's own webhook and admission-policy
-configurations (``admissionregistration.k8s.io``, judged on the parsed API path),
-which the kube-apiserver does not send to webhooks either.
+(whole paths, named in :mod:`bcs_middleware.core.routes`) and, on the tunnel, a
+cluster's own webhook and admission-policy configurations
+(``admissionregistration.k8s.io``, judged on the parsed API path), which the
+kube-apiserver does not send to webhooks either.
 
-Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.request_info``
+Environ: reads ``bcs.cluster``, ``bcs.user``, ``bcs.upstream``, ``bcs.facts``
 (classifying the request when no layer did); sets ``bcs.admission``
 (:class:`~bcs_middleware.core.environ.AdmissionResult`); rewrites ``wsgi.input``,
 ``CONTENT_LENGTH`` (and, for a resolved PATCH or a DELETE, ``CONTENT_TYPE``), and for
 an admitted CONNECT ``bcs.upstream``'s path and query (without routing in front:
-``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.request_info``;
+``PATH_INFO`` and ``QUERY_STRING``) and ``bcs.facts``;
 and for a bcs body it decoded sets ``bcs.document`` (the admitted object).
 Webhook ``warnings`` become ``Warning: 299`` response headers.
 
@@ -124,24 +126,12 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
-from urllib.parse import parse_qs, unquote
-
-import jsonpatch
 
 from ..admission.client import CircuitBreaker, WebhookClient
-from ..admission.engine import AdmissionEngine, Operation, Outcome, warning_headers
-from ..admission.options import connect_options, connect_target, delete_body, delete_options
-from ..admission.review import (
-    RequestAttributes,
-    admission_attributes,
-    apply_json_patch,
-    apply_merge_patch,
-)
+from ..admission.engine import AdmissionEngine, Outcome, warning_headers
+from ..admission.kubernetes import KubernetesAdmission
 from ..admission.store import (
     ClusterReader,
     DefinitionStore,
@@ -149,7 +139,8 @@ from ..admission.store import (
     load_definitions_file,
 )
 from ..core import environ as env
-from ..core import gojson, requestinfo
+from ..core import facts as request_facts
+from ..core import gojson
 from ..core.bodies import (
     BufferBudget,
     has_body,
@@ -161,44 +152,15 @@ from ..core.bodies import (
 )
 from ..core.converters import asint, convert_options, mapping, seconds, size, text
 from ..core.errors import (
-    BadGateway,
-    BadRequest,
     BCSError,
     ConfigError,
-    NotFound,
     UnsupportedMediaType,
 )
-from ..core.paths import TUNNEL_PREFIX, parse_tunnel_path
-from ..core.printable import escape
-from ..core.requestinfo import RequestInfo, parse_query
 from ..outbound.transport import Transport
-
-log = logging.getLogger(__name__)
 
 Mode = Literal["bcs", "kubernetes", "auto"]
 StartResponse = Callable[..., Any]
 
-# The gateway's and the mesos-driver's own webhook-definition routes, matched on the whole
-# path: no webhook intercepts changes to webhook definitions (a webhook that refused them
-# could never be removed). Nothing else is exempt — above all nothing under /tunnels/, where
-# a namespace or object may carry any of these names.
-_MANAGEMENT_PATHS = re.compile(
-    r"(?:/mesosdriver/v4|/bcsapi/v4/scheduler/mesos)"
-    r"/(?:namespaces/[^/]+/admissionwebhook(?:/[^/]+)?|admissionwebhooks)/?"
-    r"|/rest/(?:admissionwebhooks(?:/[^/]+)?"
-    r"|clusters/[^/]+/admissionwebhookconfigurations(?:/[^/]+/[^/]+)?|admission/review)/?"
-)
-# A cluster's own webhook (and admission policy) configurations: the kube-apiserver calls no
-# webhook for these (k8s.io/apiserver .../webhook/predicates/rules.IsExemptAdmissionConfigurationResource),
-# so the gateway, which must not be stricter than the cluster it fronts, does not either.
-_REGISTRATION_GROUP = "admissionregistration.k8s.io"
-_EXEMPT_REGISTRATION_RESOURCES = frozenset({
-    "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
-    "validatingadmissionpolicies", "validatingadmissionpolicybindings",
-    "mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
-})
-_JSON_PATCH = "application/json-patch+json"
-_MERGE_PATCH = "application/merge-patch+json"
 Canonical = Callable[[str, str, Any], Any]
 #: One admitted body may cost at most this many times ``max_body`` once decoded (estimated
 #: before decoding, :func:`~bcs_middleware.core.bodies.decoded_cost`): more is a 413.
@@ -259,25 +221,30 @@ class AdmissionMiddleware:
             default_timeout=default_timeout,
             namespace_ttl=namespace_ttl,
         )
+        self.kubernetes = KubernetesAdmission(self.engine, max_body=max_body)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
         try:
-            cluster_id = self._kubernetes_cluster(environ)
-            # The request as kube-apiserver classifies it, decided once (audit may have asked first).
-            info = requestinfo.of(environ) if cluster_id is not None else None
+            # The request as kube-apiserver classifies it, decided once, in the request's facts.
+            facts = request_facts.of(environ)
+            cluster_id = self._kubernetes_cluster(environ, facts)
         except BCSError as exc:  # an unsafe tunnel path, refused as routing refuses it
             return exc(environ, start_response)
+        info = facts.info if cluster_id is not None else None
         if info is not None:
             if info.admission_operation is None:
                 return self.app(environ, start_response)  # get, list, watch, logs: nothing to admit
-        elif method not in ("POST", "PUT") or _MANAGEMENT_PATHS.fullmatch(environ.get("PATH_INFO", "")):
-            return self.app(environ, start_response)  # bcs definitions know Create and Update only
+        elif method not in ("POST", "PUT") or (facts.route is not None and facts.route.definitions):
+            # bcs definitions know Create and Update only; no webhook intercepts a change to
+            # webhook definitions, or one that refused them could never be removed
+            # (bcs_middleware.core.routes names those routes).
+            return self.app(environ, start_response)
         style: env.ErrorStyle = "kubernetes" if info is not None else env.get_error_style(environ)
         slot = self.budget.claim()
         try:
             if info is not None and cluster_id is not None:
-                outcome = self._admit_kubernetes(environ, method, cluster_id, info, slot=slot)
+                outcome = self.kubernetes.admit(environ, method, cluster_id, info, slot=slot)
             else:
                 outcome = self._admit_bcs(environ, method, slot=slot)
         except BCSError as exc:
@@ -357,11 +324,11 @@ class AdmissionMiddleware:
 
     # -- Kubernetes -------------------------------------------------------------------
 
-    def _kubernetes_cluster(self, environ: dict[str, Any]) -> str | None:
+    def _kubernetes_cluster(self, environ: dict[str, Any], facts: request_facts.RequestFacts) -> str | None:
         """The cluster whose Kubernetes definitions apply (``""``: none named), else ``None``.
 
         Behind routing the cluster is ``bcs.cluster``; without routing in front (a pipeline
-        in ``kubernetes`` mode) it is the tunnel path's, split by the routing layer's parser.
+        in ``kubernetes`` mode) it is the Kubernetes route's, from the request's facts.
         """
         cluster = env.get_cluster(environ)
         if self.mode == "bcs" or (
@@ -370,254 +337,11 @@ class AdmissionMiddleware:
             return None
         if cluster is not None:
             return cluster.id
-        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-        tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
-        return tunnel.cluster_id if tunnel else ""
-
-    def _admit_kubernetes(
-        self, environ: dict[str, Any], method: str, cluster_id: str, info: RequestInfo, *,
-        slot: BufferBudget.Slot,
-    ) -> Outcome | None:
-        attrs = admission_attributes(info)
-        if attrs is None or (
-            attrs.group == _REGISTRATION_GROUP and attrs.resource in _EXEMPT_REGISTRATION_RESOURCES
-        ):
-            return None
-        if info.admission_operation == "CONNECT":
-            return self._admit_connect(environ, cluster_id, info, attrs)
-        if info.admission_operation == "DELETE":
-            return self._admit_delete(environ, cluster_id, info, attrs)
-        if method not in ("POST", "PUT", "PATCH"):
-            return None  # a create or update verb only these methods carry
-        # The operation the apiserver will perform: POST creates, PATCH updates, and PUT
-        # updates an object that exists but creates one that does not.
-        candidates: tuple[Operation, ...] = (
-            ("CREATE",) if method == "POST" else ("UPDATE",) if method == "PATCH" else ("CREATE", "UPDATE")
-        )
-        matched = {op: self.engine.k8s_matching(cluster_id, op, attrs) for op in candidates}
-        first = next((hooks[0].name for hooks in matched.values() if hooks), None)
-        if first is None:
-            return None
-        content_type = _mime(environ)
-        if method == "PATCH":
-            if content_type not in (_JSON_PATCH, _MERGE_PATCH):
-                raise UnsupportedMediaType(
-                    f'{content_type or "this"} patch cannot be admitted by webhook "{first}": '
-                    f"send a JSON Patch ({_JSON_PATCH}), a merge patch ({_MERGE_PATCH}) "
-                    "or a full update"
-                )
-        elif content_type not in ("application/json", ""):
-            raise UnsupportedMediaType(
-                f'a {content_type} body cannot be admitted by webhook "{first}": '
-                "send application/json"
-            )
-        slot.reserve_for(environ, self.max_body)
-        body = read_buffer(environ, self.max_body, what="a request body to admit")
-        document = parse_json(body, measure=slot.fit)
-        del body
-        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-        dry_run = "All" in query.get("dryRun", [])
-        old: Any = None
-        operation: Operation = candidates[0]
-        if method == "PATCH":
-            old = self._current(environ, cluster_id, attrs, required=True)
-            try:
-                obj = (
-                    apply_json_patch(old, document)
-                    if content_type == _JSON_PATCH
-                    else apply_merge_patch(old, document)
-                )
-            except ValueError as exc:
-                raise BCSError(
-                    f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
-                ) from None
-            if isinstance(obj, dict) and not _meta(obj).get("resourceVersion"):
-                obj.setdefault("metadata", {})["resourceVersion"] = _meta(old).get("resourceVersion")
-        else:
-            obj = document
-            if method == "PUT":
-                old = self._current(environ, cluster_id, attrs, required=False)
-                operation = "UPDATE" if old is not None or attrs.subresource else "CREATE"
-        if not isinstance(obj, dict):
-            raise BadRequest("request body must be a JSON object")
-        webhooks = matched[operation]
-        if not webhooks:
-            # Decoded, though no webhook of this operation judged it: the re-encoding goes on.
-            replace_body(environ, gojson.dumps(obj))
-            return None
-        outcome = self.engine.admit_k8s(
-            cluster_id,
-            operation,
-            attrs,
-            obj,
-            old,
-            env.get_user(environ),
-            dry_run=dry_run,
-            options=_options(operation, query),
-            webhooks=webhooks,
-        )
-        admitted = outcome.object
-        if method == "PATCH":
-            # Forwarded as a PATCH (the cluster's RBAC checks the "patch" verb the caller
-            # used): the change from the object the caller read to the admitted one, applied
-            # only if the object is still the one that was admitted.
-            environ["CONTENT_TYPE"] = _JSON_PATCH
-            replace_body(environ, gojson.dumps(_guarded_patch(old, admitted)))
-            return outcome
-        if method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
-            # Admitted as an UPDATE: it must not turn into a create if the object is deleted
-            # meanwhile (CREATE webhooks never saw it).
-            rv = _meta(old).get("resourceVersion")
-            if rv and isinstance(admitted.get("metadata"), dict):
-                admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
-                replace_body(environ, gojson.dumps(admitted))
-                return outcome
-        # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
-        replace_body(environ, outcome.encoding())
-        return outcome
-
-    def _admit_connect(
-        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
-    ) -> Outcome | None:
-        """CONNECT (exec, attach, port-forward, proxy) as ``ConnectResource`` admits it.
-
-        The webhooks get the connect options decoded from the query and path; what goes on
-        is the request rebuilt from the options they admitted (a mutating webhook may
-        change them, as it may on the apiserver), never the client's own query.
-        """
-        webhooks = self.engine.k8s_matching(cluster_id, "CONNECT", attrs)
-        if not webhooks:
-            return None
-        query = str(environ.get("QUERY_STRING", ""))
-        if "dryRun" in parse_query(query):
-            raise BadRequest("dryRun is not supported", code_name="DRY_RUN_UNSUPPORTED")
-        options = connect_options(info, query)
-        outcome = self.engine.admit_k8s(
-            cluster_id, "CONNECT", attrs, options, None, env.get_user(environ),
-            dry_run=False, options=None, webhooks=webhooks,
-        )
-        admitted = outcome.object if isinstance(outcome.object, dict) else options
-        path, forwarded_query = connect_target(info, admitted, query)
-        upstream = env.get_upstream(environ)
-        if upstream is not None:
-            environ[env.UPSTREAM] = dataclasses.replace(upstream, path=path, query=forwarded_query)
-        else:  # no routing in front: the next layer reads the request itself
-            raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-            tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
-            environ["PATH_INFO"] = (TUNNEL_PREFIX + tunnel.cluster_id if tunnel else "") + unquote(path)
-            environ["QUERY_STRING"] = forwarded_query
-            for key in ("RAW_URI", "REQUEST_URI"):
-                environ.pop(key, None)
-        environ[env.REQUEST_INFO] = requestinfo.classify(
-            environ.get("REQUEST_METHOD", "GET"), unquote(path), forwarded_query)
-        return outcome
-
-    def _admit_delete(
-        self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
-    ) -> Outcome | None:
-        """DELETE as ``handlers/delete.go`` admits it: ``oldObject`` the object, ``options`` its DeleteOptions.
-
-        The object is read as the caller. The DELETE goes on carrying the admitted options
-        as its body, with preconditions on the uid and resourceVersion read, so only the
-        object the webhooks saw can be deleted. A deletecollection is admitted by the
-        apiserver once per item it deletes, which the gateway cannot do: refused when a
-        ``Fail`` webhook matches it, passed with a ``Warning`` (and logged) for ``Ignore``.
-        """
-        webhooks = self.engine.k8s_matching(cluster_id, "DELETE", attrs)
-        if not webhooks:
-            return None
-        if info.verb == "deletecollection" or not attrs.name:
-            failing = [w.name for w in webhooks if w.failure_policy == "Fail"]
-            if failing:
-                raise BCSError(
-                    f'webhook "{failing[0]}" (failurePolicy: Fail) admits the DELETE of {attrs.resource}, and the '
-                    "gateway cannot send a deletecollection to admission item by item: delete the objects one "
-                    "by one",
-                    status=501,
-                    code_name="ADMISSION_OPERATION_UNSUPPORTED",
-                )
-            for webhook in webhooks:
-                log.warning("admission: a deletecollection of %s is not sent to webhook %s (failurePolicy: Ignore)",
-                            escape(attrs.resource), webhook.name)
-            return Outcome(None, webhooks=(), warnings=tuple(
-                f'deletecollection not sent to admission webhook "{w.name}" (failurePolicy: Ignore)' for w in webhooks))
-        content_type = _mime(environ)
-        body = bytes(read_buffer(environ, self.max_body, what="a DeleteOptions body"))
-        if body and content_type not in ("application/json", ""):
-            raise UnsupportedMediaType(
-                f'a {content_type} DeleteOptions body cannot be admitted by webhook "{webhooks[0].name}": '
-                "send application/json"
-            )
-        options = delete_options(body, str(environ.get("QUERY_STRING", "")))
-        old = self._current(environ, cluster_id, attrs, required=True)
-        outcome = self.engine.admit_k8s(
-            cluster_id, "DELETE", attrs, None, old, env.get_user(environ),
-            dry_run=bool(options.get("dryRun")), options=options, webhooks=webhooks,
-        )
-        replace_body(environ, gojson.dumps(delete_body(options, old)), content_type="application/json")
-        return outcome
-
-    def _current(
-        self, environ: dict[str, Any], cluster_id: str, attrs: RequestAttributes, *, required: bool
-    ) -> Any:
-        """The object the request acts on, read as its caller; ``None`` when it does not exist.
-
-        With ``bcs.upstream`` (the tunnel) the read carries the request's own credential and
-        impersonation, so the caller's RBAC decides: what they may not read is their 403 (or
-        404), exactly as the cluster answers, never something the gateway's credential saw.
-        """
-        reader = self.engine.cluster_reader
-        if reader is None or not attrs.name:
-            if required:
-                raise BadGateway(
-                    "cannot resolve the patch for admission: the cluster cannot be read"
-                )
-            return None
-        upstream = env.get_upstream(environ)
-        try:
-            if upstream is not None:
-                current = reader.get_object_as(upstream, attrs.api_path)
-            else:
-                current = reader.get_object(cluster_id, attrs.api_path)
-        except BCSError:
-            raise
-        except Exception:
-            log.warning("admission: cannot read %s from cluster %s", attrs.api_path, cluster_id,
-                        exc_info=True)
-            raise BadGateway(
-                "cannot read the current object from the cluster for admission"
-            ) from None
-        if current is None and required:
-            raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
-        return current
-
-
-def _meta(obj: Any) -> Mapping[str, Any]:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    return meta if isinstance(meta, dict) else {}
-
-
-def _guarded_patch(old: Any, admitted: Any) -> list[dict[str, Any]]:
-    """A JSON Patch from ``old`` to ``admitted`` that applies only to ``old``'s resourceVersion."""
-    operations = list(jsonpatch.make_patch(old, admitted).patch)
-    rv = _meta(old).get("resourceVersion")
-    if isinstance(rv, str) and rv:
-        operations.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-    return operations
-
+        facts.refuse()
+        return facts.cluster_id if facts.cluster_id is not None else ""
 
 def _mime(environ: Mapping[str, Any]) -> str:
     return str(environ.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
-
-
-def _options(operation: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
-    kind = "CreateOptions" if operation == "CREATE" else "UpdateOptions"
-    options: dict[str, Any] = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
-    if query.get("dryRun"):
-        options["dryRun"] = query["dryRun"]
-    if query.get("fieldManager"):
-        options["fieldManager"] = query["fieldManager"][0]
-    return options
 
 
 def _mode(value: str) -> Mode:

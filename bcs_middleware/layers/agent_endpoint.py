@@ -87,6 +87,7 @@ from ..agent_tunnel.handshake import (
 from ..agent_tunnel.registry import LocalAgents
 from ..apps.upgrade import CloseAfter, ConnectionHandedOver, client_socket, shut_client
 from ..clusters.directory import CachedDirectory
+from ..core import facts as request_facts
 from ..core.errors import BadRequest, BCSError, Conflict, NotImplementedByServer, Unauthorized
 from ..core.http import upgrade_protocol
 from ..core.worker_start import serving_workers
@@ -141,7 +142,7 @@ class AgentTunnelMiddleware:
         self.channel_options = dict(channel_options or {})
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != CONNECT_PATH:
+        if request_facts.of(environ).kind != "agent_connect":  # CONNECT_PATH, exactly
             return self.app(environ, start_response)
         try:
             return self._connect(environ, start_response)

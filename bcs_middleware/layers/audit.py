@@ -18,7 +18,8 @@ as a kube-apiserver audits failed authentication: the layer sits in front of tok
 authentication, and an unauthenticated request's ``user`` is ``system:anonymous``.
 
 ``user`` is the gateway user; ``impersonatedUser`` the identity the cluster was
-asked to act as (``Impersonate-User``), when there is one. Never a token: the
+asked to act as (the upstream's :class:`~bcs_middleware.core.impersonation.Impersonation`),
+when there is one. Never a token: the
 client's ``Authorization`` is not part of an event and query parameters naming a
 token are dropped from ``requestURI``. Bodies only at ``Request`` level
 (``requestObject``) and ``RequestResponse`` (``responseObject``), JSON only, at
@@ -27,145 +28,40 @@ TokenRequests, TokenReviews and CSRs, which stay at ``Metadata`` whatever the po
 
 Events are formatted and written off the request thread
 (:class:`~bcs_middleware.telemetry.logsetup.LineWriterHandler`), like the access log.
+
+The events themselves are built by :mod:`bcs_middleware.audit.events` (pure) and written
+by :class:`~bcs_middleware.audit.sink.AuditSink`; this module is the WSGI layer between.
 """
 
 from __future__ import annotations
 
-import io
-import logging
-import os
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
-from urllib.parse import parse_qsl, quote, urlencode
+from typing import Any
 
-from ..admission.review import user_info
-from ..audit.policy import DEFAULT_POLICY, Attributes, Level, Policy, load_policy
+from ..audit.events import ANNOTATION_PREFIX, MAX_CAPTURED, AuditEvent, build_event, carries_credentials, request_uri
+from ..audit.policy import DEFAULT_POLICY, Attributes, Policy, load_policy
+from ..audit.sink import AuditSink
 from ..core import converters as conv
 from ..core import environ as env
-from ..core import requestinfo
-from ..core.bodies import parse_json
+from ..core import facts as request_facts
 from ..core.errors import BCSError, ConfigError
-from ..core.paths import TUNNEL_PREFIX, encode_path
-from ..core.printable import json_line
 from ..core.requestinfo import RequestInfo
-from ..telemetry.logsetup import LineWriterHandler
 
-log = logging.getLogger(__name__)
-MAX_CAPTURED = 1024 * 1024
-ANNOTATION_PREFIX = "bcs-middleware/"
-# Characters a requestURI's query keeps as they are; anything else (controls, spaces,
-# non-ASCII) is percent-encoded, as it is on the wire.
-_QUERY_SAFE = "!$&'()*+,/:;=?@-._~%"
-
-#: (group, resource, subresource) whose bodies hold credentials: audited at Metadata at most.
-_CREDENTIAL_BODIES = {
-    ("", "secrets", ""),
-    ("", "serviceaccounts", "token"),
-    ("authentication.k8s.io", "tokenreviews", ""),
-    ("certificates.k8s.io", "certificatesigningrequests", ""),
-}
-
-
-def _carries_credentials(info: RequestInfo) -> bool:
-    return (info.api_group, info.resource, info.subresource) in _CREDENTIAL_BODIES
+__all__ = ["MAX_CAPTURED", "AuditEvent", "AuditMiddleware", "AuditSink", "classified", "filter_factory"]
 
 
 def classified(environ: dict[str, Any]) -> tuple[RequestInfo, str]:
-    """The request's classification and its ``requestURI`` (the path as routing re-encodes it).
+    """The request's classification and its ``requestURI`` (the path as forwarded).
 
-    A tunnel path routing refuses (400) is audited as a non-resource request whose
-    path is percent-encoded here; nothing a client sent reaches an event raw. (WSGI
-    strings carry the request's bytes as latin-1: they are encoded back to those bytes.)
+    Both come from the request's facts (:func:`bcs_middleware.core.facts.of`): a path
+    routing refuses (400) is named there percent-encoded, as a non-resource request;
+    nothing a client sent reaches an event raw.
     """
-    query = str(environ.get("QUERY_STRING", ""))
-    try:
-        info = requestinfo.of(environ)
-        path = encode_path(info.path)
-    except BCSError:
-        raw = str(environ.get("PATH_INFO", ""))[len(TUNNEL_PREFIX):].partition("/")[2]
-        path = quote(("/" + raw).encode("latin-1", "replace"), safe="/")
-        info = RequestInfo(is_resource=False, path=path, verb=str(environ.get("REQUEST_METHOD", "GET")).lower())
-    safe_query = quote(_safe_query(query).encode("latin-1", "replace"), safe=_QUERY_SAFE)
-    return info, path + (f"?{safe_query}" if safe_query else "")
-
-
-def _safe_query(query: str) -> str:
-    """The query without parameters that could carry a credential."""
-    if "token" not in query.lower():
-        return query
-    return urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if "token" not in k.lower()])
-
-
-def _timestamp(when: float) -> str:
-    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class AuditEvent:
-    """One event; turned into its JSON line on the writer thread (``str()``)."""
-
-    __slots__ = ("event", "request_body", "response_body")
-
-    def __init__(self, event: dict[str, Any], request_body: bytes | None = None,
-                 response_body: bytes | None = None) -> None:
-        self.event = event
-        self.request_body = request_body
-        self.response_body = response_body
-
-    def as_dict(self) -> dict[str, Any]:
-        event = dict(self.event)
-        for key, raw in (("requestObject", self.request_body), ("responseObject", self.response_body)):
-            if raw:
-                try:
-                    event[key] = parse_json(raw, what=key)
-                except Exception:  # noqa: S110 -- not JSON (or too deep): the event goes without it
-                    pass
-        return event
-
-    def __str__(self) -> str:
-        return json_line(self.as_dict())
-
-
-class AuditSink:
-    """Where events go: a file (appended, 0600) or a stream, written by a background thread."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._writer = LineWriterHandler(stream)
-
-    @classmethod
-    def open(cls, target: str) -> AuditSink:
-        """``-`` or ``stdout``: standard output; otherwise a file path.
-
-        A missing folder is created 0700 (as kube-apiserver's ``--audit-log-path`` does);
-        one that cannot be is a :class:`ConfigError` naming the path.
-        """
-        if target in ("-", "stdout"):
-            return cls(sys.stdout)
-        path = Path(target)
-        try:
-            if not path.parent.is_dir():
-                path.parent.mkdir(mode=0o700, parents=True)
-                log.info("created the audit log's folder %s (mode 0700)", path.parent)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"audit log {target}: {exc.strerror or exc}") from None
-        return cls(io.TextIOWrapper(io.FileIO(fd, "a", closefd=True), encoding="utf-8", line_buffering=False))
-
-    def emit(self, event: AuditEvent) -> None:
-        self._writer.submit(event)
-
-    def drain(self) -> None:
-        self._writer.drain()
-
-    def close(self) -> None:
-        """Write what is queued and close the file (standard output stays open)."""
-        self._writer.drain()
-        if self._writer.stream is not sys.stdout:
-            self._writer.stream.close()
+    facts = request_facts.of(environ)
+    return facts.info, request_uri(facts.api_path, str(environ.get("QUERY_STRING", "")))
 
 
 class _Audited:
@@ -271,8 +167,7 @@ class AuditMiddleware:
         self._may_capture = any(rule.level in ("Request", "RequestResponse") for rule in policy.rules)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if not path.startswith(TUNNEL_PREFIX):
+        if not request_facts.of(environ).kubernetes:
             return self.app(environ, start_response)
         received = self._clock()
         method = environ.get("REQUEST_METHOD", "GET")
@@ -280,7 +175,7 @@ class AuditMiddleware:
         # layers below rewrite PATH_INFO, and read the same classification.
         info, uri = classified(environ)
         tee: _TeeInput | None = None
-        if self._may_capture and method in ("POST", "PUT", "PATCH", "DELETE") and not _carries_credentials(info):
+        if self._may_capture and method in ("POST", "PUT", "PATCH", "DELETE") and not carries_credentials(info):
             tee = _TeeInput(environ["wsgi.input"], MAX_CAPTURED)
             environ["wsgi.input"] = tee
         long_running = info.long_running
@@ -298,7 +193,7 @@ class AuditMiddleware:
             attributes = Attributes(info, user.name, ("system:authenticated", *user.groups)) if user is not None \
                 else Attributes(info, "system:anonymous", ("system:unauthenticated",))
             level, omit = self.policy.decide(attributes)
-            if level != "Metadata" and level != "None" and _carries_credentials(info):
+            if level != "Metadata" and level != "None" and carries_credentials(info):
                 level = "Metadata"  # whatever the policy says: never a secret's data or a token
             state.update(level=level, omit=omit)
             body = None
@@ -310,7 +205,7 @@ class AuditMiddleware:
         def event(stage: str, **extra: Any) -> None:
             if state["level"] == "None" or stage in state["omit"]:
                 return
-            self.sink.emit(self._event(environ, info, uri, state["level"], stage, received, state, **extra))
+            self.sink.emit(self._event(environ, info, uri, stage, received, state, **extra))
 
         def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             state["code"] = int(status[:3])
@@ -355,55 +250,28 @@ class AuditMiddleware:
         capture = self._may_capture and not long_running
         return _Audited(body, capture, _closed)
 
-    def _event(self, environ: dict[str, Any], info: RequestInfo, uri: str, level: Level, stage: str,
-               received: float, state: dict[str, Any], *, request_body: bytes | None = None,
+    def _event(self, environ: dict[str, Any], info: RequestInfo, uri: str, stage: str, received: float,
+               state: dict[str, Any], *, request_body: bytes | None = None,
                extra_annotations: dict[str, str] | None = None, response_body: bytes | None = None,
                code: int | None = None, at: float | None = None) -> AuditEvent:
-        user = env.get_user(environ)
         upstream = env.get_upstream(environ)
-        event: dict[str, Any] = {
-            "kind": "Event",
-            "apiVersion": "audit.k8s.io/v1",
-            "level": level,
-            "auditID": state["audit_id"],
-            "stage": stage,
-            "requestURI": uri,
-            "verb": info.verb,
-            "user": user_info(user),
-            "sourceIPs": [environ.get("REMOTE_ADDR", "")],
-            "requestReceivedTimestamp": _timestamp(received),
-            "stageTimestamp": _timestamp(at if at is not None else self._clock()),
-        }
-        if upstream is not None:
-            impersonated = [v for k, v in upstream.set_headers if k.lower() == "impersonate-user"]
-            if impersonated:
-                event["impersonatedUser"] = {
-                    "username": impersonated[0],
-                    "groups": [v for k, v in upstream.set_headers if k.lower() == "impersonate-group"],
-                }
-        agent = environ.get("HTTP_USER_AGENT")
-        if agent:
-            event["userAgent"] = agent
-        if info.is_resource:
-            ref = {"resource": info.resource, "namespace": info.namespace, "name": info.name,
-                   "apiGroup": info.api_group, "apiVersion": info.api_version, "subresource": info.subresource}
-            event["objectRef"] = {k: v for k, v in ref.items() if v}
-        status = code if code is not None else state["code"]
-        if stage != "RequestReceived" and status:
-            event["responseStatus"] = {"metadata": {}, "code": status}
-        annotations: dict[str, str] = {}
         cluster = env.get_cluster(environ)
+        admission = environ.get(env.ADMISSION)
+        annotations: dict[str, str] = {}
         if cluster is not None:
             annotations[ANNOTATION_PREFIX + "cluster"] = cluster.id
-        admission = environ.get(env.ADMISSION)
         if isinstance(admission, env.AdmissionResult):
             annotations.update(admission.audit_annotations)
         if extra_annotations:
             annotations.update(extra_annotations)
-        if annotations:
-            event["annotations"] = annotations
-        return AuditEvent(event, request_body if level != "Metadata" else None, response_body)
-
+        status = code if code is not None else state["code"]
+        return build_event(
+            info, uri, level=state["level"], stage=stage, audit_id=state["audit_id"],
+            user=env.get_user(environ), impersonate=upstream.impersonate if upstream is not None else None,
+            source_ip=environ.get("REMOTE_ADDR", ""), user_agent=environ.get("HTTP_USER_AGENT"),
+            received=received, at=at if at is not None else self._clock(), code=status,
+            annotations=annotations, request_body=request_body, response_body=response_body,
+        )
 
 
 _OPTIONS: dict[str, conv.Converter] = {

@@ -24,13 +24,13 @@ Example — protect any WSGI app with tokens kept in the gateway's database::
     app = TokenAuthMiddleware(app, authenticator=StoreAuthenticator(store),
                               public_paths=["/healthz"])
 
-Reads ``HTTP_AUTHORIZATION``, ``PATH_INFO``; sets ``bcs.user`` or ``bcs.agent``.
+Reads ``HTTP_AUTHORIZATION``, ``PATH_INFO`` and, for a request without a token, the route
+kind of ``bcs.facts`` (:func:`bcs_middleware.core.facts.of`); sets ``bcs.user`` or ``bcs.agent``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,8 +39,10 @@ from typing import Any, Protocol
 
 from ..core import converters as conv
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core.cache import Cache
 from ..core.errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
+from ..core.routes import RouteKind
 from ..store.crypto import digests_equal, token_digest
 from ..telemetry.metrics import BATCH, TOKEN_CACHE
 
@@ -207,10 +209,10 @@ class TokenAuthMiddleware:
         anonymous (the app decides); invalid tokens are still refused.
     :param peer_authenticator: for requests without a token, who the verified
         client certificate belongs to (see :mod:`.client_cert`); ``None``: tokens only.
-    :param public_requests: ``(METHOD, regex)`` pairs whose requests may come
-        without a token and pass through anonymously, the app authenticating
-        them itself (the Go kube-agent's report carries its register token in the
-        body); the regex must match the whole path.
+    :param public_routes: route kinds (:mod:`bcs_middleware.core.routes`) whose
+        requests may come without a token and pass through anonymously, the app
+        authenticating them itself (``agent_report``: the Go kube-agent's report
+        carries its register token in the body).
     """
 
     def __init__(
@@ -221,10 +223,10 @@ class TokenAuthMiddleware:
         public_paths: Iterable[str] = ("/healthz", "/readyz"),
         required: bool = True,
         peer_authenticator: PeerAuthenticator | None = None,
-        public_requests: Iterable[tuple[str, str]] = (),
+        public_routes: Iterable[RouteKind] = (),
     ) -> None:
         self.app = app
-        self.public_requests = tuple((method.upper(), re.compile(pattern)) for method, pattern in public_requests)
+        self.public_routes = frozenset(public_routes)
         self.authenticator = authenticator
         self.public_paths = tuple(public_paths)
         # "/healthz" is public as itself and below "/healthz/"; "/static/" below it only.
@@ -236,9 +238,8 @@ class TokenAuthMiddleware:
     def is_public(self, path: str) -> bool:
         return path in self._public_exact or path.startswith(self._public_below)
 
-    def _public_request(self, environ: Mapping[str, Any]) -> bool:
-        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
-        return any(m == method and pattern.fullmatch(path) for m, pattern in self.public_requests)
+    def _public_request(self, environ: dict[str, Any]) -> bool:
+        return request_facts.of(environ).kind in self.public_routes
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         # A principal is only ever what this layer decided, never something injected upstream of it.
@@ -251,7 +252,7 @@ class TokenAuthMiddleware:
             if peer is not None:
                 environ[env.USER if isinstance(peer, env.User) else env.AGENT] = peer
                 return self.app(environ, start_response)
-            if public or not self.required or (self.public_requests and self._public_request(environ)):
+            if public or not self.required or (self.public_routes and self._public_request(environ)):
                 return self.app(environ, start_response)
             return Unauthorized("missing bearer token")(environ, start_response)
         if token == "":

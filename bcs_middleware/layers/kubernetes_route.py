@@ -3,8 +3,9 @@
 :class:`ClusterRoutingMiddleware` turns ``/tunnels/clusters/{cluster_id}/{rest}``
 into an :class:`~bcs_middleware.core.environ.Upstream` for the proxy: the cluster's
 apiserver addresses, the CA and service-account token its kube-agent reported,
-and — with RBAC on and a non-superuser caller — the impersonation headers that
-let the cluster's own RBAC decide what the user may do.
+and — with RBAC on and a non-superuser caller — the identity to impersonate
+(:class:`~bcs_middleware.core.impersonation.Impersonation`), so the cluster's own RBAC
+decides what the user may do.
 
 Security notes:
 
@@ -22,13 +23,16 @@ Security notes:
 
 Errors are Kubernetes ``Status`` objects so kubectl prints them.
 
-Reads ``PATH_INFO``, ``RAW_URI``/``REQUEST_URI``, ``QUERY_STRING``, ``bcs.user``;
-sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream) and
-``bcs.error_style``. Requests outside the prefix pass through untouched.
+Reads ``bcs.facts`` (:func:`bcs_middleware.core.facts.of`: the route, the cluster id and
+the API path, classified on demand when this layer runs alone), ``QUERY_STRING``,
+``bcs.user``; sets ``bcs.cluster``, ``bcs.upstream`` (whose ``path`` is the path upstream
+and whose ``impersonate`` is the identity the cluster acts as) and ``bcs.error_style``.
+Requests on other routes pass through untouched.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -36,9 +40,10 @@ from ..clusters.directory import CachedDirectory, ClusterDirectory, upstream_for
 from ..clusters.permissions import VIEW, ClusterAccess, ClusterAuthorizer, cluster_not_found
 from ..core import converters as conv
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core.cache import Cache
 from ..core.errors import BadRequest, BCSError, ClusterNotReady, Forbidden, Unauthorized
-from ..core.paths import TUNNEL_PREFIX, parse_tunnel_path
+from ..core.impersonation import Impersonation
 from ..core.shapes import small_shape
 
 
@@ -90,20 +95,19 @@ class ClusterRoutingMiddleware:
         self.verify = verify
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if not path.startswith(TUNNEL_PREFIX):
+        facts = request_facts.of(environ)
+        if not facts.kubernetes:
             return self.app(environ, start_response)
         environ[env.ERROR_STYLE] = "kubernetes"
         try:
-            self.route(environ)
+            self.route(environ, facts)
         except BCSError as exc:
             return exc(environ, start_response)
         return self.app(environ, start_response)
 
-    def route(self, environ: dict[str, Any]) -> None:
-        raw_uri = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-        tunnel = parse_tunnel_path(environ.get("PATH_INFO", ""), raw_uri)
-        assert tunnel is not None
+    def route(self, environ: dict[str, Any], facts: request_facts.RequestFacts) -> None:
+        facts.refuse()
+        assert facts.cluster_id is not None  # not refused
         refused = impersonation_headers(environ)
         if refused:
             name = refused[0][5:].replace("_", "-").title()
@@ -113,9 +117,9 @@ class ClusterRoutingMiddleware:
             if env.get_agent(environ) is not None:
                 raise Forbidden("a register token cannot be used to reach a cluster")
             raise Unauthorized("a gateway token is required")
-        cluster, creds = self.directory.lookup(tunnel.cluster_id)
+        cluster, creds = self.directory.lookup(facts.cluster_id)
         if cluster is None or not self.access.allows(user, cluster.id, VIEW):
-            raise cluster_not_found(tunnel.cluster_id)
+            raise cluster_not_found(facts.cluster_id)
         if cluster.cluster_type != "k8s":
             raise BadRequest(f"cluster {cluster.id!r} is not a Kubernetes cluster", code_name="NOT_KUBERNETES")
         if creds is None or not creds.server_addresses:
@@ -124,10 +128,17 @@ class ClusterRoutingMiddleware:
                 "(is it running? see README: Register a cluster)"
             )
         environ[env.CLUSTER] = env.Cluster(cluster.id, cluster.project_id, "k8s")
+        impersonate = _impersonation(user) if self.rbac and not user.is_superuser else None
         environ[env.UPSTREAM] = upstream_for(
-            creds, user=user if self.rbac and not user.is_superuser else None, path=tunnel.rest,
+            creds, impersonate=impersonate, path=facts.api_path,
             query=environ.get("QUERY_STRING", ""), server_name=self.tls_server_name, verify=self.verify,
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _impersonation(user: env.User) -> Impersonation:
+    """The identity a non-superuser's requests carry to the cluster (users are immutable: cached)."""
+    return Impersonation.of_user(user.name, user.groups)
 
 
 _OPTIONS: dict[str, conv.Converter] = {

@@ -63,7 +63,7 @@ from typing import Any, Protocol
 from ..clusters.permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
 from ..core import converters as conv
 from ..core import environ as env
-from ..core import gojson
+from ..core import gojson, routes
 from ..core.bodies import BufferBudget, parse_yaml, read_bounded, replace_body, yaml_node_limit
 from ..core.errors import (
     BadRequest,
@@ -83,8 +83,8 @@ from ..scheduler.routes import canonical
 
 log = logging.getLogger(__name__)
 
-MESOS_PREFIX = "/bcsapi/v4/scheduler/mesos/"
-DRIVER_PATH = "/mesosdriver/v4/"
+MESOS_PREFIX = routes.MESOS_PREFIX
+DRIVER_PATH = routes.DRIVER_PREFIX
 #: Admission definition CRUD, relative to either prefix: served (by the gateway, or a
 #: driver), never admitted or forwarded to a scheduler.
 DEFINITION_PATHS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")

@@ -2,9 +2,11 @@
 
 :class:`RequestContextMiddleware` gives every request an id (a client's
 ``X-Request-Id`` is kept when it is short and printable, else one is generated)
-and returns it in the response; marks tunnel paths so errors render as
-Kubernetes ``Status`` and Mesos paths (``/bcsapi/``, ``/mesosdriver/``) so they
-render as the bcs envelope; counts requests and latency per route kind; and writes one
+and returns it in the response; classifies the request once
+(:func:`bcs_middleware.core.facts.classify`, kept as ``bcs.facts`` for every layer
+inside); marks Kubernetes-route paths so errors render as Kubernetes ``Status`` and
+Mesos paths (``/bcsapi/``, ``/mesosdriver/``) so they render as the bcs envelope; counts
+requests and latency per route kind (:attr:`bcs_middleware.core.routes.Route.label`); and writes one
 JSON line per request to the ``bcs_middleware.access`` logger when the response
 is finished (closed)::
 
@@ -23,7 +25,7 @@ the bcs envelope on Mesos paths, ``{"code_name", "message"}`` elsewhere — neve
 server's HTML page, which kubectl and bcs clients cannot read.
 
 Reads ``bcs.user``, ``bcs.cluster``, ``bcs.admission`` (set by the layers inside,
-read when the response is closed); sets ``bcs.request_id`` and ``bcs.error_style``.
+read when the response is closed); sets ``bcs.request_id``, ``bcs.facts`` and ``bcs.error_style``.
 """
 
 from __future__ import annotations
@@ -35,14 +37,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import monotonic
 from typing import Any, NamedTuple
 
-from ..agent_tunnel.handshake import CONNECT_PATH
 from ..core import converters as conv
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core.errors import answer_unexpected
 from ..core.printable import json_line
 from ..telemetry.logsetup import LineWriterHandler
 from ..telemetry.metrics import BATCH
-from .kubernetes_route import TUNNEL_PREFIX
 
 access_log = logging.getLogger("bcs_middleware.access")
 
@@ -98,17 +99,6 @@ def _timestamp(now: float) -> str:
     """UTC ``now`` as ``2024-01-02T03:04:05.678Z`` (milliseconds truncated, as isoformat does)."""
     sec = int(now)
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{int((now - sec) * 1000):03d}Z"
-
-
-def route_kind(path: str) -> str:
-    """The ``kind`` label of request metrics and access-log lines."""
-    if path.startswith(TUNNEL_PREFIX):
-        return "tunnel"
-    if path.startswith(("/rest/", "/clusters/")):
-        return "rest"
-    if path.startswith(("/bcsapi/", "/mesosdriver/")):
-        return "agent" if path == CONNECT_PATH else "mesos"
-    return "other"
 
 
 class _Finished:
@@ -176,7 +166,9 @@ class RequestContextMiddleware:
                       else _new_request_id())
         environ[env.REQUEST_ID] = request_id
         path = environ.get("PATH_INFO", "")
-        kind = route_kind(path)
+        # Classified once, before anything is looked up; every layer inside reads these facts.
+        facts = environ[env.FACTS] = request_facts.classify(environ)
+        kind = facts.label
         if kind == "tunnel":
             environ[env.ERROR_STYLE] = "kubernetes"
         elif kind == "mesos":

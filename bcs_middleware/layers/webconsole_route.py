@@ -39,12 +39,13 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ..core import environ as env
+from ..core import routes
 from ..core.errors import BadRequest, BCSError, MethodNotAllowed
 from .mesos_route import DRIVER_PATH, safe_subpath
 
 WEBCONSOLE = "webconsole/"
 #: bcs-api's webconsole route; the gateway sends it to a driver of the ``BCS-ClusterID`` cluster.
-GATEWAY_PREFIX = "/bcsapi/v1/webconsole/"
+GATEWAY_PREFIX = routes.WEBCONSOLE_PREFIX
 CONSOLE_PATH = "/bcsapi/v1/consoleproxy/"
 DEFAULT_PORT = 8083  # mesos_webconsole_proxy_port of the source's driver and bcs-api
 

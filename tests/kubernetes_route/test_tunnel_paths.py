@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bcs_middleware.core.errors import BadRequest
+from bcs_middleware.core.impersonation import Impersonation, impersonation_headers
 from bcs_middleware.core.paths import TunnelPath, _parse_tunnel_path, _parsed, parse_tunnel_path
 
 PREFIX = "/tunnels/clusters/BCS-K8S-1"
@@ -91,8 +92,11 @@ def test_routing_fills_every_upstream_field_from_the_cluster_and_its_credentials
         base_urls=("https://10.0.0.1:6443", "https://10.0.0.2:6443"), path="/api/v1/pods",
         query="watch=true", ca_pem="CA-PEM", server_name="kubernetes", verify=True,
         bearer_token="sa-token",
-        set_headers=(("Impersonate-User", "alice"), ("Impersonate-Group", "system:authenticated"),
-                     ("Impersonate-Group", "dev")),
+        impersonate=Impersonation("alice", ("system:authenticated", "dev")),
         client_cert=None, name="cluster:BCS-K8S-1",
+    )
+    # Rendered as the routing layer's header tuples always were: the user, then the groups in order.
+    assert impersonation_headers(seen[0][env.UPSTREAM].impersonate) == (
+        ("Impersonate-User", "alice"), ("Impersonate-Group", "system:authenticated"), ("Impersonate-Group", "dev"),
     )
     assert seen[0][env.CLUSTER] == env.Cluster("BCS-K8S-1", "proj", "k8s")

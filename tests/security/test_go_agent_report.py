@@ -160,3 +160,21 @@ def test_register_tokens_never_reach_the_log(gw: Gateway) -> None:
     token = _register_token(gw, CLUSTER)
     send_raw(gw, go_agent_request(f"localhost:{gw.server.port}", CLUSTER, _fields(gw, token)))
     assert token not in gw.server.output()
+
+
+@pytest.mark.parametrize("method, path", [
+    pytest.param("PUT", f"/rest/clusters/{CLUSTER}/credentials/more", id="below"),
+    pytest.param("PUT", f"/rest/clusters/{CLUSTER}/credentialsx", id="longer-name"),
+    pytest.param("PUT", f"/rest/clusters/{CLUSTER}//credentials", id="doubled-slash"),
+    pytest.param("PUT", f"/rest//clusters/{CLUSTER}/credentials", id="doubled-slash-early"),
+    pytest.param("PUT", f"//rest/clusters/{CLUSTER}/credentials", id="leading-doubled-slash"),
+    pytest.param("PUT", f"/rest/clusters/{CLUSTER}/credentials//", id="two-trailing-slashes"),
+    pytest.param("PUT", f"/tunnels/clusters/{CLUSTER}/rest/clusters/{CLUSTER}/credentials", id="under-tunnel"),
+    pytest.param("POST", f"/rest/clusters/{CLUSTER}/credentials", id="post"),
+    pytest.param("DELETE", f"/clusters/{CLUSTER}/credentials", id="delete-legacy"),
+])
+def test_only_the_report_route_itself_passes_without_a_token(gw: Gateway, method: str, path: str) -> None:
+    """The route table names the report; a path near it, or another method, needs a token."""
+    status, body = gw.call(method, path, token="", body={"register_token": "x" * 43})
+    assert status == 401, body
+    assert b"bearer token" in body

@@ -30,10 +30,6 @@ from .calls import APISettings, Ctx
 
 log = logging.getLogger(__name__)
 
-#: The kube-agent's report (PUT): the Go bcs-kube-agent sends no Authorization, its
-#: register token is in the body, so the auth layer lets it through anonymously.
-AGENT_REPORT = ("PUT", r"/(?:rest/)?clusters/[^/]+/credentials/?")
-
 ROUTES = Map(
     [
         Rule("/rest/users/", methods=["POST"], endpoint=ep.create_user),
