@@ -68,7 +68,7 @@ def _migrated(url: str) -> None:
 
     from bcs_middleware.store.sql import open_store
 
-    open_store(url, secret_key=Fernet.generate_key().decode()).dispose()
+    open_store(url, secret_key=Fernet.generate_key().decode()).db.dispose()
 
 
 @pytest.fixture(scope="session")
