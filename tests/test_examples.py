@@ -104,7 +104,11 @@ def _definitions_copy(tmp_path: Path, ca: trustme.CA) -> Path:
     return copy
 
 
-def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Path) -> None:
+def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # An earlier test in this process may have left PROMETHEUS_MULTIPROC_DIR set (serve sets it in
+    # the process that runs it); the server would then read another server's samples from there.
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1")
     cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
@@ -115,7 +119,6 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
         "BCS_CERTFILE": str(tmp_path / "server.pem"), "BCS_KEYFILE": str(tmp_path / "server.pem"),
         "BCS_DATA_DIR": str(data_dir),
     }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     argv = [str(BIN / "gunicorn"), "--paste", str(EXAMPLES / "gateway.ini"), "-c", str(EXAMPLES / "gunicorn.conf.py"),
             "--paste-global", f"data_dir={data_dir}", "--paste-global", f"database_url=sqlite:///{data_dir}/bcs.sqlite3"]
     clean_env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
@@ -147,7 +150,7 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
                     or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        assert counted[("rest", "GET", "200")] == 3
+        assert counted[("rest", "GET", "200")] == 3, counted
         assert counted[("rest", "GET", "404")] == 1
         assert "bcs_api_request_latency_seconds" in families
     output = server.output()
