@@ -47,7 +47,7 @@ from ..core.impersonation import Impersonation
 from ..core.shapes import small_shape
 
 
-def impersonation_headers(environ: Mapping[str, Any]) -> tuple[str, ...]:
+def client_impersonation_keys(environ: Mapping[str, Any]) -> tuple[str, ...]:
     """The environ keys of every ``Impersonate-*`` header the client sent."""
     return _impersonation_keys(tuple(environ))
 
@@ -108,7 +108,7 @@ class ClusterRoutingMiddleware:
     def route(self, environ: dict[str, Any], facts: request_facts.RequestFacts) -> None:
         facts.refuse()
         assert facts.cluster_id is not None  # not refused
-        refused = impersonation_headers(environ)
+        refused = client_impersonation_keys(environ)
         if refused:
             name = refused[0][5:].replace("_", "-").title()
             raise Forbidden(f"the {name} header is not allowed through the gateway", code_name="IMPERSONATION_REFUSED")
