@@ -7,7 +7,7 @@ from typing import Any
 from bcs_middleware.apps import proxy
 from bcs_middleware.core.cache import Cache
 from bcs_middleware.core.shapes import MAX_SHAPE_CHARS, small_shape
-from bcs_middleware.layers.kubernetes_route import _impersonation_keys, impersonation_headers
+from bcs_middleware.layers.kubernetes_route import _impersonation_keys, client_impersonation_keys
 
 
 def _environ(*headers: str) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def test_huge_header_names_are_not_held_by_the_request_scans() -> None:
     for n in range(300):
         names = [f"X_{n}_{i}_" + "N" * 8000 for i in range(100)]
         environ = _environ(*names, "IMPERSONATE_USER")
-        assert impersonation_headers(environ) == ("HTTP_IMPERSONATE_USER",)
+        assert client_impersonation_keys(environ) == ("HTTP_IMPERSONATE_USER",)
         passing, _ = proxy._header_plan(tuple(environ))
         assert len(passing) == 100  # every header but Impersonate-User is passed
     assert len(proxy._header_plan) == plans_before
@@ -57,7 +57,7 @@ def test_huge_header_names_are_not_held_by_the_request_scans() -> None:
 
 def test_ordinary_shapes_are_remembered() -> None:
     environ = _environ("HOST", "USER_AGENT", "ACCEPT", "AUTHORIZATION", "IMPERSONATE_GROUP")
-    assert impersonation_headers(environ) == ("HTTP_IMPERSONATE_GROUP",)
+    assert client_impersonation_keys(environ) == ("HTTP_IMPERSONATE_GROUP",)
     assert tuple(environ) in _impersonation_keys
     passing, _ = proxy._header_plan(tuple(environ))
     assert [name for _, name, _ in passing] == ["User-Agent", "Accept"]  # Host is the upstream's
