@@ -47,11 +47,15 @@ class GatewayThreadWorker(ThreadWorker):
     def _cap_keepalive(self, deadline: float) -> None:
         # gunicorn caps every kept-alive connection at the same deadline (now + its linger):
         # a pool's long-idle connection then holds the stop as long as one that just got an
-        # answer. Its idle time began at its keep-alive deadline minus keepalive; the deque
-        # stays sorted (ordered by that start, the caps keep the order).
+        # answer. Each waits the linger from its own last answer. That start is recorded, not
+        # read back from the keep-alive deadline: gunicorn has already shortened the deadline
+        # of a connection kept alive after the SIGTERM (in the poller wake-up that noticed it),
+        # and reading "deadline - keepalive" from that put its close in the past — it was
+        # closed at once, under the request its client had already sent. The deque stays
+        # sorted (appended in order of that start; the caps keep the order).
         linger = deadline - time.monotonic()
         for conn in self.keepalived_conns:
-            conn.timeout = min(conn.timeout, deadline, conn.timeout - self.cfg.keepalive + linger)
+            conn.timeout = min(conn.timeout, deadline, conn.idle_since + linger)
 
     def handle(self, conn: Any) -> Any:
         result = super().handle(conn)
@@ -69,4 +73,5 @@ class GatewayThreadWorker(ThreadWorker):
         if not fs.cancelled() and fs.exception() is None and fs.result() is _CLOSED:
             self.nr_conns -= 1
             return
+        conn.idle_since = time.monotonic()  # if kept alive: waiting for its next request from now
         super().finish_request(conn, fs)
