@@ -37,6 +37,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
 
 
+#: Variables a command run in the pytest process sets for itself (``serve`` sets the metrics
+#: directory before it forks): left set, every server a later test starts inherits them.
+_PROCESS_ENVIRONMENT = ("PROMETHEUS_MULTIPROC_DIR",)
+
+
+@pytest.fixture(autouse=True)
+def _environment_left_as_found():  # type: ignore[no-untyped-def]
+    """Fail the test that changes :data:`_PROCESS_ENVIRONMENT` in the pytest process (and put it
+    back), so a leak is found where it happens, not by a later test that miscounts."""
+    before = {name: os.environ.get(name) for name in _PROCESS_ENVIRONMENT}
+    yield
+    changed = {name for name, value in before.items() if os.environ.get(name) != value}
+    for name in changed:
+        if before[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]  # type: ignore[assignment]
+    if changed:
+        pytest.fail(f"the test left {', '.join(sorted(changed))} changed in the pytest process "
+                    "(use monkeypatch.setenv before running serve in-process)")
+
+
 @pytest.fixture(scope="session")
 def postgres_server():  # type: ignore[no-untyped-def]
     """A real PostgreSQL for the session (skips locally if absent; fails under CI)."""

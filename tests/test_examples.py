@@ -106,8 +106,8 @@ def _definitions_copy(tmp_path: Path, ca: trustme.CA) -> Path:
 
 def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # An earlier test in this process may have left PROMETHEUS_MULTIPROC_DIR set (serve sets it in
-    # the process that runs it); the server would then read another server's samples from there.
+    # The server must not inherit a PROMETHEUS_MULTIPROC_DIR (it would read another server's samples
+    # from there): serve run in-process sets it, and tests/conftest.py fails a test that leaves it.
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1")
