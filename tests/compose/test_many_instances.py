@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -50,9 +51,13 @@ class Instance:
             return err.code, json.loads(err.read() or b"null")
 
 
-@pytest.fixture
-def instances(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Instance, Instance]]:
-    key = subprocess.run([CLI, "keygen"], capture_output=True, text=True, check=True).stdout.strip()
+@pytest.fixture(scope="module")
+def instances(postgres_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Instance, Instance]]:
+    """Two instances on one PostgreSQL database, shared by the tests of this module (each works
+    on records of its own names)."""
+    postgres_url = postgres_server.create_database()
+    tmp_path = tmp_path_factory.mktemp("instances")
+    key = _keygen()
     env = {"BCS_ADMIN_TOKEN": ADMIN, "BCS_SECRET_KEY": key}
     # One certificate for the service name both instances answer to, as behind a load balancer.
     pki = tmp_path / "pki"
