@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -35,6 +36,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+
+
+#: Variables a command run in the pytest process sets for itself (``serve`` sets the metrics
+#: directory before it forks): left set, every server a later test starts inherits them.
+_PROCESS_ENVIRONMENT = ("PROMETHEUS_MULTIPROC_DIR",)
+#: Signals a command run in the pytest process takes over (``kube-agent`` stops on them): left
+#: installed, a Ctrl-C (or CI's SIGTERM) fails whichever test runs then and the session goes on.
+_PROCESS_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _process_left_as_found():  # type: ignore[no-untyped-def]
+    """Fail the test that changes :data:`_PROCESS_ENVIRONMENT` or the handlers of
+    :data:`_PROCESS_SIGNALS` in the pytest process (and put them back), so a leak is found where
+    it happens, not by a later test that miscounts or cannot be stopped."""
+    environment = {name: os.environ.get(name) for name in _PROCESS_ENVIRONMENT}
+    handlers = {signum: signal.getsignal(signum) for signum in _PROCESS_SIGNALS}
+    yield
+    changed = [name for name, value in environment.items() if os.environ.get(name) != value]
+    for name in changed:
+        if environment[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = environment[name]  # type: ignore[assignment]
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+            changed.append(f"the {signal.Signals(signum).name} handler")
+    if changed:
+        pytest.fail(f"the test left {', '.join(changed)} changed in the pytest process "
+                    "(a command run in-process: restore it in the test)")
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bcs_middleware.store.crypto import token_digest
 from bcs_middleware.store.sql import open_store
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port, gunicorn, http_get
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -106,8 +107,8 @@ def _definitions_copy(tmp_path: Path, ca: trustme.CA) -> Path:
 
 def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # An earlier test in this process may have left PROMETHEUS_MULTIPROC_DIR set (serve sets it in
-    # the process that runs it); the server would then read another server's samples from there.
+    # The server must not inherit a PROMETHEUS_MULTIPROC_DIR (it would read another server's samples
+    # from there): serve run in-process sets it, and tests/conftest.py fails a test that leaves it.
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1")
@@ -134,22 +135,25 @@ def test_gateway_ini_with_the_gunicorn_config_file(data_dir: Path, tmp_path: Pat
         # applies its request metrics in batches (metrics.BATCH), within 0.25 s; /metrics
         # flushes only the worker that serves it, so when that is the one that served
         # none of the requests above, the family is not there yet: ask again.
-        deadline = time.monotonic() + 5
-        while True:
+        def scrape() -> tuple[dict[str, Any], dict[tuple[str, str, str], float]]:
+            """The metric families, and the request counts by (kind, method, code)."""
             scraper = {"Authorization": auth["Authorization"]}  # /metrics is for superusers (and the metrics token)
             status, _, metrics = http_get(f"https://localhost:{port}/metrics", headers=scraper, cafile=cafile)
             assert status == 200
             families = {f.name: f for f in text_string_to_metric_families(metrics.decode())}
             family = families.get("bcs_api_request_count")
-            counted = {
+            return families, {
                 (s.labels["kind"], s.labels["method"], s.labels["code"]): s.value
                 for s in (family.samples if family else [])
                 if s.name == "bcs_api_request_count_total"
             }
-            if (counted.get(("rest", "GET", "200")), counted.get(("rest", "GET", "404"))) == (3, 1) \
-                    or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+
+        def all_counted() -> bool:
+            counted = scrape()[1]
+            return (counted.get(("rest", "GET", "200")), counted.get(("rest", "GET", "404"))) == (3, 1)
+
+        wait_until(all_counted, 5, step=0.05)
+        families, counted = scrape()
         assert counted[("rest", "GET", "200")] == 3, counted
         assert counted[("rest", "GET", "404")] == 1
         assert "bcs_api_request_latency_seconds" in families
@@ -386,13 +390,13 @@ def test_audited_gateway_ini_audits_refused_tunnel_requests(clone: Path) -> None
         assert http_get(url, headers={"X-Request-Id": "ex-audit-401"}, cafile=cafile)[0] == 401
         assert http_get(url, headers={"X-Request-Id": "ex-audit-404", "Authorization": f"Bearer {admin}"},
                         cafile=cafile)[0] == 404
-        deadline = time.monotonic() + 10
         log = data / "audit.jsonl"
-        events: list[dict] = []
-        while len(events) < 4 and time.monotonic() < deadline:
-            text = log.read_text() if log.exists() else ""
-            events = [json.loads(line) for line in text.split("\n")[:-1]]
-            time.sleep(0.1)
+
+        def logged() -> list[dict]:
+            return [json.loads(line) for line in (log.read_text() if log.exists() else "").split("\n")[:-1]]
+
+        wait_until(lambda: len(logged()) >= 4, 10, step=0.1)
+        events = logged()
     seen = [(e["auditID"], e["stage"], e["user"]["username"], e.get("responseStatus", {}).get("code"))
             for e in events]
     assert seen == [

@@ -11,7 +11,6 @@ import json
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tests.support.kube import (
     kubectl_watch,
     write_kubeconfig,
 )
+from tests.support.polling import wait_until
 
 TOKEN = "fake-sa-token-for-tests"
 
@@ -151,16 +151,11 @@ def test_kubectl_get_pods_watch_receives_a_later_pod(api, kubeconfig, version):
     api.create("pods", _pod("before"))
     with kubectl_watch("get", "pods", "--watch", kubeconfig=kubeconfig, version=version) as watch:
         watch.wait_for("before")
-        deadline = time.monotonic() + 10
-        while api.open_watches == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: api.open_watches > 0, 10)
         assert api.open_watches == 1
         api.create("pods", _pod("after"))
         assert watch.wait_for("after").split()[:3] == ["after", "1/1", "Running"]
-    deadline = time.monotonic() + 5
-    while api.open_watches and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert api.open_watches == 0  # kubectl gone → the watch connection is freed
+    assert wait_until(lambda: api.open_watches == 0, 5)  # kubectl gone → the watch connection is freed
 
 
 def test_kubectl_get_namespaces_shows_labels(api, kubeconfig, version):
@@ -371,10 +366,7 @@ def test_client_disconnect_frees_the_watch(api):
                     b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
         assert tls.recv(4096).startswith(b"HTTP/1.1 200")
         assert api.open_watches == 1
-    deadline = time.monotonic() + 5
-    while api.open_watches and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert api.open_watches == 0
+    assert wait_until(lambda: api.open_watches == 0, 5)
 
 
 def test_pod_log_follow_streams_lines(api, http):

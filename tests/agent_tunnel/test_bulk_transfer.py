@@ -10,7 +10,6 @@ buffered the gateway reset the stream as if the agent ignored flow control
 from __future__ import annotations
 
 import ssl
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import pytest
 import trustme
 
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.polling import wait_until
 
 from .conftest import Agent, Gateway, create_cluster
 
@@ -45,10 +45,8 @@ def bulk_agent(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> It
         agent = Agent(gateway, _Upstream(upstream.url, ca.cert_pem.bytes().decode()),  # type: ignore[arg-type]
                       BULK, token, Path(tmp_path_factory.mktemp("bulk"))).start()
         try:
-            deadline = time.monotonic() + 30
-            while gateway.call("GET", f"/tunnels/clusters/{BULK}/echo")[0] != 200:
-                assert time.monotonic() < deadline, agent.output()
-                time.sleep(0.2)
+            assert wait_until(lambda: gateway.call("GET", f"/tunnels/clusters/{BULK}/echo")[0] == 200, 30,
+                              step=0.2), agent.output()
             yield agent
         finally:
             agent.stop()

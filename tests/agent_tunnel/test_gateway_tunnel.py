@@ -23,7 +23,7 @@ from tests.kubernetes_route.test_upgrade import Handlers
 from tests.support.fake_apiserver import ApiError, FakeAPIServer
 from tests.support.gateway import wait_out_admission_refresh
 from tests.support.kube import kubectl, kubectl_watch
-from tests.support.polling import wait_until
+from tests.support.polling import seconds_until, wait_for, wait_until
 
 from .conftest import CLUSTER, SA_TOKEN, Agent, Gateway
 
@@ -92,12 +92,13 @@ def test_requests_through_the_agent_are_audited_as_direct_ones(gateway: Gateway,
                              token=alice, headers={"X-Request-Id": audit_id})
     assert status == 200
     path = gateway.data / "audit.jsonl"
-    deadline = time.monotonic() + 10
-    found: list[dict] = []
-    while len(found) < 2 and time.monotonic() < deadline:
+
+    def both_events() -> list[dict]:
         lines = (path.read_text() if path.exists() else "").split("\n")[:-1]
         found = [e for e in (json.loads(line) for line in lines if audit_id in line) if e["auditID"] == audit_id]
-        time.sleep(0.1)
+        return found if len(found) >= 2 else []
+
+    found = wait_for(both_events, 10, "the request's two audit events never appeared")
     complete = next(e for e in found if e["stage"] == "ResponseComplete")
     assert complete["verb"] == "list" and complete["responseStatus"]["code"] == 200
     assert complete["user"]["username"] == "alice-nat"
@@ -137,17 +138,17 @@ def test_gateway_side_admission_applies_through_the_agent(
                                     "spec": {"containers": [{"name": "app", "image": "nginx:1.25"}]}}))
     try:
         wait_out_admission_refresh()
-        deadline = time.monotonic() + 10
-        while True:
-            result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
+        results = []
+
+        def applied() -> dict | None:
+            results.append(kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig))
             try:
-                pod = apiserver.store.get("pods", "default", "injected")
+                return apiserver.store.get("pods", "default", "injected")
             except ApiError:
-                pod = None
-            if pod is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert pod is not None, result.stderr
+                return None
+
+        pod = wait_for(applied, 10, f"never applied: {results[-1].stderr if results else ''}", step=0.5)
+        result = results[-1]
         assert [c["name"] for c in pod["spec"]["containers"]] == ["app", "sidecar"], result.stderr
     finally:
         gateway.call("DELETE", f"{configs}/MutatingWebhookConfiguration/sidecar")
@@ -198,15 +199,15 @@ def test_python_client_lists_and_watches(agent: Agent, apiserver: FakeAPIServer,
 
 def test_metrics_count_the_agent(gateway: Gateway, agent: Agent) -> None:
     assert gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0] == 200
-    deadline = time.monotonic() + 10
-    while True:  # bytes and streams are refreshed every couple of seconds
+    def metrics() -> str:
         status, body = gateway.call("GET", "/metrics")
-        text = body.decode()
         assert status == 200
-        if f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="in"}}' in text \
-                or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        return body.decode()
+
+    # bytes and streams are refreshed every couple of seconds
+    wait_until(lambda: f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="in"}}' in metrics(), 10,
+               step=0.5)
+    text = metrics()
     assert "bcs_agent_tunnels_connected 1.0" in text
     assert f'bcs_agent_tunnel_connections_total{{cluster="{CLUSTER}"}}' in text
     assert f'bcs_agent_tunnel_bytes_total{{cluster="{CLUSTER}",direction="in"}}' in text
@@ -222,12 +223,10 @@ def test_a_second_agent_for_the_cluster_takes_over_without_failing_requests(
     second = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
     try:
         before = gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"]
-        deadline = time.monotonic() + 20
-        while gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"] == before:
-            assert time.monotonic() < deadline, second.output()
-            time.sleep(0.1)
+        assert wait_until(lambda: gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["connected_since"]
+                          != before, 20), second.output()
         statuses = []
-        for _ in range(30):
+        for _ in range(30):  # paced: requests spread over the seconds the older connection drains
             statuses.append(gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0])
             time.sleep(0.1)
         assert set(statuses) == {200}, statuses
@@ -247,11 +246,12 @@ def test_a_replaced_agent_connection_drains_while_requests_keep_flowing(
     second = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()
     try:
         statuses = []
-        deadline = time.monotonic() + 15
-        while agent.output().count("replaced this one") == replaced_before:
-            assert time.monotonic() < deadline, agent.output()
+
+        def replaced() -> bool:  # traffic never stops while the older connection drains
             statuses.append(gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/version")[0])
-            time.sleep(0.05)
+            return agent.output().count("replaced this one") > replaced_before
+
+        assert wait_until(replaced, 15, step=0.05), agent.output()
         assert set(statuses) == {200}, statuses
     finally:
         second.stop()
@@ -265,24 +265,21 @@ def test_agent_killed_means_503_within_a_second_and_a_new_agent_serves_again(
         apiserver.create("configmaps", {"metadata": {"name": "before-kill", "namespace": "default"}}, "default")
         watch.wait_for("configmap/before-kill", timeout=15)
         agent.kill()
-        killed = time.monotonic()
-        answer: tuple[int, bytes] = (0, b"")
-        while time.monotonic() - killed < 5:
-            answer = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces", timeout=5)
-            if answer[0] == 503:
-                break
-            time.sleep(0.05)
-        took = time.monotonic() - killed
+        answers: list[tuple[int, bytes]] = []
+
+        def unavailable() -> bool:
+            answers.append(gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces", timeout=5))
+            return answers[-1][0] == 503
+
+        took = seconds_until(unavailable, 5, "the cluster never answered 503", step=0.05)
+        answer = answers[-1]
         assert answer[0] == 503, answer
         assert took < 1.0, took
         status = json.loads(answer[1])
         assert status["kind"] == "Status" and status["code"] == 503
         assert "kube-agent" in status["message"] and CLUSTER in status["message"]
         # The watch over the dead agent ends instead of hanging.
-        deadline = time.monotonic() + 10
-        while watch.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert watch.proc.poll() is not None, "the watch over the dead agent is still open"
+        assert wait_until(lambda: watch.proc.poll() is not None, 10), "the watch over the dead agent is still open"
     assert gateway.json("GET", f"/rest/clusters/{CLUSTER}")["agent"]["tunnel_connected"] is False
 
     again = Agent(gateway, apiserver, CLUSTER, agent.register_token, tmp_path).start()

@@ -64,9 +64,7 @@ def test_no_worker_answers_not_ready_once_the_agent_is_connected(gateway: Gatewa
     for thread in threads:
         thread.start()
     # Both workers have answered "not ready" (and cached it) before the agent comes.
-    deadline = time.monotonic() + 30
-    while sum(not_ready for _, _, not_ready in answers) < 40 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: sum(not_ready for _, _, not_ready in answers) >= 40, 30, step=0.05)
     assert all(status == 502 and not_ready for _, status, not_ready in answers), answers[:5]
     # One connection, as the Go agent holds: one worker holds it, the other reaches it through
     # the peer link (and was told of the new credentials by nobody).
@@ -77,9 +75,7 @@ def test_no_worker_answers_not_ready_once_the_agent_is_connected(gateway: Gatewa
         watcher.join(60)
         assert connected, f"the agent did not connect:\n{agent.output()}"
         seen = connected[0]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and sum(started > seen + 3 for started, _, _ in answers) < 40:
-            time.sleep(0.05)
+        wait_until(lambda: sum(started > seen + 3 for started, _, _ in answers) >= 40, 30, step=0.05)
     finally:
         stop.set()
         for thread in threads:

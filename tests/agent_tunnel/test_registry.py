@@ -241,6 +241,8 @@ def test_a_memory_stream_the_apiserver_closed_is_not_reused(apiserver: FakeAPISe
         upstream = _upstream(apiserver, "c1")
         _get(transport, upstream)
         apiserver.drop_connections()
+        # Nothing visible here says when the apiserver's close has reached the pooled stream (the
+        # session's stream count stays: polling it timed out), so the sleep gives it the time.
         time.sleep(0.3)
         assert b"gitVersion" in _get(transport, upstream)  # a fresh stream, no error
         assert transport.connections_opened == 2

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from bcs_middleware.agent_tunnel.wschannel import ChannelClosed, ChannelError, HandshakeRejected, WebSocketChannel
+from tests.support.polling import wait_until
 from tests.support.websocket import frame
 
 from .wsfixtures import PATH, TLS, WSServer, channel_pair, tls_connect
@@ -127,15 +128,12 @@ def test_pings_are_answered_and_refresh_last_received(tls: TLS) -> None:
         reader = threading.Thread(target=lambda: received.append(server.receive()), daemon=True)
         reader.start()
         before = client.last_received
-        time.sleep(0.05)
+        time.sleep(0.05)  # a clock step, so that a later last_received is a larger one
         client.ping()
         # the client's own reader sees the pong
         client_reader = threading.Thread(target=client.receive, daemon=True)
         client_reader.start()
-        deadline = time.monotonic() + 5
-        while client.last_received == before and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert client.last_received > before
+        assert wait_until(lambda: client.last_received > before, 5)
         client.send(b"done")
         reader.join(5)
         assert received == [b"done"]
@@ -199,7 +197,7 @@ def test_send_holds_a_fast_producer_at_the_speed_of_the_peer(tls: TLS) -> None:
 
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
-        time.sleep(0.8)
+        time.sleep(0.8)  # the sleep is the test: a producer sending for this long, nobody reading
         # nobody reads the server end: the queue never grew past high water + one message
         assert client._queued <= client.high_water + len(chunk) + 64
         received = 0

@@ -138,6 +138,7 @@ class TargetServer:
         self.received = 0
         self.connections = 0
         self.ended = 0  # connections whose client closed
+        self.sent = 0  # ``source`` connections that sent everything and closed their side
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._released = threading.Event()
@@ -161,6 +162,8 @@ class TargetServer:
                 for chunk in pattern_chunks(self.size):
                     sock.sendall(chunk)
                 sock.shutdown(socket.SHUT_WR)
+                with self._lock:
+                    self.sent += 1
             if self.mode == "hold":
                 self._released.wait(60)
             while True:

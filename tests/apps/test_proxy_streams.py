@@ -191,7 +191,7 @@ def test_connection_limit_answers_503_with_retry_after(tmp_path: Path) -> None:
     with served_gateway(tmp_path, args=args, workers=1) as gw:
         held = [_tls(gw) for _ in range(8)]
         try:
-            time.sleep(0.2)
+            time.sleep(0.2)  # the worker counts each of the eight after its handshake: nothing visible to poll
             sock = _tls(gw)
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             data = b""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +70,17 @@ def test_refuses_plain_http_gateway_and_missing_register_token(
     assert "rt-secret-value" not in caplog.text
 
 
+@pytest.fixture
+def stop_signals_given_back() -> Iterator[None]:
+    """``kube_agent.run`` takes SIGINT and SIGTERM over, as the command it is does; in this process
+    they must stop pytest again afterwards."""
+    saved = {signum: signal.getsignal(signum) for signum in kube_agent.STOP_SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("stop_signals_given_back")
 def test_unreachable_gateway_fails_once_without_leaking(
     in_cluster: FakeAPIServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -281,7 +281,10 @@ def test_postgresql_without_its_driver_is_a_clear_error(
     from bcs_middleware.cli import main as cli
 
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the postgresql extra were not installed
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    # serve sets PROMETHEUS_MULTIPROC_DIR in the process that runs it, this one: setting it first
+    # makes monkeypatch restore the pytest process's own value at the end (delenv of an unset
+    # variable records nothing, and every later server started from this process inherited it).
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
     monkeypatch.setenv("BCS_ADMIN_TOKEN", "t" * 43)
     # gthread: serve on gevent would monkey-patch this test process (it patches before anything else).
     code = cli.main(["serve", "--data-dir", str(tmp_path / "data"), "--bind", f"127.0.0.1:{free_port()}",

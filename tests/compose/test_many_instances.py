@@ -17,9 +17,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
+from cryptography.fernet import Fernet
 from prometheus_client.parser import text_string_to_metric_families
 
 from bcs_middleware.store.crypto import SecretBox
@@ -50,9 +52,13 @@ class Instance:
             return err.code, json.loads(err.read() or b"null")
 
 
-@pytest.fixture
-def instances(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Instance, Instance]]:
-    key = subprocess.run([CLI, "keygen"], capture_output=True, text=True, check=True).stdout.strip()
+@pytest.fixture(scope="module")
+def instances(postgres_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Instance, Instance]]:
+    """Two instances on one PostgreSQL database, shared by the tests of this module (each works
+    on records of its own names)."""
+    postgres_url = postgres_server.create_database()
+    tmp_path = tmp_path_factory.mktemp("instances")
+    key = _keygen()
     env = {"BCS_ADMIN_TOKEN": ADMIN, "BCS_SECRET_KEY": key}
     # One certificate for the service name both instances answer to, as behind a load balancer.
     pki = tmp_path / "pki"
@@ -122,7 +128,9 @@ def test_webhook_definitions_reach_both_instances(instances: tuple[Instance, Ins
 
 
 def _keygen() -> str:
-    return subprocess.run([CLI, "keygen"], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    """What ``bcs-middleware keygen`` prints (cli/keygen.py), without a process start per key: the
+    command itself is run by tests/test_examples.py's README rotation."""
+    return Fernet.generate_key().decode()
 
 
 def _serve(data: Path, *extra: str, env: dict[str, str]) -> ServerProcess:

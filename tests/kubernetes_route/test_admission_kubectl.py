@@ -6,7 +6,6 @@ import base64
 import json
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from webhook_kit import https_server
 from tests.support.fake_apiserver import ApiError, FakeAPIServer
 from tests.support.gateway import wait_out_admission_refresh
 from tests.support.kube import kubectl
+from tests.support.polling import wait_until
 from tests.support.servers import free_port
 
 from .conftest import CLUSTER, Gateway
@@ -69,13 +69,15 @@ def _pod(tmp_path: Path, name: str) -> Path:
 
 def _apply_until(kubeconfig: Path, manifest: Path, expect: str, deadline_s: float = 10) -> str:
     """``kubectl apply`` until its output says ``expect`` (or ``deadline_s`` passed); the output."""
-    deadline = time.monotonic() + deadline_s
-    while True:
+    outputs: list[str] = []
+
+    def applied() -> bool:
         result = kubectl("apply", "-f", str(manifest), kubeconfig=kubeconfig)
-        output = result.stdout + result.stderr
-        if expect in output or time.monotonic() > deadline:
-            return output
-        time.sleep(0.5)
+        outputs.append(result.stdout + result.stderr)
+        return expect in outputs[-1]
+
+    wait_until(applied, deadline_s, step=0.5)
+    return outputs[-1]
 
 
 def test_kubectl_apply_gets_a_sidecar_from_a_kubernetes_webhook(

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.polling import wait_until
 from tests.support.servers import free_port
 
 from .conftest import ADMIN, CLUSTER, SA_TOKEN, Gateway
@@ -80,10 +81,9 @@ def test_new_credentials_take_effect_within_the_cache_bound(gateway: Gateway, ap
     _register(gateway, "rotating", [apiserver.url], apiserver.ca_pem, token="stale-token")
     assert gateway.call("GET", "/tunnels/clusters/rotating/api")[0] == 401  # the apiserver refuses it
     _register(gateway, "rotating", [apiserver.url], apiserver.ca_pem, token=SA_TOKEN)
-    deadline = time.monotonic() + 15  # 5 s cache bound per worker, with margin
-    while gateway.call("GET", "/tunnels/clusters/rotating/api")[0] != 200:
-        assert time.monotonic() < deadline, "new credentials not used within the cache bound"
-        time.sleep(0.25)
+    # 5 s cache bound per worker, with margin
+    assert wait_until(lambda: gateway.call("GET", "/tunnels/clusters/rotating/api")[0] == 200, 15, step=0.25), \
+        "new credentials not used within the cache bound"
 
 
 def test_chunked_upload_arrives_intact(gateway: Gateway) -> None:
@@ -133,22 +133,19 @@ def test_client_leaving_mid_watch_frees_the_upstream(gateway: Gateway, apiserver
     )
     head = sock.recv(65536)
     assert head.startswith(b"HTTP/1.1 200")
-    deadline = time.monotonic() + 10
-    while apiserver.open_watches <= before:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_until(lambda: apiserver.open_watches > before, 10)
     sock.close()
-    # Events keep the proxy writing, so it notices the closed client and closes upstream.
-    deadline = time.monotonic() + 20
-    n = 0
-    while apiserver.open_watches > before:
-        apiserver.store.create("configmaps", {"metadata": {"name": f"tick-{time.time_ns()}-{n}",
-                                                           "namespace": "default"}})
-        apiserver.store.create("pods", {"metadata": {"name": f"tick-{time.time_ns()}-{n}", "namespace": "default"},
+
+    def upstream_closed() -> bool:  # events keep the proxy writing, so it notices the closed client
+        if apiserver.open_watches <= before:
+            return True
+        name = f"tick-{time.time_ns()}"
+        apiserver.store.create("configmaps", {"metadata": {"name": name, "namespace": "default"}})
+        apiserver.store.create("pods", {"metadata": {"name": name, "namespace": "default"},
                                         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
-        n += 1
-        assert time.monotonic() < deadline, "the upstream watch stayed open after the client left"
-        time.sleep(0.2)
+        return False
+
+    assert wait_until(upstream_closed, 20, step=0.2), "the upstream watch stayed open after the client left"
 
 
 @pytest.mark.parametrize("server_name", ["kubernetes"])

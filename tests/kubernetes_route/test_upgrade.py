@@ -29,6 +29,7 @@ from bcs_middleware.apps.proxy import UpstreamProxy
 from bcs_middleware.core import environ as env
 from tests.support.fake_apiserver import FakeAPIServer, UpgradeRequest
 from tests.support.kube import kubectl
+from tests.support.polling import wait_for, wait_until
 from tests.support.servers import gunicorn
 from tests.support.websocket import frame, read_frame
 
@@ -346,19 +347,14 @@ def test_refused_upgrade_is_relayed_and_both_connections_close(
             assert b"exec refused" in rest
         finally:
             conn.sock.close()
-        deadline = time.monotonic() + 15
-        while not handlers.after_refusal and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: handlers.after_refusal, 15)
         # The upstream connection was closed by the gateway, not kept for reuse.
         assert handlers.after_refusal == [b""]
     finally:
         handlers.mode = "echo"
     # One fresh connection carried the upgrade, and the gateway closed it.
     assert len(connections) == 1
-    deadline = time.monotonic() + 15
-    while connections[0].fileno() != -1:
-        assert time.monotonic() < deadline, "the refused upgrade's connection stayed open"
-        time.sleep(0.02)
+    assert wait_until(lambda: connections[0].fileno() == -1, 15), "the refused upgrade's connection stayed open"
     # The tunnel keeps working on connections of its own.
     status, body = gateway.call("GET", f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods/p")
     assert status == 200, body
@@ -392,10 +388,7 @@ def assert_closed(conn: Upgraded) -> None:
 
 
 def assert_upstream_closed(seen: UpgradeRequest) -> None:
-    deadline = time.monotonic() + 15
-    while seen.sock.fileno() != -1:
-        assert time.monotonic() < deadline, "the upstream connection stayed open"
-        time.sleep(0.02)
+    assert wait_until(lambda: seen.sock.fileno() == -1, 15), "the upstream connection stayed open"
 
 
 def test_upstream_closing_ends_the_client_connection(gateway: Gateway, echo: Handlers, alice: str) -> None:
@@ -545,13 +538,9 @@ def test_upgrades_are_audited_and_counted(gateway: Gateway, echo: Handlers, alic
     conn = upgrade(gateway, alice, query="command=id&container=app&stdout=true")
     conn.sock.close()
     assert conn.status == 101
-    deadline = time.monotonic() + 15
-    line = ""
-    while not line:
-        assert time.monotonic() < deadline, "no audit line"
-        line = next((entry for entry in gateway.server.output().splitlines()
-                     if "action=tunnel.exec" in entry and '"command": ["id"]' in entry), "")
-        time.sleep(0.05)
+    line = wait_for(lambda: next((entry for entry in gateway.server.output().splitlines()
+                                  if "action=tunnel.exec" in entry and '"command": ["id"]' in entry), ""),
+                    15, "no audit line", step=0.05)
     assert "actor=alice-upgrade" in line and "target=default/p" in line
     assert '"container": "app"' in line and '"status": 101' in line
     assert alice not in gateway.server.output() and SA_TOKEN not in gateway.server.output()

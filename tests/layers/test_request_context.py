@@ -17,6 +17,7 @@ from werkzeug.test import Client
 from bcs_middleware.core import environ as env
 from bcs_middleware.layers.request_context import AccessLine, RequestContextMiddleware
 from bcs_middleware.telemetry.logsetup import LineWriterHandler
+from tests.support.polling import wait_until
 
 
 def _record(msg: object) -> logging.LogRecord:
@@ -62,9 +63,7 @@ def test_the_line_is_formatted_by_the_writer_not_the_request_thread() -> None:
     handler = LineWriterHandler(stream)
     handler.handle(_record(Message()))
     handler.handle(_record("plain %s"))
-    deadline = time.monotonic() + 5
-    while stream.getvalue() != "lazy\nplain %s\n" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: stream.getvalue() == "lazy\nplain %s\n", 5, step=0.01)
     assert stream.getvalue() == "lazy\nplain %s\n"
     assert formatted_on == ["bcs-access-log"]
 
@@ -90,9 +89,7 @@ def test_request_threads_never_wait_for_a_write_in_progress() -> None:
         assert time.monotonic() - started < 1.0
     finally:
         release.set()
-    deadline = time.monotonic() + 5
-    while stream.getvalue().count("\n") < 1001 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: stream.getvalue().count("\n") >= 1001, 5, step=0.01)
     assert stream.getvalue().splitlines() == ["first", *(f"line {n}" for n in range(1000))]
 
 
@@ -184,9 +181,7 @@ def _served_lines(app: RequestContextMiddleware, stream: io.StringIO, count: int
                   expect: int) -> list[dict[str, object]]:
     for n in range(count):
         Client(app).get(f"/rest/x{n}", headers={"X-Request-Id": f"rid-{n}"}).close()
-    deadline = time.monotonic() + 5
-    while stream.getvalue().count("\n") < expect and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: stream.getvalue().count("\n") >= expect, 5, step=0.01)
     return [json.loads(line) for line in stream.getvalue().splitlines()]
 
 

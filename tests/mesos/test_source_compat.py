@@ -165,8 +165,7 @@ def test_a_gateway_whose_zookeeper_is_down_exits_within_the_graceful_timeout(pri
         time.sleep(1.0)  # the sleep is the test: the gateway has lost its ZooKeeper when it is told to stop
         gateway.signal(signal.SIGTERM)
         started = time.monotonic()
-        while gateway.proc.poll() is None and time.monotonic() - started < 20:
-            time.sleep(0.1)
+        wait_until(lambda: gateway.proc.poll() is not None, 20, step=0.1)
         took = time.monotonic() - started
         assert gateway.proc.poll() is not None, "the gateway still runs 20 s after SIGTERM"
         assert took < 3 + 1.5, f"exited after {took:.1f} s (graceful timeout 3 s)"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 import urllib.request
 from pathlib import Path
 
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import gateway_ini
+from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, free_port
 
 ADMIN = "rbac-wiring-admin-token-" + "r" * 20
@@ -39,20 +39,16 @@ def test_serve_with_a_permission_file_reconciles_and_reports(tmp_path: Path) -> 
             _call(base, "POST", "/rest/clusters/bcs", cafile, cluster)
             _call(base, "PUT", "/rest/clusters/rbac-c1/credentials", cafile,
                   {"server_addresses": api.url, "cacert_data": api.ca_pem, "user_token": "sa-rbac"})
-            deadline = time.monotonic() + 30
-            while not any(b["metadata"]["name"] == "bcs:alice:view" for b in api.bindings):
-                assert time.monotonic() < deadline, "the gateway never created the binding"
-                time.sleep(0.2)
+            assert wait_until(lambda: any(b["metadata"]["name"] == "bcs:alice:view" for b in api.bindings), 30), \
+                "the gateway never created the binding"
             binding = next(b for b in api.bindings if b["metadata"]["name"] == "bcs:alice:view")
             assert binding["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "bcs-middleware"
             assert binding["subjects"][0]["name"] == "alice"
 
             # Revoking the grant removes the binding at the next pass.
             grants.write_text(json.dumps({"version": 1, "grants": []}))
-            deadline = time.monotonic() + 30
-            while any(b["metadata"]["name"] == "bcs:alice:view" for b in api.bindings):
-                assert time.monotonic() < deadline, "the revoked grant's binding stayed"
-                time.sleep(0.2)
+            assert wait_until(lambda: not any(b["metadata"]["name"] == "bcs:alice:view" for b in api.bindings), 30), \
+                "the revoked grant's binding stayed"
 
             status = _call(base, "GET", "/rest/rbac/status", cafile)
             assert status["enabled"] is True and status["leader"]

@@ -25,7 +25,7 @@ def test_lease_is_exclusive_renewable_and_taken_over_after_expiry(database_url: 
         b = LeaderLease(second, holder="b", ttl=0.5)
         assert a.acquire() and not b.acquire()
         assert a.acquire() and not b.acquire()  # renewal keeps it
-        time.sleep(0.6)
+        time.sleep(0.6)  # the sleep is the test: past the lease's 0.5 s
         assert b.acquire() and not a.acquire()  # expired: taken over; the old holder knows
         b.release()
         assert a.acquire()

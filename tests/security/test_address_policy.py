@@ -19,7 +19,6 @@ import http.client
 import itertools
 import json
 import ssl
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from bcs_middleware.rbac.kube import BindingClient, KubeError
 from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import CLI, SA_TOKEN, Gateway, served_gateway
+from tests.support.polling import wait_until
 from tests.support.servers import TrapListener as Trap
 from tests.support.servers import free_port
 
@@ -274,13 +274,9 @@ def test_the_detail_goes_to_the_log(denying: tuple[Gateway, str], apiserver: Fak
     cluster_id = report(gw, mallory, "https://169.254.169.254", apiserver.ca_pem, refused_ip=True)
     status, _ = tunnel(gw, mallory, cluster_id)
     assert status == 502
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if f"cluster:{cluster_id}" in gw.server.output() and "169.254.169.254 (link-local)" in gw.server.output():
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the refusal's detail was not logged")
+    assert wait_until(lambda: f"cluster:{cluster_id}" in gw.server.output()
+                      and "169.254.169.254 (link-local)" in gw.server.output(), 10), \
+        "the refusal's detail was not logged"
 
 
 # The other outbound calls to clusters share the transport's connect hook.

@@ -37,7 +37,8 @@ from bcs_middleware.store.sql import SQLStore, open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import SA_TOKEN, Gateway, served_gateway
 from tests.support.peer_link import RawPeer, StandInAgents
-from tests.support.servers import ConnectionServer, free_port
+from tests.support.polling import wait_until
+from tests.support.servers import ConnectionServer, free_port, wait_for_port
 
 KEY = Fernet.generate_key().decode()
 PEER_KEY = SecretBox([KEY]).derive(PEER_KEY_PURPOSE)[0]
@@ -64,13 +65,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, peer_port: int) -> Iterato
     # reachable only through an agent (here: the test's holder).
     args = ["--peer-address", f"127.0.0.1:{peer_port}", "--upstream-deny", "127.0.0.0/8"]
     with served_gateway(tmp_path_factory.mktemp("gw"), args=args, env={"BCS_SECRET_KEY": KEY}, workers=1) as gw:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # the listener starts with the worker
-            try:
-                socket.create_connection(("127.0.0.1", peer_port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_for_port("127.0.0.1", peer_port, 20)  # the listener starts with the worker
         yield gw
     output = gw.server.output()
     assert SA_TOKEN not in output and KEY not in output and PEER_KEY.hex() not in output
@@ -253,10 +248,7 @@ def test_requester_sends_no_credential_to_a_holder_with_another_certificate(
         status, body = gateway.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces")
         assert status == 503, body
         assert json.loads(body)["kind"] == "Status"
-        deadline = time.monotonic() + 5
-        while impostor.handshakes == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert impostor.handshakes >= 1  # it was reached ...
+        assert wait_until(lambda: impostor.handshakes >= 1, 5)  # it was reached ...
         time.sleep(0.3)  # the sleep is the test: a window in which a request would have followed
         assert impostor.received == b""  # ... and told nothing
         assert agents.opened == []

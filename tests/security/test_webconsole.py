@@ -25,6 +25,7 @@ import websocket
 from tests.support.fake_console import FakeConsole
 from tests.support.fake_scheduler import FakeScheduler
 from tests.support.gateway import Gateway, served_gateway
+from tests.support.polling import wait_until
 from tests.support.servers import BIN, ServerProcess, TrapListener, free_port
 
 MESOS = "BCS-MESOS-CONSOLE"
@@ -171,9 +172,7 @@ def test_a_refused_upgrade_is_relayed_and_never_spliced(world: World) -> None:
             pass
     finally:
         sock.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and world.console.seen[-1].after_refusal is None:
-        time.sleep(0.05)
+    wait_until(lambda: world.console.seen[-1].after_refusal is not None, 10)
     assert world.console.seen[-1].path.startswith("/bcsapi/v1/consoleproxy/refuse")
     assert world.console.seen[-1].after_refusal in (b"", None)
 

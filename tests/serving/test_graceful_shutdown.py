@@ -57,7 +57,7 @@ def test_sigterm_during_a_watch_ends_it_cleanly_and_finishes_ordinary_requests(t
 
             thread = threading.Thread(target=slow_request)
             thread.start()
-            time.sleep(0.5)
+            assert wait_until(lambda: api.requests.matching("/__slow"), 10)  # in flight at the apiserver
             started = time.monotonic()
             server.signal(signal.SIGTERM)
 

@@ -29,10 +29,10 @@ from tests.support.keepalive import Load
 from tests.support.polling import wait_until
 
 CLIENTS = 8
-KEEPALIVE = 5
-#: Longer than every server timeout below (the keep-alive one summed over a connection's
-#: waits closed busy connections about KEEPALIVE seconds into their life).
-BUSY_SECONDS = 12.0
+KEEPALIVE = 3
+#: Longer than every server timeout below, twice the keep-alive one (summed over a
+#: connection's waits, it closed busy connections about KEEPALIVE seconds into their life).
+BUSY_SECONDS = 8.0
 SERVER_ARGS = ["--keepalive", str(KEEPALIVE), "--header-timeout", "2", "--body-idle-timeout", "2",
                "--no-access-log"]
 
@@ -53,13 +53,23 @@ def _closed_at(sock: socket.socket, limit: float) -> float | None:
     return None
 
 
-@pytest.fixture(params=["gevent", "gthread"])
-def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
-    args = ["--worker-class", request.param, *SERVER_ARGS]
-    with served_gateway(tmp_path, args=args, workers=1) as gw:
+def _served(worker_class: str, data: Path) -> Iterator[Gateway]:
+    with served_gateway(data, args=["--worker-class", worker_class, *SERVER_ARGS], workers=1) as gw:
         yield gw
     output = gw.server.output()
     assert "Traceback" not in output and ADMIN not in output
+
+
+@pytest.fixture(scope="module", params=["gevent", "gthread"])
+def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One server per worker class for the tests that leave it running as they found it."""
+    yield from _served(request.param, tmp_path_factory.mktemp("keepalive"))
+
+
+@pytest.fixture(params=["gevent", "gthread"])
+def stopped_gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
+    """A server of its own, for a test that stops it."""
+    yield from _served(request.param, tmp_path)
 
 
 def test_busy_keep_alive_connections_are_answered_and_closed_only_when_idle(gateway: Gateway) -> None:
@@ -89,7 +99,7 @@ def test_busy_keep_alive_connections_are_answered_and_closed_only_when_idle(gate
         load.close()
 
 
-def test_a_stop_under_load_ends_connections_only_between_requests(gateway: Gateway) -> None:
+def test_a_stop_under_load_ends_connections_only_between_requests(stopped_gateway: Gateway) -> None:
     """SIGTERM while every client registers clusters back to back: each connection ends with an
     answer saying ``Connection: close``, or closed while idle between requests.
 
@@ -104,14 +114,14 @@ def test_a_stop_under_load_ends_connections_only_between_requests(gateway: Gatew
     # TCP health checks first (connect, close before TLS): each must count as one connection
     # that ended, however the worker counts them.
     for _ in range(CLIENTS):
-        socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10).close()
-    load = Load(gateway, 120, kinds=("post",))
+        socket.create_connection(("127.0.0.1", stopped_gateway.server.port), timeout=10).close()
+    load = Load(stopped_gateway, 120, kinds=("post",))
     try:
         # Every connection busy, then SIGTERM to the master (as an init system stops it).
         assert wait_until(lambda: all(run.answered >= 3 or run.failure for run in load.runs), 30)
         started = time.monotonic()
-        gateway.server.signal(signal.SIGTERM)
-        assert gateway.server.proc.wait(30) == 0
+        stopped_gateway.server.signal(signal.SIGTERM)
+        assert stopped_gateway.server.proc.wait(30) == 0
         took = time.monotonic() - started
         runs = load.join(30)
     finally:
@@ -123,7 +133,7 @@ def test_a_stop_under_load_ends_connections_only_between_requests(gateway: Gatew
     early = [f"client {run.number}: {run.failure}, {run.unanswered_after:.2f}s after its previous answer"
              for run in runs if run.unanswered_after is not None and run.unanswered_after < 1.5]
     assert not early, early
-    store = open_store(data_dir=gateway.data)
+    store = open_store(data_dir=stopped_gateway.data)
     try:
         # A request the server read was answered: nothing unanswered was applied.
         applied = [run.unanswered for run in runs if run.unanswered and store.find_cluster(run.unanswered)]

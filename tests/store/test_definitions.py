@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trustme
 from cryptography.fernet import Fernet
@@ -13,6 +11,7 @@ from bcs_middleware.core.errors import Conflict
 from bcs_middleware.store.definitions import SQLDefinitionStore
 from bcs_middleware.store.sql import open_store
 from tests.admission.conftest import bcs_definition, bcs_webhook, k8s_configuration, k8s_webhook
+from tests.support.polling import wait_until
 
 
 @pytest.fixture
@@ -40,17 +39,11 @@ def test_bcs_definitions_round_trip_and_reach_the_other_process(stores) -> None:
     assert one.put_bcs(_bcs("inject")) is True
     assert one.put_bcs(_bcs("inject")) is False  # replace by name
     assert [d.name for d in one.list_bcs()] == ["inject"]
-    deadline = time.monotonic() + 5
-    while [d.name for d in two.list_bcs()] != ["inject"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_until(lambda: [d.name for d in two.list_bcs()] == ["inject"], 5)
     definition = two.get_bcs("inject")
     assert definition is not None and definition.kind == "application" and definition.webhooks[0].name
     assert one.delete_bcs("inject") is True and one.delete_bcs("inject") is False
-    deadline = time.monotonic() + 5
-    while two.list_bcs():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_until(lambda: not two.list_bcs(), 5)
 
 
 def test_one_bcs_definition_per_operation_and_kind(stores) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.support.polling import wait_until
+
 BIN = Path(sys.executable).parent
 
 
@@ -39,8 +41,64 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
+#: What :func:`wait_until_answering` sends: a request line gunicorn's parser refuses (a method
+#: is a token, RFC 9110 §9.1, and ``?`` is not a token character), so the worker answers ``400``
+#: itself and the application never sees the probe: no access-log line, metric or upstream call.
+_PROBE = b"READY? / HTTP/1.1\r\nHost: probe\r\n\r\n"
+
+
+def answers(host: str, port: int, *, tls: bool, timeout: float = 5.0) -> bool:
+    """Whether a worker of the server at ``host:port`` takes a connection and answers it.
+
+    A gunicorn worker loads its application before it accepts (``Worker.init_process``), and
+    the port is open earlier (the master binds it; a connection then waits in the kernel's
+    queue), so an answer means the application is loaded. Over TLS a refused handshake (a
+    server that requires a client certificate) is an answer too. Nothing here verifies the
+    server: the probe only asks whether anyone is there.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            if not tls:
+                raw.sendall(_PROBE)
+                raw.recv(64)
+                return True
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            with ctx.wrap_socket(raw) as sock:
+                sock.sendall(_PROBE)
+                sock.recv(64)
+                return True
+    except ssl.SSLError:
+        return True
+    except (TimeoutError, ConnectionRefusedError):
+        return False
+    except OSError:  # reset or closed by the worker: it took the connection
+        return True
+
+
+def wait_until_answering(host: str, port: int, *, tls: bool, timeout: float = 60.0,
+                         proc: subprocess.Popen | None = None) -> None:
+    """:func:`wait_for_port`, then poll until a worker answers (:func:`answers`): under load
+    an application's imports take seconds after the port opens."""
+    deadline = time.monotonic() + timeout
+    wait_for_port(host, port, timeout, proc)
+
+    def answered() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited early with code {proc.returncode}")
+        return answers(host, port, tls=tls, timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+
+    if not wait_until(answered, max(0.0, deadline - time.monotonic()), step=0.05):
+        raise TimeoutError(f"{host}:{port} accepted connections but no worker answered in {timeout}s")
+
+
 class ServerProcess:
     """A child process serving on ``host:port``; output captured in a temp file.
+
+    With ``wait`` the constructor returns once the server answers (``answering``, for HTTP
+    servers: see :func:`answers`) or only listens (``answering=False``, for other protocols),
+    within ``timeout`` seconds.
 
     ``output()`` returns what it printed so far (tests check log hygiene with it).
     """
@@ -55,7 +113,8 @@ class ServerProcess:
         cwd: str | os.PathLike[str] | None = None,
         scheme: str = "http",
         wait: bool = True,
-        timeout: float = 30.0,
+        answering: bool = True,
+        timeout: float = 60.0,
     ) -> None:
         self.host, self.port, self.scheme = host, port, scheme
         self._log = tempfile.NamedTemporaryFile(prefix="server-", suffix=".log", delete=False)  # noqa: SIM115
@@ -71,7 +130,10 @@ class ServerProcess:
         )
         if wait:
             try:
-                wait_for_port(host, port, timeout, self.proc)
+                if answering:
+                    wait_until_answering(host, port, tls=scheme == "https", timeout=timeout, proc=self.proc)
+                else:
+                    wait_for_port(host, port, timeout, self.proc)
             except Exception:
                 self.stop()
                 raise RuntimeError(f"server did not start: {argv}\n{self.output()}") from None
@@ -139,7 +201,7 @@ def gunicorn(
     env: dict[str, str] | None = None,
     certfile: str | None = None,
     keyfile: str | None = None,
-    timeout: float = 30.0,
+    timeout: float = 60.0,
 ) -> ServerProcess:
     """Run ``gunicorn`` on loopback serving ``module:app`` or ``--paste FILE.ini``.
 

@@ -57,6 +57,7 @@ class ZookeeperServer:
              "-Dzookeeper.jmx.log4j.disable=true",
              "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.config)],
             port=self.port,
+            answering=False,  # ZooKeeper speaks its own protocol: its port is its readiness
             timeout=60.0,
         )
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, Summary, generate_latest
 
 from bcs_middleware.telemetry.metrics import MetricBatch
+from tests.support.polling import wait_until
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -92,9 +92,7 @@ def test_the_background_thread_applies_updates_within_the_period() -> None:
     batch = MetricBatch(period=0.05)
     for _ in range(5):
         batch.inc(counter, "hit")
-    deadline = time.monotonic() + 5
-    while registry.get_sample_value("hits_total", {"result": "hit"}) != 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: registry.get_sample_value("hits_total", {"result": "hit"}) == 5, 5, step=0.01)
     assert registry.get_sample_value("hits_total", {"result": "hit"}) == 5
 
 
