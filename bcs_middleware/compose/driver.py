@@ -49,6 +49,7 @@ from ..admission.store import DefinitionStore, MemoryDefinitionStore, load_defin
 from ..apps.admission_api import AdmissionWebhookAPI
 from ..apps.proxy import UpstreamProxy
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core.bodies import media_type, parse_json, read_bounded, replace_body
 from ..core.errors import (
     BadRequest,
@@ -63,7 +64,7 @@ from ..core.errors import (
 from ..discovery.base import DEFAULT_ROOT, Discovery, Endpoint
 from ..discovery.static import StaticDiscovery
 from ..layers.admission import AdmissionMiddleware
-from ..layers.mesos_route import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
+from ..layers.mesos_route import DRIVER_PATH, safe_subpath
 from ..layers.webconsole_route import WEBCONSOLE, WebconsoleRouting
 from ..outbound.addresses import AddressPolicy
 from ..outbound.transport import PooledTransport
@@ -167,7 +168,6 @@ class DriverApp:
     :param discovery: where the scheduler master is.
     :param admission: the admission layer wrapping the scheduler route.
     :param definitions_api: the definition CRUD app.
-    :param driver_prefix: path prefix of the driver API.
     :param webconsole: the webconsole route (``None``: no webconsole).
     """
 
@@ -178,7 +178,6 @@ class DriverApp:
         discovery: Discovery,
         admission: Any,
         definitions_api: Any,
-        driver_prefix: str = DRIVER_PATH,
         webconsole: Any = None,
     ) -> None:
         self.webconsole = webconsole
@@ -186,7 +185,9 @@ class DriverApp:
         self.discovery = discovery
         self.admission = admission
         self.definitions_api = definitions_api
-        self.driver_prefix = driver_prefix
+        # The driver's paths are the route table's (core/routes.py): one table decides
+        # which path is the driver API and which a definition route.
+        self.driver_prefix = DRIVER_PATH
         self.cluster = env.Cluster(cluster_id, "", "mesos")
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -207,16 +208,19 @@ class DriverApp:
             return answer_unexpected(environ, start_response)
 
     def _route(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        # By the route table (core/routes.py), as the gateway's dispatcher: one answer to
+        # "is this a definition route", which admission's exemption reads too.
+        route = request_facts.of(environ).route
         path = environ.get("PATH_INFO", "")
-        if path == "/healthz":
+        if route is not None and route.kind == "health":
             return _json(start_response, "200 OK", {"status": "ok"})
-        if path == "/readyz":
+        if route is not None and route.kind == "readiness":
             return self.readyz(start_response)
-        if not path.startswith(self.driver_prefix):
+        if route is None or route.kind != "driver" or not path.startswith(self.driver_prefix):
             return NotFound(f"no route for {path}")(environ, start_response)
         environ[env.ERROR_STYLE] = "bcs"
         rest = path[len(self.driver_prefix):]
-        if DEFINITION_PATHS.match(rest):
+        if route.definitions:
             return self.definitions_api(environ, start_response)
         cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
         if cluster_id != self.cluster_id:
@@ -250,7 +254,6 @@ def build_driver(
     discovery: Discovery,
     admission_store: DefinitionStore | None = None,
     scheduler_prefix: str = "/v4/",
-    driver_prefix: str = DRIVER_PATH,
     proxy: Any = None,
     scheduler_ca_pem: str | None = None,
     scheduler_verify: bool = True,
@@ -275,8 +278,7 @@ def build_driver(
     """
     if not cluster_id or "/" in cluster_id:
         raise ConfigError(f"bad cluster id {cluster_id!r}")
-    if not driver_prefix.startswith("/") or not driver_prefix.endswith("/"):
-        raise ConfigError("driver_prefix must start and end with '/'")
+    driver_prefix = DRIVER_PATH  # the route table's (core/routes.py)
     store = admission_store if admission_store is not None else MemoryDefinitionStore()
     proxy = proxy if proxy is not None else UpstreamProxy()
     routing = SchedulerRouting(
@@ -300,7 +302,7 @@ def build_driver(
                               require_superuser=definitions_require_superuser)
     webconsole = WebconsoleRouting(proxy, driver_prefix=driver_prefix, **dict(webconsole_options or {}))
     return DriverApp(cluster_id=cluster_id, discovery=discovery, admission=admission,
-                     definitions_api=api, driver_prefix=driver_prefix, webconsole=webconsole)
+                     definitions_api=api, webconsole=webconsole)
 
 
 def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
