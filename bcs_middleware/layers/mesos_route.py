@@ -343,6 +343,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         ca_file = /etc/bcs/driver-ca.pem
         prefer_external = true
         max_yaml = 1MiB
+        # prefix = /bcsapi/v4/scheduler/mesos/   ; or /bcsapi/v1/webconsole/ (core/routes.py's)
     """
     section = "filter:mesos_routing"
     opts = conv.convert_options(section, local_conf, _OPTIONS)
@@ -357,6 +358,9 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         log.warning("TLS verification towards mesos-drivers is OFF (verify = false)")
 
     def make(app: Any) -> MesosRoutingMiddleware:
-        return MesosRoutingMiddleware(app, discovery=discovery, **opts)
+        try:
+            return MesosRoutingMiddleware(app, discovery=discovery, **opts)
+        except ValueError as exc:  # a prefix the route table does not own, a bad bound
+            raise ConfigError(f"[{section}] {exc}") from None
 
     return make

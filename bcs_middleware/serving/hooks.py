@@ -35,8 +35,8 @@ _AFTER_MASTER_BUILD: list[Callable[[], None]] = []
 
 
 def building_in_master() -> bool:
-    """Whether the application is being built in the server's master, only to check it:
-    start no background work (threads, listeners, ZooKeeper sessions) — workers do."""
+    """Whether the application is being built in the server's master, only to check it
+    (what it opens there is let go of afterwards: :func:`after_master_build`)."""
     return bool(_IN_MASTER_BUILD)
 
 
