@@ -98,7 +98,7 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
     prepare_database(store, config, certificates)
     policy = AddressPolicy(allow=config.outbound.allow, deny=config.outbound.deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
-    agents = LocalAgents(holder=Holder(f"{socket.gethostname()}/{os.getpid()}"), placements=store, tokens=store)
+    agents = LocalAgents(holder=process_holder(), placements=store, tokens=store)
     peer_address = config.agent_tunnel.peer_address
     # Other workers and instances reach this worker's agents through its peer listener.
     tunnels: TunnelDialer = LocalOnlyDialer(agents) if peer_address is None else peer_routing(
@@ -114,6 +114,11 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
         discovery=gateway_discovery(config.discovery), certificates=certificates,
         rbac=_rbac_service(config, store, transport, policy), peer_address=peer_address,
     )
+
+
+def process_holder() -> Holder:
+    """Who this process is in the agents' placements: host and process id."""
+    return Holder(f"{socket.gethostname()}/{os.getpid()}")
 
 
 def prepare_database(store: SQLStore, config: GatewayConfig, certificates: Certificates) -> None:

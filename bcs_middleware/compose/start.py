@@ -30,7 +30,7 @@ from typing import Any
 
 from ..agent_tunnel.router import peer_listener_start
 from ..core.worker_start import at_worker_start
-from .resources import GatewayResources
+from .resources import GatewayResources, process_holder
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ class Startup:
 
     def _start(self) -> None:
         resources = self.resources
+        # The process that serves holds the agents: an application built before a fork
+        # (gunicorn --preload) named its parent.
+        resources.agents.holder = process_holder()
         # A worker leaving closes its agents' connections and clears their placements, so the
         # agents reconnect (to another worker) at once and nobody is sent to a dead holder.
         atexit.register(resources.agents.close)

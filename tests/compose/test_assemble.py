@@ -7,6 +7,7 @@ transport, a static discovery, a recording RBAC runner) over an in-memory SQLite
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -171,6 +172,8 @@ def test_start_runs_once_when_the_worker_starts(store: SQLStore) -> None:
     Client(app).get("/healthz")
     worker_started(None)
     assert resources.rbac.starts == 1 and resources.discovery.starts == 1  # type: ignore[union-attr]
+    # The serving process holds the agents, whoever built the application.
+    assert resources.agents.holder.id == f"{socket.gethostname()}/{os.getpid()}"
 
 
 def test_start_runs_once_on_the_first_request_without_the_hooks(store: SQLStore) -> None:
