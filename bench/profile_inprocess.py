@@ -177,8 +177,8 @@ def _layer_cases(gateway: Any, path: str, headers: dict[str, str], store: Any, t
             given.update(set_by_routing)
         below_routing = below_routing or layer is routing
         cases[f"from {type(layer).__name__}"] = (entered(layer, given), path, headers)
-    quiet = build_gateway(dataclasses.replace(config, access_log=False), store=store,
-                          transport=transport)
+    quiet = build_gateway(dataclasses.replace(config, server=dataclasses.replace(config.server, access_log=False)),
+                          store=store, transport=transport, background=False)
     cases["tunnel, no access log"] = (quiet, path, headers)
     return cases
 
@@ -209,7 +209,8 @@ def main() -> int:
     import proxy_bench as pb
 
     from bcs_middleware.apps.proxy import UpstreamProxy
-    from bcs_middleware.compose.gateway import GatewayConfig, build_gateway
+    from bcs_middleware.compose.config import AuthSettings, ClusterSettings, GatewayConfig, StoreSettings
+    from bcs_middleware.compose.gateway import build_gateway
     from bcs_middleware.store.sql import open_store
     from bcs_middleware.telemetry.logsetup import LineWriterHandler
 
@@ -236,8 +237,9 @@ def main() -> int:
                      if args.canned else None)
         # Caches that outlive the run: a refill (a store query) every few seconds would
         # land in some rounds and not others.
-        config = GatewayConfig(data_dir=data_dir, token_cache_ttl=3600, cluster_cache_ttl=3600)
-        gateway = build_gateway(config, store=store, transport=transport)
+        config = GatewayConfig(store=StoreSettings(data_dir=data_dir), auth=AuthSettings(token_cache_ttl=3600),
+                               clusters=ClusterSettings(cache_ttl=3600))
+        gateway = build_gateway(config, store=store, transport=transport, background=False)
         proxy = UpstreamProxy(upstream=nginx.url, transport=transport)
         tunnel_path = f"/tunnels/clusters/{pb.CLUSTER_ID}/payload.bin"
         cases = {

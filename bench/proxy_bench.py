@@ -87,12 +87,14 @@ def gateway_app():  # type: ignore[no-untyped-def]
     Logging is configured by the same function ``serve`` uses, so the JSON access
     line goes to stdout (the server's log file here) exactly as in production.
     """
-    from bcs_middleware.compose.gateway import GatewayConfig, build_gateway
+    from bcs_middleware.compose.gateway import build_gateway, config_from_options
     from bcs_middleware.telemetry.logsetup import configure_logging
 
     configure_logging("info")
-    return build_gateway(GatewayConfig(data_dir=Path(os.environ["BENCH_DATA_DIR"]),
-                                       access_log=os.environ.get("BENCH_ACCESS_LOG") != "0"))
+    # Through the ini keys, which every tree compared with --tree understands.
+    return build_gateway(config_from_options("bench", {
+        "data_dir": os.environ["BENCH_DATA_DIR"],
+        "access_log": "false" if os.environ.get("BENCH_ACCESS_LOG") == "0" else "true"}))
 
 
 def werkzeug_app():  # type: ignore[no-untyped-def]

@@ -41,7 +41,7 @@ from .peer_link import PEER_KEY_PURPOSE, PeerAddress, PeerError, split_host_port
 from .peer_listener import PeerListener
 from .registry import PLACEMENT_STALE_AFTER, LocalAgents, PlacementStore, unavailable
 
-__all__ = ["AgentRouter", "peer_routing"]
+__all__ = ["AgentRouter", "peer_listener_start", "peer_routing"]
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +164,22 @@ def peer_routing(agents: LocalAgents, placements: PlacementStore, secrets: Secre
         and then fills in the ``peer_*`` of ``agents``' holder, which placements record.
     """
     keys = secrets.derive(PEER_KEY_PURPOSE)
-    address = PeerAddress.parse(peer_address)
     if background:
-        def start() -> None:
-            listener = PeerListener(keys=keys, address=address)
-            listener.start(agents)
-            agents.holder = Holder(agents.holder.id, listener.advertised, listener.fingerprint)
-
-        at_worker_start(start)
+        at_worker_start(peer_listener_start(agents, secrets, peer_address))
+    else:
+        PeerAddress.parse(peer_address)  # a bad address fails the build, not the start
     return AgentRouter(agents, placements, PeerClient(keys[0]))
+
+
+def peer_listener_start(agents: LocalAgents, secrets: SecretBox, peer_address: str) -> Callable[[], None]:
+    """What starts this process's peer listener for ``agents``: it binds ``peer_address``
+    (:class:`PeerAddress`) and fills in the ``peer_*`` of ``agents``' holder, which placements record."""
+    keys = secrets.derive(PEER_KEY_PURPOSE)
+    address = PeerAddress.parse(peer_address)
+
+    def start() -> None:
+        listener = PeerListener(keys=keys, address=address)
+        listener.start(agents)
+        agents.holder = Holder(agents.holder.id, listener.advertised, listener.fingerprint)
+
+    return start

@@ -71,7 +71,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ..core import environ as env
-from ..core import http as upgrade_request
+from ..core import facts as request_facts
 from ..core.bodies import body_stalled, declared_length
 from ..core.cache import Cache
 from ..core.converters import asbool, aslist, convert_options, positive_int, seconds, text, url
@@ -242,7 +242,8 @@ class UpstreamProxy:
         upstream: env.Upstream | None = None
         try:
             upstream = env.get_upstream(environ) or self._fixed_upstream(environ)
-            protocol = upgrade_request.upgrade_protocol(environ)
+            # The upgrade decision is one of the request's facts (classified once, core/facts.py).
+            protocol = request_facts.of(environ).upgrade
             if protocol is not None:
                 return self._upgrade(environ, start_response, upstream, protocol)
             headers = self._request_headers(environ, upstream)

@@ -25,14 +25,13 @@ from werkzeug.wrappers import Response
 
 from ..core import environ as env
 from ..core.errors import BCSError, Forbidden, MethodNotAllowed, Unauthorized
-from ..rbac.leader import LeaderLease
+from ..rbac.leader import LeaderLease, LeaseStore
 from ..rbac.service import CLUSTER_SCOPE, SOURCE_SCOPE, read_status
-from ..store.sql import SQLStore
 
 STATUS_PATH = "/rest/rbac/status"
 
 
-def status_document(store: SQLStore, *, enabled: bool = True) -> dict[str, Any]:
+def status_document(store: LeaseStore, *, enabled: bool = True) -> dict[str, Any]:
     if not enabled:
         return {"enabled": False, "leader": None, "source": None, "clusters": []}
     rows = read_status(store)
@@ -51,7 +50,7 @@ class RBACStatusApp:
     :param enabled: ``False`` (RBAC sync off) answers ``{"enabled": false, …}``.
     """
 
-    def __init__(self, store: SQLStore, *, enabled: bool = True) -> None:
+    def __init__(self, store: LeaseStore, *, enabled: bool = True) -> None:
         self.store = store
         self.enabled = enabled
 

@@ -2,7 +2,7 @@
 gateway instances sharing a database agree on.
 
 A gateway never changes these as a side effect of starting (``instance_checks``,
-``gateway.apply_bootstrap``): an instance started with another admin token or another
+``bootstrap.apply_bootstrap``): an instance started with another admin token or another
 CA than the database records refuses to start. These commands are the way to change
 them on purpose; each says what the other instances then need.
 """

@@ -65,7 +65,7 @@ def gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None
 
     def check() -> None:
         # Migrate, check what instances sharing the database must agree on, bootstrap: once, here.
-        store = open_store(config.database_url, data_dir=data_dir, secret_key=None)
+        store = open_store(config.store.database_url, data_dir=data_dir, secret_key=None)
         try:
             build_gateway(config, store=store, background=False)
         finally:

@@ -48,8 +48,8 @@ from typing import Any
 from ..admission.store import DefinitionStore, MemoryDefinitionStore, load_definitions_file
 from ..apps.admission_api import AdmissionWebhookAPI
 from ..apps.proxy import UpstreamProxy
-from ..core import converters as conv
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core.bodies import media_type, parse_json, read_bounded, replace_body
 from ..core.errors import (
     BadRequest,
@@ -64,11 +64,13 @@ from ..core.errors import (
 from ..discovery.base import DEFAULT_ROOT, Discovery, Endpoint
 from ..discovery.static import StaticDiscovery
 from ..layers.admission import AdmissionMiddleware
-from ..layers.mesos_route import DEFINITION_PATHS, DRIVER_PATH, safe_subpath
+from ..layers.mesos_route import DRIVER_PATH, safe_subpath
 from ..layers.webconsole_route import WEBCONSOLE, WebconsoleRouting
 from ..outbound.addresses import AddressPolicy
 from ..outbound.transport import PooledTransport
 from ..scheduler.routes import canonical, scheduler_call
+from .config import DriverConfig
+from .ini import driver_config
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +168,6 @@ class DriverApp:
     :param discovery: where the scheduler master is.
     :param admission: the admission layer wrapping the scheduler route.
     :param definitions_api: the definition CRUD app.
-    :param driver_prefix: path prefix of the driver API.
     :param webconsole: the webconsole route (``None``: no webconsole).
     """
 
@@ -177,7 +178,6 @@ class DriverApp:
         discovery: Discovery,
         admission: Any,
         definitions_api: Any,
-        driver_prefix: str = DRIVER_PATH,
         webconsole: Any = None,
     ) -> None:
         self.webconsole = webconsole
@@ -185,7 +185,9 @@ class DriverApp:
         self.discovery = discovery
         self.admission = admission
         self.definitions_api = definitions_api
-        self.driver_prefix = driver_prefix
+        # The driver's paths are the route table's (core/routes.py): one table decides
+        # which path is the driver API and which a definition route.
+        self.driver_prefix = DRIVER_PATH
         self.cluster = env.Cluster(cluster_id, "", "mesos")
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -206,16 +208,19 @@ class DriverApp:
             return answer_unexpected(environ, start_response)
 
     def _route(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        # By the route table (core/routes.py), as the gateway's dispatcher: one answer to
+        # "is this a definition route", which admission's exemption reads too.
+        route = request_facts.of(environ).route
         path = environ.get("PATH_INFO", "")
-        if path == "/healthz":
+        if route is not None and route.kind == "health":
             return _json(start_response, "200 OK", {"status": "ok"})
-        if path == "/readyz":
+        if route is not None and route.kind == "readiness":
             return self.readyz(start_response)
-        if not path.startswith(self.driver_prefix):
+        if route is None or route.kind != "driver" or not path.startswith(self.driver_prefix):
             return NotFound(f"no route for {path}")(environ, start_response)
         environ[env.ERROR_STYLE] = "bcs"
         rest = path[len(self.driver_prefix):]
-        if DEFINITION_PATHS.match(rest):
+        if route.definitions:
             return self.definitions_api(environ, start_response)
         cluster_id = str(environ.get("HTTP_BCS_CLUSTERID", "")).strip()
         if cluster_id != self.cluster_id:
@@ -249,7 +254,6 @@ def build_driver(
     discovery: Discovery,
     admission_store: DefinitionStore | None = None,
     scheduler_prefix: str = "/v4/",
-    driver_prefix: str = DRIVER_PATH,
     proxy: Any = None,
     scheduler_ca_pem: str | None = None,
     scheduler_verify: bool = True,
@@ -274,8 +278,7 @@ def build_driver(
     """
     if not cluster_id or "/" in cluster_id:
         raise ConfigError(f"bad cluster id {cluster_id!r}")
-    if not driver_prefix.startswith("/") or not driver_prefix.endswith("/"):
-        raise ConfigError("driver_prefix must start and end with '/'")
+    driver_prefix = DRIVER_PATH  # the route table's (core/routes.py)
     store = admission_store if admission_store is not None else MemoryDefinitionStore()
     proxy = proxy if proxy is not None else UpstreamProxy()
     routing = SchedulerRouting(
@@ -299,43 +302,7 @@ def build_driver(
                               require_superuser=definitions_require_superuser)
     webconsole = WebconsoleRouting(proxy, driver_prefix=driver_prefix, **dict(webconsole_options or {}))
     return DriverApp(cluster_id=cluster_id, discovery=discovery, admission=admission,
-                     definitions_api=api, driver_prefix=driver_prefix, webconsole=webconsole)
-
-
-def _schedulers(value: str) -> list[Endpoint]:
-    return [Endpoint.from_url(item) for item in conv.aslist(value)]
-
-
-_OPTIONS: dict[str, conv.Converter] = {
-    "cluster_id": conv.text,
-    "zookeeper_hosts": conv.text,
-    "zookeeper_root": conv.text,
-    "zookeeper_timeout": conv.seconds,
-    "static_schedulers": _schedulers,
-    "scheduler_prefix": conv.text,
-    "scheduler_ca_file": conv.text,
-    "scheduler_verify": conv.asbool,
-    "definitions_file": conv.text,
-    "database_url": conv.text,
-    "data_dir": conv.text,
-    "secret_key": conv.text,
-    "definitions_require_superuser": conv.asbool,
-    "convert": conv.asbool,
-    "console_port": conv.asint,
-    "console_scheme": conv.text,
-    "console_ca_file": conv.text,
-    "console_verify": conv.asbool,
-    "console_cert_file": conv.text,
-    "console_key_file": conv.text,
-    "upstream_allow": conv.networks,
-    "upstream_deny": conv.networks,
-    "total_budget": conv.seconds,
-    "default_timeout": conv.seconds,
-    "max_body": conv.size,
-    "address_map": conv.mapping,
-    "connect_timeout": conv.seconds,
-    "read_timeout": conv.seconds,
-}
+                     definitions_api=api, webconsole=webconsole)
 
 
 def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
@@ -358,62 +325,51 @@ def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> DriverApp:
         # definitions_file = /etc/bcs/admission.yaml
         total_budget = 15s
     """
-    section = "app:driver"
-    opts = conv.convert_options(section, local_conf, _OPTIONS)
-    cluster_id = opts.pop("cluster_id", "")
-    if not cluster_id:
-        raise ConfigError(f"[{section}] cluster_id is required")
-    discovery = _discovery(section, opts)
-    store = _definitions(section, opts, cluster_id)
-    ca_pem = _read_ca(section, "scheduler_ca_file", opts.pop("scheduler_ca_file", None))
-    verify = opts.pop("scheduler_verify", True)
-    if not verify:
+    config = driver_config("app:driver", local_conf)
+    store = open_definitions(config)
+    proxy = UpstreamProxy(transport=driver_transport(config))
+    return build_driver(admission_store=store, proxy=proxy, **driver_options(config))
+
+
+def driver_options(config: DriverConfig) -> dict[str, Any]:
+    """The :func:`build_driver` keywords ``config`` gives besides the store and the proxy
+    (reads the CA files it names; no other I/O)."""
+    scheduler = config.scheduler
+    if not scheduler.verify:
         log.warning("TLS verification towards the Mesos scheduler is OFF (scheduler_verify = false)")
-    # Webconsole hosts come from the request: every connection goes through the address policy.
-    policy = AddressPolicy(allow=opts.pop("upstream_allow", ()), deny=opts.pop("upstream_deny", ()))
-    proxy = UpstreamProxy(transport=PooledTransport(connect_timeout=opts.pop("connect_timeout", 5.0),
-                                                    read_timeout=opts.pop("read_timeout", 60.0),
-                                                    address_policy=policy))
-    console = _console_options(section, opts)
-    admission_keys = ("total_budget", "default_timeout", "max_body", "address_map")
-    admission_options: dict[str, Any] = {k: opts.pop(k) for k in admission_keys if k in opts}
-    return build_driver(
-        cluster_id=cluster_id,
-        discovery=discovery,
-        admission_store=store,
-        scheduler_prefix=opts.pop("scheduler_prefix", "/v4/"),
-        proxy=proxy,
-        scheduler_ca_pem=ca_pem,
-        scheduler_verify=verify,
-        admission_options=admission_options,
-        definitions_require_superuser=opts.pop("definitions_require_superuser", True),
-        convert=opts.pop("convert", True),
-        webconsole_options=console,
-    )
+    return {
+        "cluster_id": config.cluster_id, "discovery": driver_discovery(config),
+        "scheduler_prefix": scheduler.prefix, "scheduler_verify": scheduler.verify,
+        "scheduler_ca_pem": _read_ca("scheduler_ca_file", scheduler.ca_file),
+        "admission_options": config.admission.layer_options(),
+        "definitions_require_superuser": scheduler.definitions_require_superuser, "convert": scheduler.convert,
+        "webconsole_options": _console_options(config),
+    }
 
 
-def _discovery(section: str, opts: dict[str, Any]) -> Discovery:
+def driver_transport(config: DriverConfig) -> PooledTransport:
+    """The driver's outbound stack: webconsole hosts come from the request, so every
+    connection goes through the address policy."""
+    outbound = config.outbound
+    policy = AddressPolicy(allow=outbound.allow, deny=outbound.deny)
+    return PooledTransport(connect_timeout=outbound.connect_timeout, read_timeout=outbound.read_timeout,
+                           address_policy=policy)
+
+
+def driver_discovery(config: DriverConfig) -> Discovery:
     """ZooKeeper (``zookeeper_hosts``) or a fixed list (``static_schedulers``): exactly one."""
-    hosts = opts.pop("zookeeper_hosts", None)
-    schedulers = opts.pop("static_schedulers", None)
-    if hosts and schedulers:
-        raise ConfigError(f"[{section}] set zookeeper_hosts or static_schedulers, not both")
-    if hosts:
+    settings = config.discovery
+    if settings.zookeeper_hosts:
         from ..discovery.zookeeper import ZookeeperDiscovery
 
-        return ZookeeperDiscovery(hosts, root=opts.pop("zookeeper_root", DEFAULT_ROOT),
-                                  timeout=opts.pop("zookeeper_timeout", 10.0))
-    if schedulers:
-        return StaticDiscovery(schedulers=schedulers)
-    raise ConfigError(f"[{section}] zookeeper_hosts or static_schedulers is required")
+        return ZookeeperDiscovery(settings.zookeeper_hosts, root=settings.zookeeper_root,
+                                  timeout=settings.zookeeper_timeout)
+    return StaticDiscovery(schedulers=list(settings.static_schedulers))
 
 
-def _definitions(section: str, opts: dict[str, Any], cluster_id: str) -> DefinitionStore:
+def open_definitions(config: DriverConfig) -> DefinitionStore:
     """The admission definitions: the shared SQL store (or SQLite in ``data_dir``), a file, or memory."""
-    definitions_file, database_url = opts.pop("definitions_file", None), opts.pop("database_url", None)
-    secret_key, data_dir = opts.pop("secret_key", None), opts.pop("data_dir", None)
-    if definitions_file and (database_url or data_dir):
-        raise ConfigError(f"[{section}] set definitions_file or database_url/data_dir, not both")
+    database_url, data_dir = config.store.database_url, config.store.data_dir
     if database_url or data_dir:
         from ..store.definitions import SQLDefinitionStore
         from ..store.sql import open_store
@@ -425,38 +381,37 @@ def _definitions(section: str, opts: dict[str, Any], cluster_id: str) -> Definit
             from ..serving.datadir import prepare
 
             data_dir = prepare(data_dir)  # the gateway's data directory: created 0700, as serve does
-        return SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=secret_key),
-                                  bcs_cluster=cluster_id, inherit=True)
-    if definitions_file:
-        return load_definitions_file(definitions_file)
+        return SQLDefinitionStore(open_store(database_url, data_dir=data_dir, secret_key=config.store.secret_key),
+                                  bcs_cluster=config.cluster_id, inherit=True)
+    if config.scheduler.definitions_file:
+        return load_definitions_file(config.scheduler.definitions_file)
     return MemoryDefinitionStore()
 
 
-def _read_ca(section: str, key: str, path: str | None) -> str | None:
+def _read_ca(key: str, path: str | None) -> str | None:
     if not path:
         return None
     try:
         return Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(f"[{section}] cannot read {key} {path!r}: {exc.strerror}") from None
+        raise ConfigError(f"[app:driver] cannot read {key} {path!r}: {exc.strerror}") from None
 
 
-def _console_options(section: str, opts: dict[str, Any]) -> dict[str, Any]:
+def _console_options(config: DriverConfig) -> dict[str, Any]:
     """How the driver reaches the hosts' webconsole proxies (port, scheme, TLS)."""
-    console: dict[str, Any] = {}
-    for key in ("port", "scheme", "verify"):
-        if f"console_{key}" in opts:
-            console[key] = opts.pop(f"console_{key}")
-    if console.get("verify") is False:
+    settings = config.console
+    console: dict[str, Any] = {"verify": settings.verify}
+    if settings.port is not None:
+        console["port"] = settings.port
+    if settings.scheme is not None:
+        console["scheme"] = settings.scheme
+    if not settings.verify:
         log.warning("TLS verification towards webconsole proxies is OFF (console_verify = false)")
-    console_ca = _read_ca(section, "console_ca_file", opts.pop("console_ca_file", None))
+    console_ca = _read_ca("console_ca_file", settings.ca_file)
     if console_ca is not None:
         console["ca_pem"] = console_ca
-    cert_file, key_file = opts.pop("console_cert_file", None), opts.pop("console_key_file", None)
-    if bool(cert_file) != bool(key_file):
-        raise ConfigError(f"[{section}] set console_cert_file and console_key_file together")
-    if cert_file and key_file:
-        console["client_cert"] = (cert_file, key_file)
+    if settings.cert_file and settings.key_file:
+        console["client_cert"] = (settings.cert_file, settings.key_file)
     return console
 
 

@@ -18,7 +18,7 @@ client trips over it:
   The first instance records the CA certificate(s) it hands out
   (``instance_facts.gateway_ca``); an instance handing out another refuses to start.
   A deliberate change of CA is recorded with ``bcs-middleware set-shared-ca``.
-* **the bootstrap users' tokens**: see :func:`bcs_middleware.compose.gateway.apply_bootstrap`
+* **the bootstrap users' tokens**: see :func:`bcs_middleware.compose.bootstrap.apply_bootstrap`
   (an instance never replaces the token another instance's operator holds).
 
 Every check raises :class:`~bcs_middleware.core.errors.ConfigError` with the fix in its

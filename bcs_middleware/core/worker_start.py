@@ -10,7 +10,8 @@ master, tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 # Work an application built in this process asks to start once the worker serves.
 _AT_WORKER_START: list[Callable[[], None]] = []
@@ -35,3 +36,15 @@ def worker_started(workers: int | None) -> None:
 def serving_workers() -> int | None:
     """How many workers the gunicorn serving this process runs, once its worker started."""
     return _WORKERS[0] if _WORKERS else None
+
+
+@contextlib.contextmanager
+def discarding_worker_starts() -> Iterator[None]:
+    """Forget what :func:`at_worker_start` registers inside: an application built only to
+    check the configuration (the server's master) never serves, and its workers, forked
+    from it, must not start its work."""
+    before = len(_AT_WORKER_START)
+    try:
+        yield
+    finally:
+        del _AT_WORKER_START[before:]

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,6 +62,7 @@ from typing import Any, Protocol
 from ..clusters.permissions import EDIT, VIEW, ClusterAccess, cluster_not_found
 from ..core import converters as conv
 from ..core import environ as env
+from ..core import facts as request_facts
 from ..core import gojson, routes
 from ..core.bodies import BufferBudget, parse_yaml, read_bounded, replace_body, yaml_node_limit
 from ..core.errors import (
@@ -85,9 +85,6 @@ log = logging.getLogger(__name__)
 
 MESOS_PREFIX = routes.MESOS_PREFIX
 DRIVER_PATH = routes.DRIVER_PREFIX
-#: Admission definition CRUD, relative to either prefix: served (by the gateway, or a
-#: driver), never admitted or forwarded to a scheduler.
-DEFINITION_PATHS = re.compile(r"^namespaces/[^/]+/admissionwebhook(/[^/]*)?/?$|^admissionwebhooks/?$")
 _YAML_TYPES = frozenset({"application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"})
 
 
@@ -179,7 +176,8 @@ class MesosRoutingMiddleware:
         :class:`~bcs_middleware.clusters.permissions.ClusterAuthorizer`); ``None`` lets
         every authenticated user reach every cluster's drivers.
     :param definitions: a WSGI app serving a cluster's admission definitions
-        (:data:`DEFINITION_PATHS`) instead of a driver: it gets ``bcs.cluster`` and
+        (the route table's definition routes, :attr:`bcs_middleware.core.routes.Route.definitions`)
+        instead of a driver: it gets ``bcs.cluster`` and
         the path under ``driver_path``, after this layer checked that the caller
         is a superuser or holds ``edit`` on the cluster (``view`` only: 403; less:
         the 404 of an unknown cluster). ``None``: those paths go to a driver too.
@@ -203,8 +201,15 @@ class MesosRoutingMiddleware:
         definitions: Any = None,
         cluster_types: ClusterRecords | None = None,
     ) -> None:
-        if not prefix.startswith("/") or not driver_path.startswith("/"):
-            raise ValueError("prefix and driver_path must start with '/'")
+        if not driver_path.startswith("/"):
+            raise ValueError("driver_path must start with '/'")
+        # The paths this layer owns are a route of the one table (core/routes.py), which the
+        # dispatcher, the classifier and admission's exemptions read too.
+        route = routes.match(prefix.rstrip("/") + "/", "GET")
+        if route is None or route.kind not in ("mesos", "webconsole"):
+            raise ValueError(f"prefix must be the route table's Mesos or web console prefix "
+                             f"({routes.MESOS_PREFIX} or {routes.WEBCONSOLE_PREFIX}), not {prefix!r}")
+        self.kind = route.kind
         if max_yaml <= 0:
             raise ValueError("max_yaml must be positive")
         self.app = app
@@ -225,17 +230,21 @@ class MesosRoutingMiddleware:
         self._turn = itertools.count()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        if not environ.get("PATH_INFO", "").startswith(self.prefix):
+        route = request_facts.of(environ).route
+        if route is None or route.kind != self.kind:
             return self.app(environ, start_response)
         environ[env.ERROR_STYLE] = "bcs"
         try:
-            app = self.route(environ)
+            app = self.route(environ, definitions=route.definitions)
         except BCSError as exc:
             return exc(environ, start_response)
         return app(environ, start_response)
 
-    def route(self, environ: dict[str, Any]) -> Any:
-        """Decide where the request goes (sets the environ); the app to call next."""
+    def route(self, environ: dict[str, Any], *, definitions: bool = False) -> Any:
+        """Decide where the request goes (sets the environ); the app to call next.
+
+        :param definitions: the request is on a webhook-definition route (its facts say).
+        """
         user = env.get_user(environ)
         if user is None:
             if env.get_agent(environ) is not None:
@@ -248,7 +257,7 @@ class MesosRoutingMiddleware:
             raise cluster_not_found(cluster_id)
         if self.cluster_types is not None:
             refuse_unless_mesos(user, cluster_id, self.cluster_types.lookup(cluster_id)[0])
-        if self.definitions is not None and DEFINITION_PATHS.match(uri):
+        if self.definitions is not None and definitions:
             if self.access is not None:
                 if self.access.require(user, cluster_id, EDIT).cluster_type != "mesos":
                     raise cluster_not_found(cluster_id)  # no Mesos cluster by that id
@@ -334,6 +343,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         ca_file = /etc/bcs/driver-ca.pem
         prefer_external = true
         max_yaml = 1MiB
+        # prefix = /bcsapi/v4/scheduler/mesos/   ; or /bcsapi/v1/webconsole/ (core/routes.py's)
     """
     section = "filter:mesos_routing"
     opts = conv.convert_options(section, local_conf, _OPTIONS)
@@ -348,6 +358,9 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         log.warning("TLS verification towards mesos-drivers is OFF (verify = false)")
 
     def make(app: Any) -> MesosRoutingMiddleware:
-        return MesosRoutingMiddleware(app, discovery=discovery, **opts)
+        try:
+            return MesosRoutingMiddleware(app, discovery=discovery, **opts)
+        except ValueError as exc:  # a prefix the route table does not own, a bad bound
+            raise ConfigError(f"[{section}] {exc}") from None
 
     return make

@@ -21,13 +21,13 @@ import os
 import socket
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..core.errors import ServiceUnavailable
-from ..store.sql import SQLStore
+from ..store.database import Database
 from .tables import leases
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,14 @@ log = logging.getLogger(__name__)
 def default_holder() -> str:
     """``host:pid:random`` — unique per process, readable in the status page."""
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaseStore(Protocol):
+    """What a :class:`LeaderLease` (and the RBAC status it is read with) needs: the shared
+    database its rows live in (``SQLStore`` has it)."""
+
+    @property
+    def db(self) -> Database: ...
 
 
 class LeaderLease:
@@ -47,7 +55,7 @@ class LeaderLease:
     :param ttl: seconds a lease lasts without renewal.
     """
 
-    def __init__(self, store: SQLStore, *, name: str = "rbac", holder: str | None = None, ttl: float = 30.0) -> None:
+    def __init__(self, store: LeaseStore, *, name: str = "rbac", holder: str | None = None, ttl: float = 30.0) -> None:
         self.store = store
         self.name = name
         self.holder = holder or default_holder()

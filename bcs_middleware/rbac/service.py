@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -42,9 +42,8 @@ from ..core.records import CredentialRecord
 from ..outbound.addresses import AddressPolicy
 from ..outbound.transport import PooledTransport, Transport
 from ..store import models as m
-from ..store.sql import SQLStore
 from ..telemetry import metrics
-from .leader import LeaderLease
+from .leader import LeaderLease, LeaseStore
 from .metrics import RBAC_LEADER, RBAC_OPERATIONS, RBAC_RUNS, RBAC_SOURCE_REJECTED
 from .model import Permissions, PermissionsError
 from .reconciler import ClusterOutcome, Reconciler
@@ -53,11 +52,20 @@ from .tables import rbac_status
 
 log = logging.getLogger(__name__)
 
+class RBACStore(LeaseStore, Protocol):
+    """What :class:`RBACService` needs from the store (``SQLStore`` has it): the database its
+    lease and status rows live in, the clusters' credentials, and the grants table it publishes."""
+
+    def get_credentials(self, cluster_id: str) -> CredentialRecord | None: ...
+
+    def replace_rbac_grants(self, entries: set[tuple[str, str, str]]) -> None: ...
+
+
 SOURCE_SCOPE = "source"
 CLUSTER_SCOPE = "cluster:"
 
 
-def write_status(store: SQLStore, scope: str, document: dict[str, Any]) -> None:
+def write_status(store: LeaseStore, scope: str, document: dict[str, Any]) -> None:
     """Upsert one status row (last writer wins; only the leader writes)."""
     now = datetime.now(UTC)
     with store.db.transaction() as conn:
@@ -74,7 +82,7 @@ def write_status(store: SQLStore, scope: str, document: dict[str, Any]) -> None:
                 )
 
 
-def read_status(store: SQLStore) -> dict[str, dict[str, Any]]:
+def read_status(store: LeaseStore) -> dict[str, dict[str, Any]]:
     with store.db.connection() as conn:
         rows = conn.execute(select(rbac_status.c.scope, rbac_status.c.document).order_by(rbac_status.c.scope)).all()
     return {row.scope: row.document for row in rows}
@@ -100,7 +108,7 @@ class RBACService:
     :param address_policy: where the own transport may connect (the tunnel's policy).
     """
 
-    def __init__(self, store: SQLStore, source: PermissionSource, *, interval: float = 300.0, tick: float = 2.0,
+    def __init__(self, store: RBACStore, source: PermissionSource, *, interval: float = 300.0, tick: float = 2.0,
                  lease_ttl: float = 30.0, holder: str | None = None, transport: Transport | None = None,
                  backoff_base: float = 2.0, backoff_max: float = 300.0, max_workers: int = 8,
                  tls_server_name: str | None = None, verify: bool = True, connect_timeout: float = 5.0,
@@ -283,7 +291,7 @@ class RBACService:
 
 
 
-def build_service(store: SQLStore, *, source_file: str | None = None, source_url: str | None = None,
+def build_service(store: RBACStore, *, source_file: str | None = None, source_url: str | None = None,
                   source_token_file: str | None = None, source_ca_file: str | None = None,
                   interval: float = 300.0, tls_server_name: str | None = None, verify: bool = True,
                   connect_timeout: float = 5.0, read_timeout: float = 30.0,

@@ -37,7 +37,7 @@ from pathlib import Path
 DEFAULT_DATA_DIR = "bcs-data"
 ADMIN_TOKEN_FILE = "admin.token"
 ADMIN_TOKEN_ENV = "BCS_ADMIN_TOKEN"
-# The bootstrap_users source every entry point uses (gateway.parse_bootstrap_users): the
+# The bootstrap_users source every entry point uses (bootstrap.parse_bootstrap_users): the
 # environment's token, else the data directory's file — generated there when the database
 # holds no token for the user yet.
 ADMIN_TOKEN_SOURCE = f"env:{ADMIN_TOKEN_ENV} file:{ADMIN_TOKEN_FILE}"

@@ -4,8 +4,10 @@ The application is built once in the server's master before any worker starts
 (:func:`build_in_master`): configuration mistakes, migrations and the checks instances
 sharing a database must pass (:mod:`bcs_middleware.compose.instance_checks`, the bootstrap
 tokens) stop the server at start with one clear message, instead of every worker
-failing to boot with a traceback. That build starts nothing in the background
-(:func:`building_in_master`); each worker then builds its own application.
+failing to boot with a traceback. That build starts nothing in the background (what it
+asked to start when serving is forgotten: :mod:`bcs_middleware.compose.start`); each worker
+then builds its own application, whose background work starts once the worker is
+initialised (:func:`post_worker_init`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..core.errors import ConfigError
-from ..core.worker_start import worker_started
+from ..core.worker_start import discarding_worker_starts, worker_started
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +35,8 @@ _AFTER_MASTER_BUILD: list[Callable[[], None]] = []
 
 
 def building_in_master() -> bool:
-    """Whether the application is being built in the server's master, only to check it:
-    start no background work (threads, listeners, ZooKeeper sessions) — workers do."""
+    """Whether the application is being built in the server's master, only to check it
+    (what it opens there is let go of afterwards: :func:`after_master_build`)."""
     return bool(_IN_MASTER_BUILD)
 
 
@@ -52,7 +54,8 @@ def build_in_master(load: Callable[[], Any], *, source: str = "the configuration
     """
     _IN_MASTER_BUILD.append(True)
     try:
-        load()
+        with discarding_worker_starts():
+            load()
     except (LookupError, OSError, ImportError, configparser.Error) as exc:
         raise ConfigError(f"{source}: {exc}") from None
     finally:

@@ -12,24 +12,37 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..admission.definitions import BcsDefinition, K8sConfiguration, parse_bcs_definition, parse_k8s_configuration
 from ..core.errors import Conflict
 from ..core.quotas import QuotaExceeded
 from . import models as m
+from .database import Database
 from .rows import WEBHOOKS_TOPIC as TOPIC
-from .sql import SQLStore
 
 _BCS = "bcs"
 _K8S = "k8s"
 
 
+class RevisionedDatabase(Protocol):
+    """What :class:`SQLDefinitionStore` needs (``SQLStore`` has it): the database its rows live
+    in, and the ``webhooks`` revision that tells every process when to re-read them."""
+
+    @property
+    def db(self) -> Database: ...
+
+    def revision(self, topic: str) -> int: ...
+
+    def bump_revision(self, conn: Connection, topic: str) -> None: ...
+
+
 class SQLDefinitionStore:
-    """:param store: the gateway's :class:`SQLStore`.
+    """:param store: the gateway's store (:class:`RevisionedDatabase`; ``SQLStore`` has it).
     :param refresh: how stale (seconds) a process may see the definitions.
     :param bcs_cluster: the Mesos cluster whose bcs definitions this store reads and
         writes (``""``: the gateway-wide ones, managed by superusers under ``/rest/``).
@@ -39,7 +52,7 @@ class SQLDefinitionStore:
         (operation, kind) — what that cluster's driver admits with.
     """
 
-    def __init__(self, store: SQLStore, *, refresh: float = 2.0, bcs_cluster: str = "",
+    def __init__(self, store: RevisionedDatabase, *, refresh: float = 2.0, bcs_cluster: str = "",
                  inherit: bool = False) -> None:
         self.store = store
         self.refresh = refresh

@@ -187,7 +187,7 @@ def test_peer_address_option(tmp_path: Path, value: str | None, expected: str | 
     from bcs_middleware.compose.gateway import config_from_options
 
     options = {"data_dir": str(tmp_path)} | ({"peer_address": value} if value is not None else {})
-    assert config_from_options("app:main", options).peer_address == expected
+    assert config_from_options("app:main", options).agent_tunnel.peer_address == expected
 
 
 def test_gateway_with_a_bad_peer_address_fails_at_build(tmp_path: Path) -> None:

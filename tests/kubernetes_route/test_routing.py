@@ -154,7 +154,9 @@ def test_tls_server_name_override(apiserver: FakeAPIServer, server_name: str) ->
     from cryptography.fernet import Fernet
     from werkzeug.test import Client
 
-    from bcs_middleware.compose.gateway import BootstrapUser, GatewayConfig, build_gateway
+    from bcs_middleware.compose.bootstrap import BootstrapUser
+    from bcs_middleware.compose.config import AuthSettings, ClusterSettings, GatewayConfig
+    from bcs_middleware.compose.gateway import build_gateway
     from bcs_middleware.outbound.transport import PooledTransport
     from bcs_middleware.store.crypto import token_digest
     from bcs_middleware.store.sql import open_store
@@ -168,8 +170,8 @@ def test_tls_server_name_override(apiserver: FakeAPIServer, server_name: str) ->
     users = (BootstrapUser("admin", token_digest(ADMIN)),)
     for name, expected in ((server_name, 200), ("not-in-the-cert.example", 502)):
         transport = PooledTransport()
-        app = build_gateway(GatewayConfig(database_url="sqlite://", bootstrap_users=users,
-                                          tls_server_name=name), store=store, transport=transport)
+        config = GatewayConfig(auth=AuthSettings(bootstrap_users=users), clusters=ClusterSettings(tls_server_name=name))
+        app = build_gateway(config, store=store, transport=transport, background=False)
         response = Client(app).get("/tunnels/clusters/named/version", headers={"Authorization": f"Bearer {ADMIN}"})
         assert response.status_code == expected, response.data
         response.close()

@@ -19,7 +19,9 @@ from cryptography.fernet import Fernet
 from paste.deploy import loadapp
 from werkzeug.test import Client
 
-from bcs_middleware.compose.gateway import BootstrapUser, GatewayConfig, build_gateway
+from bcs_middleware.compose.bootstrap import BootstrapUser
+from bcs_middleware.compose.config import AuditSettings, AuthSettings, GatewayConfig
+from bcs_middleware.compose.gateway import build_gateway
 from bcs_middleware.core import environ as env
 from bcs_middleware.core import facts
 from bcs_middleware.outbound.transport import PooledTransport
@@ -70,9 +72,9 @@ def test_each_request_is_classified_once_through_the_gateway(
     store.put_credentials("BCS-K8S-F", server_addresses=[apiserver.url], cacert_pem=apiserver.ca_pem,
                           user_token=SA_TOKEN)
     transport = PooledTransport()
-    config = GatewayConfig(database_url="sqlite://", bootstrap_users=(BootstrapUser("admin", token_digest(ADMIN)),),
-                           audit_log="-")  # audited to standard output
-    app = build_gateway(config, store=store, transport=transport)
+    config = GatewayConfig(auth=AuthSettings(bootstrap_users=(BootstrapUser("admin", token_digest(ADMIN)),)),
+                           audit=AuditSettings(log="-"))  # audited to standard output
+    app = build_gateway(config, store=store, transport=transport, background=False)
     body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
                        "metadata": {"name": "facts", "namespace": "default"}}) if method == "POST" else None
     headers = {"Content-Type": "application/json"}

@@ -14,8 +14,9 @@ import pytest
 from cryptography.fernet import Fernet
 
 from bcs_middleware.admission.client import WebhookClient
-from bcs_middleware.compose import gateway as gateway_module
-from bcs_middleware.compose.gateway import GatewayConfig, build_gateway
+from bcs_middleware.compose import resources as resources_module
+from bcs_middleware.compose.config import AdmissionSettings, GatewayConfig, OutboundSettings, RBACSettings
+from bcs_middleware.compose.gateway import build_gateway
 from bcs_middleware.outbound.addresses import AddressPolicy
 from bcs_middleware.outbound.transport import PooledTransport
 from bcs_middleware.rbac.service import RBACService, build_service
@@ -57,12 +58,13 @@ def test_every_layer_of_a_gateway_shares_its_one_transport(tmp_path: Any, monkey
         services.append(build_service(*args, **kwargs))
         return services[-1]
 
-    monkeypatch.setattr(gateway_module, "build_service", capturing)
+    monkeypatch.setattr(resources_module, "build_service", capturing)
     store = open_store("sqlite://", secret_key=Fernet.generate_key().decode())
     (tmp_path / "token").write_text("t")
-    config = GatewayConfig(database_url="sqlite://", admission=True, rbac=True,
-                           rbac_source_url="https://auth.example/rbac", rbac_source_token_file=str(tmp_path / "token"),
-                           upstream_deny=("10.0.0.0/8",))
+    config = GatewayConfig(admission=AdmissionSettings(enabled=True),
+                           rbac=RBACSettings(enabled=True, source_url="https://auth.example/rbac",
+                                             source_token_file=str(tmp_path / "token")),
+                           outbound=OutboundSettings(deny=("10.0.0.0/8",)))
     app = build_gateway(config, store=store, background=False)
     transports = _reachable(app, PooledTransport)
     assert len(transports) == 1, transports

@@ -317,8 +317,8 @@ def test_the_rbac_service_gets_the_gateways_policy(tmp_path: Path) -> None:
 def test_ini_options_are_cidr_lists_and_bad_ones_name_the_key(tmp_path: Path) -> None:
     config = config_from_options("app:gateway", {"data_dir": str(tmp_path), "upstream_deny": "127.0.0.0/8, ::1",
                                                  "upstream_allow": "10.0.0.0/8\n192.168.1.7"})
-    assert config.upstream_deny == ("127.0.0.0/8", "::1/128")
-    assert config.upstream_allow == ("10.0.0.0/8", "192.168.1.7/32")
+    assert config.outbound.deny == ("127.0.0.0/8", "::1/128")
+    assert config.outbound.allow == ("10.0.0.0/8", "192.168.1.7/32")
     with pytest.raises(ConfigError, match="upstream_deny"):
         config_from_options("app:gateway", {"data_dir": str(tmp_path), "upstream_deny": "localhost"})
 

@@ -23,10 +23,10 @@ from ...core import converters as conv
 from ...core.errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ...core.printable import escape
 from ...core.quotas import Quotas, limit_value
-from ...store.sql import SQLStore
 from . import endpoints as ep
 from . import inventory
 from .calls import APISettings, Ctx
+from .store import ManagementStore
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ ROUTES = Map(
 class ManagementAPI:
     """Users, tokens, clusters, register tokens and credentials over JSON.
 
-    :param store: the :class:`~bcs_middleware.store.SQLStore`.
+    :param store: what the endpoints call (:class:`.store.ManagementStore`; ``SQLStore`` has it).
     :param settings: what the API hands out (gateway CA, public URL) and its body limit.
     :param access: who may use and manage which cluster; by default the store's
         permission table, asked on every request.
@@ -80,7 +80,7 @@ class ManagementAPI:
 
     def __init__(
         self,
-        store: SQLStore,
+        store: ManagementStore,
         *,
         settings: APISettings | None = None,
         access: ClusterAccess | None = None,

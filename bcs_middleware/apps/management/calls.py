@@ -14,7 +14,7 @@ from ...core.bodies import parse_json, read_bounded
 from ...core.errors import BadRequest, Forbidden, Unauthorized
 from ...core.quotas import Quotas
 from ...core.records import ClusterRecord
-from ...store.sql import SQLStore
+from .store import ManagementStore
 
 if TYPE_CHECKING:
     from ...outbound.addresses import AddressPolicy
@@ -44,7 +44,7 @@ class APISettings:
 @dataclass
 class Ctx:
     request: Request
-    store: SQLStore
+    store: ManagementStore
     settings: APISettings
     access: ClusterAccess
     #: where mesos-drivers are found: the ids they serve are registered by superusers only

@@ -7,7 +7,9 @@ import trustme
 from cryptography.fernet import Fernet
 from werkzeug.test import Client
 
-from bcs_middleware.compose.gateway import BootstrapUser, GatewayConfig, build_gateway
+from bcs_middleware.compose.bootstrap import BootstrapUser
+from bcs_middleware.compose.config import AuthSettings, ClusterSettings, GatewayConfig, ServerSettings, StoreSettings
+from bcs_middleware.compose.gateway import build_gateway
 from bcs_middleware.store.crypto import token_digest
 from bcs_middleware.store.sql import open_store
 
@@ -51,15 +53,12 @@ def api(migrated_database_url, gateway_ca, tmp_path, caplog):  # type: ignore[no
     gateway_ca.issue_cert("localhost", "127.0.0.1").cert_chain_pems[0].write_to_path(str(cert_file))
     store = open_store(database_url, secret_key=Fernet.generate_key().decode())
     config = GatewayConfig(
-        database_url=database_url,
-        bootstrap_users=(BootstrapUser("admin", token_digest(ADMIN_TOKEN)),),
-        token_cache_ttl=0,
-        cluster_cache_ttl=0,
-        gateway_ca_file=ca_file,
-        gateway_cert_file=cert_file,
-        max_body=64 * 1024,
+        store=StoreSettings(database_url=database_url),
+        auth=AuthSettings(bootstrap_users=(BootstrapUser("admin", token_digest(ADMIN_TOKEN)),), token_cache_ttl=0),
+        clusters=ClusterSettings(cache_ttl=0),
+        server=ServerSettings(gateway_ca_file=ca_file, gateway_cert_file=cert_file, max_body=64 * 1024),
     )
-    client = API(build_gateway(config, store=store), store, [ADMIN_TOKEN])
+    client = API(build_gateway(config, store=store, background=False), store, [ADMIN_TOKEN])
     yield client
     # No token value may appear in anything the code under test logged.
     for record in caplog.records:

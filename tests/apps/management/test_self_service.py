@@ -65,9 +65,9 @@ def test_the_ini_options_become_typed_settings(tmp_path: Path) -> None:
     config = config_from_options("app:main", {
         "data_dir": str(tmp_path), "cluster_creators": "user:alice", "quota_clusters_per_user": "3",
         "quota_tokens_per_user": "unlimited"})
-    assert config.cluster_creators == ClusterCreators(everyone=False, users=frozenset({"alice"}))
-    assert config.quotas == Quotas(clusters_per_user=3, tokens_per_user=None)
-    assert config_from_options("app:main", {"data_dir": str(tmp_path)}).quotas == Quotas()
+    assert config.self_service.cluster_creators == ClusterCreators(everyone=False, users=frozenset({"alice"}))
+    assert config.self_service.quotas == Quotas(clusters_per_user=3, tokens_per_user=None)
+    assert config_from_options("app:main", {"data_dir": str(tmp_path)}).self_service.quotas == Quotas()
     for key, value, message in (("quota_clusters", "3", "unknown key 'quota_clusters'"),
                                 ("quota_tokens_per_user", "-2", "cannot be negative"),
                                 ("quota_tokens_per_user", "many", "not a quota"),
