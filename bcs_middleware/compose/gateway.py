@@ -61,6 +61,9 @@ from ..outbound.addresses import AddressPolicy
 from ..outbound.backend import TunnelDialer
 from ..outbound.transport import PooledTransport, Transport
 from ..rbac.service import build_service
+from ..recording import settings as recording_options
+from ..recording.catalog import RecordingStore
+from ..recording.settings import RecordingSettings
 from ..store.crypto import new_token, token_digest
 from ..store.sql import SQLStore, open_store
 
@@ -290,6 +293,8 @@ class GatewayConfig:
     quotas: Quotas = field(default_factory=Quotas)
     # The digest of the token a Prometheus scraper presents for /metrics (superusers need none).
     metrics_token: str | None = field(default=None, repr=False)
+    # exec/attach session recording (issue 28): the policy per cluster, the store, retention.
+    recording: RecordingSettings = field(default_factory=RecordingSettings)
 
 
 def _read_text(path: Path | None, key: str) -> str | None:
@@ -311,6 +316,39 @@ def _discovery(config: GatewayConfig) -> Discovery:
     return StaticDiscovery(
         {cluster: [Endpoint.from_url(u, cluster=cluster) for u in urls] for cluster, urls in config.static_drivers}
     )
+
+
+def _recordings(config: GatewayConfig, store: SQLStore) -> RecordingStore:
+    """Where recorded sessions live (listed and served even while no cluster records)."""
+    from ..recording.directory import DirectoryStore
+    from ..store.recordings import RecordingRepository
+
+    if config.recording.store == "database":
+        return RecordingRepository(store.db)
+    if config.data_dir is None and config.recording.directory is None:
+        # No place for files: an instance without a data directory keeps them in the database.
+        return RecordingRepository(store.db)
+    return DirectoryStore(recording_directory(config))
+
+
+def _session_recording(config: GatewayConfig, recordings: RecordingStore, proxy: Any) -> Any:
+    """The proxy behind the session recording layer when any cluster's policy records (else the proxy)."""
+    if not config.recording.enabled:
+        return proxy
+    from ..layers.session_recording import SessionRecordingMiddleware
+    from ..recording.recorder import SessionRecorder
+
+    return SessionRecordingMiddleware(proxy, recorder=SessionRecorder(recordings, config.recording))
+
+
+def recording_directory(config: GatewayConfig) -> Path:
+    """Where the directory store keeps recordings: ``recording_dir``, relative to the data directory."""
+    directory = config.recording.directory or Path("recordings")
+    if not directory.is_absolute():
+        if config.data_dir is None:
+            raise ConfigError("recording_dir must be an absolute path when the gateway has no data_dir")
+        directory = config.data_dir / directory
+    return directory
 
 
 def build_gateway(
@@ -391,7 +429,8 @@ def build_gateway(
         upgrade_max_duration=config.upgrade_max_duration,
     )
     engine = None
-    inner: Any = proxy
+    recordings = _recordings(config, store)
+    inner: Any = _session_recording(config, recordings, proxy)
     if config.admission:
         admission = AdmissionMiddleware(
             proxy,
@@ -434,6 +473,7 @@ def build_gateway(
                                      address_policy=address_policy, transport=transport, quotas=config.quotas),
         # An id that drivers serve is registered by superusers only.
         drivers=discovery,
+        recordings=recordings,
     )
     if not config.driver_verify:
         log.warning("TLS verification towards mesos-drivers is OFF (driver_verify = false)")
@@ -568,6 +608,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "cluster_creators": ClusterCreators.parse,
     **{f"quota_{name}": limit_value for name in Quotas.names()},
     "metrics_token": conv.text,
+    **recording_options.OPTIONS,
 }
 
 
@@ -611,6 +652,11 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
     quotas = {key.removeprefix("quota_"): values.pop(key) for key in list(values) if key.startswith("quota_")}
     values["quotas"] = Quotas(**quotas)
+    recording = {key: values.pop(key) for key in recording_options.OPTIONS if key in values}
+    try:
+        values["recording"] = RecordingSettings.from_options(recording)
+    except ValueError as exc:
+        raise ConfigError(f"[{section}] {exc}") from None
     return GatewayConfig(**values)
 
 
