@@ -433,7 +433,7 @@ def build_gateway(
     inner: Any = _session_recording(config, recordings, proxy)
     if config.admission:
         admission = AdmissionMiddleware(
-            proxy,
+            inner,
             store=definitions,
             cluster_reader=TunnelClusterReader(
                 directory, transport, tls_server_name=config.tls_server_name, verify=config.upstream_verify

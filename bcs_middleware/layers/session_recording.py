@@ -128,10 +128,10 @@ class SessionRecordingMiddleware:
         try:
             body = self.app(environ, _start_response)
         except BaseException:
-            self._finish(environ, recording, session, None, "refused")
+            self._finish(environ, recording, None, "refused")
             raise
         if answer.get("code") != 101 or not hasattr(body, "tap"):
-            self._finish(environ, recording, session, None, "refused")
+            self._finish(environ, recording, None, "refused")
             return body
         if session.transport == "websocket":
             subprotocol = _header(answer["headers"], "sec-websocket-protocol")
@@ -139,11 +139,11 @@ class SessionRecordingMiddleware:
                 recording.fail("write", "the negotiated subprotocol is not one the recorder decodes")
         recording.start(session.transport, body.upstream_first)
         body.tap = recording
-        return _RecordedBody(body, lambda result: self._finish(environ, recording, session, result, None))
+        return _RecordedBody(body, lambda result: self._finish(environ, recording, result, None))
 
-    def _finish(self, environ: dict[str, Any], recording: Recording, session: SessionInfo, result: Any,
-                status: str | None) -> None:
-        summary = session.ended(ended_at=datetime.now(UTC), status=status or "recording")
+    def _finish(self, environ: dict[str, Any], recording: Recording, result: Any, status: str | None) -> None:
+        # The recording's own description (its id, stdin setting) with how the session ended.
+        summary = recording.info.ended(ended_at=datetime.now(UTC), status=status or "recording")
         if result is not None:
             summary = summary.ended(bytes_to_upstream=result.to_upstream, bytes_to_client=result.to_client,
                                     extra={"ended_by": result.ended_by})

@@ -3,8 +3,10 @@
 :class:`CastEncoder` takes ``(monotonic time, to_upstream, bytes)`` items in the order the
 splice saw them and returns the recording's lines: stdout and stderr as ``"o"`` (a terminal
 shows both), resizes as ``"r"``, stdin as ``"i"`` only when asked (it carries passwords typed
-at prompts). The header's size is the client's first resize when it comes before any
-output (kubectl sends it at once with a tty), else :data:`~.asciicast.DEFAULT_SIZE`.
+at prompts). The header's size is the terminal's first size the client reports (kubectl
+sends it at once with a tty, though the pod may print first): the first events wait for it,
+at most :data:`HEADER_WAIT` seconds or :data:`HEADER_HOLD` bytes, then
+:data:`~.asciicast.DEFAULT_SIZE` is written.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from .terminal import Piece, TerminalTracker, parse_sizes
 from .websocket import ChannelDecoder
 
 __all__ = ["CastEncoder", "Item"]
+
+#: The longest the header waits for the terminal's size (seconds of the session, bytes of events).
+HEADER_WAIT = 2.0
+HEADER_HOLD = 256 * 1024
 
 #: What the splice hands over: (``time.monotonic()``, towards the upstream?, the bytes).
 Item = tuple[float, bool, bytes]
@@ -44,6 +50,8 @@ class CastEncoder:
                       "stdin": asciicast.TextStream()}
         self._resize = bytearray()
         self._header_written = False
+        self._held: list[str] = []
+        self._held_bytes = 0
         self.tracker = TerminalTracker()
         self.size: tuple[int, int] | None = None
         self.last_time = 0.0
@@ -55,18 +63,27 @@ class CastEncoder:
             at = max(when - self._started, 0.0)
             for piece in self._decoder.feed(to_upstream, data):
                 self._event(at, piece, events)
-        lines = [] if self._header_written else [self._header(events)]
-        self._header_written = True
-        lines.extend(asciicast.event_line(at, code, data) for at, code, data in events)
+        lines = [asciicast.event_line(at, code, data) for at, code, data in events]
         if events:
             self.last_time = events[-1][0]
-        return "".join(lines)
+        if self._header_written:
+            return "".join(lines)
+        self._held.extend(lines)
+        self._held_bytes += sum(len(line) for line in lines)
+        if self.size is None and self.last_time < HEADER_WAIT and self._held_bytes < HEADER_HOLD:
+            return ""
+        return self._release()
+
+    def _release(self) -> str:
+        text = self._header() + "".join(self._held)
+        self._header_written = True
+        self._held, self._held_bytes = [], 0
+        return text
 
     def finish(self, when: float) -> str:
         """What is left in the text decoders (a character cut short by the end)."""
         at = max(when - self._started, self.last_time)
-        lines = [] if self._header_written else [self._header([])]
-        self._header_written = True
+        lines = [] if self._header_written else [self._release()]
         for name, code in (("stdout", "o"), ("stderr", "o"), ("stdin", "i")):
             rest = self._text[name].flush()
             if rest and (code == "o" or self._stdin):
@@ -93,13 +110,13 @@ class CastEncoder:
         elif piece.stream == "resize":
             self._resize += piece.data
             for cols, rows in parse_sizes(self._resize):
-                if self.size is None and not any(code == "o" for _, code, _ in events):
+                if self.size is None and not self._header_written:
                     self.size = (cols, rows)
                 events.append((at, "r", asciicast.resize_data(cols, rows)))
         elif piece.stream == "error":
             self.tracker.feed_error(piece)
 
-    def _header(self, events: list[tuple[float, str, str]]) -> str:
+    def _header(self) -> str:
         width, height = self.size or asciicast.DEFAULT_SIZE
         if self.size is None:
             self.size = (width, height)

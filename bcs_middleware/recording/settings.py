@@ -118,6 +118,6 @@ class RecordingSettings:
             values["max_age"] = opts["recording_max_age"] or None
         if "recording_max_size" in opts:
             values["max_bytes"] = opts["recording_max_size"] or None
-        if values.get("buffer", 1) < 64 * 1024:
+        if values.get("buffer", 64 * 1024) < 64 * 1024:
             raise ValueError("recording_buffer must be at least 64KiB (one read of the splice)")
         return cls(**values)
