@@ -20,19 +20,23 @@ audit layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
-from ..core.errors import ServiceUnavailable
+from ..core.errors import ConfigError, ServiceUnavailable
+from ..recording import settings as recording_options
 from ..recording import websocket
-from ..recording.catalog import RecordingUnavailable, SessionInfo, describe
+from ..recording.catalog import RecordingStore, RecordingUnavailable, SessionInfo, describe
 from ..recording.recorder import Recording, SessionRecorder
+from ..recording.settings import RecordingSettings
 from ..telemetry import metrics
 
-__all__ = ["SessionRecordingMiddleware", "session_of"]
+__all__ = ["SessionRecordingMiddleware", "filter_factory", "session_of"]
 
 RECORDED = ("exec", "attach")
 
@@ -150,3 +154,61 @@ class SessionRecordingMiddleware:
         environ[env.SESSION] = self.recorder.finish(recording, summary)
 
 
+
+
+_OPTIONS: dict[str, conv.Converter] = {
+    **recording_options.OPTIONS,
+    "data_dir": conv.text,
+    "database_url": conv.text,
+    "secret_key": conv.text,
+}
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#session_recording``, right in front of the proxy
+    (after ``cluster_routing``: it needs the user and the cluster)::
+
+        [filter:session_recording]
+        use = egg:bcs-middleware#session_recording
+        get data_dir = data_dir
+        record = on                        ; off | on | required
+        record_clusters =
+            prod-1 = required
+        recording_store = directory        ; or database (with database_url or data_dir)
+        recording_dir = recordings         ; relative: in data_dir
+        recording_max_age = 720h
+        recording_max_size = 10GiB
+
+        [pipeline:main]
+        pipeline = request_context token_auth cluster_routing session_recording upstream
+    """
+    from ..recording.directory import DirectoryStore
+
+    opts = conv.convert_options("filter:session_recording", local_conf, _OPTIONS)
+    try:
+        settings = RecordingSettings.from_options(opts)
+    except ValueError as exc:
+        raise ConfigError(f"[filter:session_recording] {exc}") from None
+    data_dir = Path(opts["data_dir"]) if opts.get("data_dir") else None
+    store: RecordingStore
+    if settings.store == "database":
+        from ..store.database import open_database
+        from ..store.recordings import RecordingRepository
+
+        if not (opts.get("database_url") or data_dir):
+            raise ConfigError("[filter:session_recording] recording_store = database needs database_url or data_dir")
+        store = RecordingRepository(open_database(opts.get("database_url"), data_dir=data_dir,
+                                                  secret_key=opts.get("secret_key")))
+    else:
+        directory = settings.directory or Path("recordings")
+        if not directory.is_absolute():
+            if data_dir is None:
+                raise ConfigError("[filter:session_recording] needs data_dir or an absolute recording_dir")
+            directory = data_dir / directory
+        store = DirectoryStore(directory)
+    recorder = SessionRecorder(store, settings)
+
+    def make(app: Any) -> SessionRecordingMiddleware:
+        return SessionRecordingMiddleware(app, recorder=recorder)
+
+    return make

@@ -44,7 +44,7 @@ def test_what_one_instance_records_another_lists_and_serves(repositories) -> Non
     info = _info(1)
     sink = writer.create(info)
     assert [s.status for s in reader.sessions(SessionQuery())] == ["recording"]  # listed while it runs
-    pieces = [f'{{"version": 2, "width": 80, "height": 24, "timestamp": 0}}\n'] + \
+    pieces = ['{"version": 2, "width": 80, "height": 24, "timestamp": 0}\n'] + \
         [f'[{i}.0, "o", "{"x" * 1000}"]\n' for i in range(40)]  # more chunks than one read takes
     for piece in pieces:
         sink.write(piece)
