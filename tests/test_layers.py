@@ -50,6 +50,11 @@ FLOORS: dict[str, int] = {
     "bcs_middleware.scheduler": 1,
     "bcs_middleware.audit": 1,
     "bcs_middleware.audit.sink": 2,
+    # Session recording (issue 28): asciicast and the stream decoders are pure, the stores
+    # adapters, the recorder (policy, bounded buffer, writer) a service the WSGI layer uses.
+    "bcs_middleware.recording": 1,
+    "bcs_middleware.recording.directory": 2,
+    "bcs_middleware.recording.recorder": 3,
     "bcs_middleware.store": 2,
     "bcs_middleware.outbound": 2,
     "bcs_middleware.discovery": 2,

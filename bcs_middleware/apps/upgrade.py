@@ -84,7 +84,7 @@ from ..core.paths import encode_path
 from ..core.printable import escape
 from ..core.splice import DEFAULT_IDLE_TIMEOUT as DEFAULT_IDLE_TIMEOUT  # the upgrade's own defaults too
 from ..core.splice import DEFAULT_MAX_DURATION as DEFAULT_MAX_DURATION
-from ..core.splice import SpliceResult, splice
+from ..core.splice import SpliceResult, SpliceTap, splice
 from ..telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,8 @@ class UpgradedStream:
     """The WSGI body of a ``101``: iterating it runs the splice, then raises :class:`ConnectionHandedOver`.
 
     ``close()`` frees the upstream socket (and cuts the client) even when the
-    server never iterated.
+    server never iterated. A layer may set :attr:`tap` before the iteration to see
+    every byte the splice moves (the session recorder, :mod:`bcs_middleware.layers.session_recording`).
     """
 
     def __init__(self, client: socket.socket, upstream: socket.socket, to_client: bytes, *,
@@ -149,6 +150,13 @@ class UpgradedStream:
         self._max = max_duration
         self._label = label
         self.result: SpliceResult | None = None
+        self.tap: SpliceTap | None = None
+
+    @property
+    def upstream_first(self) -> bytes:
+        """What the upstream sent right behind its ``101`` head (already the stream's bytes)."""
+        head_end = self._to_client.find(b"\r\n\r\n")
+        return self._to_client[head_end + 4:] if head_end >= 0 else b""
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -160,7 +168,7 @@ class UpgradedStream:
         metrics.OPEN_UPGRADES.inc()
         try:
             self.result = splice(self._client, upstream, to_client=self._to_client,
-                                 idle_timeout=self._idle, max_duration=self._max)
+                                 idle_timeout=self._idle, max_duration=self._max, tap=self.tap)
         finally:
             metrics.OPEN_UPGRADES.dec()
             self.close()

@@ -15,6 +15,7 @@ percent-encoded in ``requestURI``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -26,9 +27,11 @@ from ..core.bodies import parse_json
 from ..core.impersonation import Impersonation
 from ..core.printable import json_line
 from ..core.requestinfo import RequestInfo
+from ..recording.catalog import SessionInfo
 from .policy import Level
 
-__all__ = ["ANNOTATION_PREFIX", "MAX_CAPTURED", "AuditEvent", "build_event", "carries_credentials", "request_uri"]
+__all__ = ["ANNOTATION_PREFIX", "MAX_CAPTURED", "AuditEvent", "build_event", "carries_credentials", "request_uri",
+           "session_annotations"]
 
 #: The most of a request or response body an event carries (bytes).
 MAX_CAPTURED = 1024 * 1024
@@ -68,6 +71,35 @@ def _safe_query(query: str) -> str:
 
 def _timestamp(when: float) -> str:
     return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def session_annotations(session: SessionInfo) -> dict[str, str]:
+    """An exec/attach session's record, as the annotations of its ``ResponseComplete`` event.
+
+    User and groups are the event's ``user``, namespace and pod its ``objectRef``; the rest is
+    here: container, command (a JSON array), tty, start and end, bytes each way, the exit code
+    the apiserver reported (recorded sessions: it is read from the stream's error channel), the
+    recording's id and what became of it.
+    """
+    p = ANNOTATION_PREFIX
+    found = {
+        p + "session-container": session.container,
+        p + "session-command": json.dumps(list(session.command), ensure_ascii=False),
+        p + "session-tty": "true" if session.tty else "false",
+        p + "session-start": _timestamp(session.started_at.timestamp()),
+        p + "bytes-to-upstream": str(session.bytes_to_upstream),
+        p + "bytes-to-client": str(session.bytes_to_client),
+    }
+    if session.ended_at is not None:
+        found[p + "session-end"] = _timestamp(session.ended_at.timestamp())
+    if session.exit_code is not None:
+        found[p + "session-exit-code"] = str(session.exit_code)
+    if session.id:
+        found[p + "recording-id"] = session.id
+    found[p + "recording"] = session.status if session.id or session.status != "recording" else "off"
+    if session.failure:
+        found[p + "recording-failure"] = session.failure
+    return found
 
 
 class AuditEvent:

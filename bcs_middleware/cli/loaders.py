@@ -45,6 +45,7 @@ def gateway_options(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         ("driver_ca_file", args.driver_ca_file), ("client_cert_subjects", "\n".join(args.client_cert_map)),
         ("upstream_allow", " ".join(args.upstream_allow)), ("upstream_deny", " ".join(args.upstream_deny)),
         ("peer_address", args.peer_address), ("cluster_creators", args.cluster_creators),
+        *recording_options(args),
     )
     options.update((key, value) for key, value in flags if value)
     for spec in args.quota:
@@ -53,6 +54,16 @@ def gateway_options(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
             raise ConfigError(f"--quota {spec!r}: expected NAME=LIMIT")
         options[f"quota_{name.strip().replace('-', '_')}"] = limit
     return options
+
+
+def recording_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
+    """The session recording flags as the gateway's ini keys (recording/settings.py)."""
+    return (
+        ("record", args.record), ("record_stdin", "true" if args.record_stdin else None),
+        ("record_clusters", args.record_cluster and serve_config.flag_value("record_cluster", args.record_cluster)),
+        ("recording_store", args.recording_store), ("recording_dir", args.recording_dir),
+        ("recording_max_age", args.recording_max_age), ("recording_max_size", args.recording_max_size),
+    )
 
 
 def gateway_loader(args: argparse.Namespace, data_dir: Path, ca_file: str | None,

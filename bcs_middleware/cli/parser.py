@@ -58,7 +58,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "uses the same data directory.",
     )
     for add in (_add_server_flags, _add_data_and_tls_flags, _add_gateway_flags, _add_mesos_flags,
-                _add_operation_flags):
+                _add_operation_flags, _add_recording_flags):
         add(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -162,6 +162,27 @@ def _add_mesos_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--console-ca-file", help="driver: the CA the webconsole proxies' certificates chain to")
     serve.add_argument("--console-http", action="store_true",
                        help="driver: the webconsole proxies run without TLS (http/ws)")
+
+
+def _add_recording_flags(serve: argparse.ArgumentParser) -> None:
+    """``serve``: exec/attach session recording (the ini keys of the same names, recording/settings.py)."""
+    serve.add_argument("--record", choices=("off", "on", "required"),
+                       help="record kubectl exec/attach sessions as asciicast v2: on (a recording that fails is "
+                            "counted, the session goes on), required (a session that cannot be recorded is "
+                            "refused), off (default)")
+    serve.add_argument("--record-cluster", action="append", default=[], metavar="ID=MODE",
+                       help="the recording policy of one cluster (off, on, required; repeatable)")
+    serve.add_argument("--record-stdin", action="store_true",
+                       help="record what users type too (off by default: stdin carries passwords)")
+    serve.add_argument("--recording-store", choices=("directory", "database"),
+                       help="where recordings live: files in --recording-dir (default) or the database, so "
+                            "every instance sharing it lists and serves every recording")
+    serve.add_argument("--recording-dir", metavar="PATH",
+                       help="the directory store's folder (default DATA_DIR/recordings)")
+    serve.add_argument("--recording-max-age", metavar="DURATION",
+                       help="delete recordings older than this (default 720h; 0: keep)")
+    serve.add_argument("--recording-max-size", metavar="SIZE",
+                       help="delete the oldest recordings beyond this total (default 10GiB; 0: no bound)")
 
 
 def _add_operation_flags(serve: argparse.ArgumentParser) -> None:

@@ -83,6 +83,13 @@ APP_FLAGS = (
     AppFlag("upstream_allow", ("upstream_allow",), "upstream_allow"),
     AppFlag("upstream_deny", ("upstream_deny",), "upstream_deny"),
     AppFlag("no_access_log", ("access_log",), "access_log"),
+    AppFlag("record", ("record",), "record"),
+    AppFlag("record_cluster", ("record_clusters",), "record_clusters"),
+    AppFlag("record_stdin", ("record_stdin",), "record_stdin"),
+    AppFlag("recording_store", ("recording_store",), "recording_store"),
+    AppFlag("recording_dir", ("recording_dir",), "recording_dir"),
+    AppFlag("recording_max_age", ("recording_max_age",), "recording_max_age"),
+    AppFlag("recording_max_size", ("recording_max_size",), "recording_max_size"),
 )
 
 
@@ -168,6 +175,10 @@ def flag_value(dest: str, value: Any) -> str:
             cluster, _, url = spec.partition("=")
             drivers.setdefault(cluster.strip(), []).append(url.strip())
         return "".join(f"\n{cluster} = {' '.join(urls)}" for cluster, urls in drivers.items())
+    if dest == "record_cluster":
+        return "".join(f"\n{spec.partition('=')[0].strip()} = {spec.partition('=')[2].strip()}" for spec in value)
+    if dest == "record_stdin":
+        return "true"
     if dest == "client_cert_map":
         return "\n" + "\n".join(value)
     if isinstance(value, list):

@@ -33,6 +33,7 @@ from ..clusters.permissions import ClusterCreators
 from ..core.errors import ConfigError
 from ..core.quotas import Quotas
 from ..discovery.base import DEFAULT_ROOT, Endpoint
+from ..recording.settings import RecordingSettings
 from .bootstrap import BootstrapUser, parse_bootstrap_users, scraper_token_digest
 
 PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics")
@@ -294,6 +295,8 @@ class GatewayConfig:
     agent_tunnel: AgentTunnelSettings = field(default_factory=AgentTunnelSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     self_service: SelfServiceSettings = field(default_factory=SelfServiceSettings)
+    # exec/attach session recording (issue 28): the policy per cluster, the store, retention.
+    recording: RecordingSettings = field(default_factory=RecordingSettings)
 
 
 @dataclass(frozen=True)

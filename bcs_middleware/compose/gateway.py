@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..apps.dispatcher import GatewayDispatcher
@@ -48,6 +49,7 @@ from ..apps.rbac_status import RBACStatusApp
 from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer
 from ..clusters.reader import TunnelClusterReader
+from ..core.errors import ConfigError
 from ..layers.agent_endpoint import AgentTunnelMiddleware
 from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator
@@ -57,6 +59,7 @@ from ..layers.request_context import RequestContextMiddleware
 from ..layers.webconsole_route import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from ..layers.webconsole_route import WEBCONSOLE
 from ..outbound.transport import Transport
+from ..recording.catalog import RecordingStore
 from ..store.definitions import SQLDefinitionStore
 from ..store.sql import SQLStore
 from .config import GatewayConfig
@@ -111,10 +114,13 @@ def assemble(config: GatewayConfig, resources: GatewayResources) -> RequestConte
         upgrade_idle_timeout=config.clusters.upgrade_idle_timeout,
         upgrade_max_duration=config.clusters.upgrade_max_duration,
     )
-    tunnel, engine = _kubernetes_route(config, resources, proxy, directory, tunnel_access, definitions)
+    recordings = _recordings(config, store)
+    tunnel, engine = _kubernetes_route(config, resources, _session_recording(config, recordings, proxy),
+                                       directory, tunnel_access, definitions)
     mesos, webconsole = _mesos_routes(config, resources, proxy, directory, tunnel_access, engine)
     dispatcher = GatewayDispatcher(
-        api=_management(config, resources, api_access, definitions, engine), tunnel=tunnel, store=store.db,
+        api=_management(config, resources, api_access, definitions, engine, recordings), tunnel=tunnel,
+        store=store.db,
         rbac_status=RBACStatusApp(store, enabled=config.rbac.grants), mesos=mesos,
         discovery=resources.discovery, webconsole=webconsole, metrics_token=config.auth.metrics_token,
     )
@@ -125,10 +131,11 @@ def assemble(config: GatewayConfig, resources: GatewayResources) -> RequestConte
     return RequestContextMiddleware(edge, access_log=config.server.access_log)
 
 
-def _kubernetes_route(config: GatewayConfig, resources: GatewayResources, proxy: UpstreamProxy,
+def _kubernetes_route(config: GatewayConfig, resources: GatewayResources, proxy: Any,
                       directory: CachedDirectory, access: ClusterAuthorizer,
                       definitions: SQLDefinitionStore) -> tuple[Any, Any]:
-    """``/tunnels/clusters/{id}/…``: routing → [admission] → the proxy; and the admission engine."""
+    """``/tunnels/clusters/{id}/…``: routing → [admission] → [session recording] → the proxy;
+    and the admission engine."""
     from ..layers.admission import AdmissionMiddleware
 
     clusters = config.clusters
@@ -153,7 +160,7 @@ def _kubernetes_route(config: GatewayConfig, resources: GatewayResources, proxy:
 
 
 def _management(config: GatewayConfig, resources: GatewayResources, access: ClusterAuthorizer,
-                definitions: SQLDefinitionStore, engine: Any) -> ManagementAPI:
+                definitions: SQLDefinitionStore, engine: Any, recordings: RecordingStore) -> ManagementAPI:
     """``/rest/…``: the management API, and the admission definitions API behind it."""
     from ..apps.admission_api import AdmissionWebhookAPI
 
@@ -172,7 +179,41 @@ def _management(config: GatewayConfig, resources: GatewayResources, access: Clus
                                      quotas=quotas),
         # An id that drivers serve is registered by superusers only.
         drivers=resources.discovery,
+        recordings=recordings,
     )
+
+
+def _recordings(config: GatewayConfig, store: SQLStore) -> RecordingStore:
+    """Where recorded sessions live (listed and served even while no cluster records)."""
+    from ..recording.directory import DirectoryStore
+    from ..store.recordings import RecordingRepository
+
+    if config.recording.store == "database":
+        return RecordingRepository(store.db)
+    if config.store.data_dir is None and config.recording.directory is None:
+        # No place for files: an instance without a data directory keeps them in the database.
+        return RecordingRepository(store.db)
+    return DirectoryStore(recording_directory(config))
+
+
+def _session_recording(config: GatewayConfig, recordings: RecordingStore, proxy: Any) -> Any:
+    """The proxy behind the session recording layer when any cluster's policy records (else the proxy)."""
+    if not config.recording.enabled:
+        return proxy
+    from ..layers.session_recording import SessionRecordingMiddleware
+    from ..recording.recorder import SessionRecorder
+
+    return SessionRecordingMiddleware(proxy, recorder=SessionRecorder(recordings, config.recording))
+
+
+def recording_directory(config: GatewayConfig) -> Path:
+    """Where the directory store keeps recordings: ``recording_dir``, relative to the data directory."""
+    directory = config.recording.directory or Path("recordings")
+    if not directory.is_absolute():
+        if config.store.data_dir is None:
+            raise ConfigError("recording_dir must be an absolute path when the gateway has no data_dir")
+        directory = Path(config.store.data_dir) / directory
+    return directory
 
 
 def _mesos_routes(config: GatewayConfig, resources: GatewayResources, proxy: UpstreamProxy,

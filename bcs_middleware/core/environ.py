@@ -41,6 +41,9 @@ ERROR_STYLE = "bcs.error_style"
 UPGRADE = "bcs.upgrade"
 FACTS = "bcs.facts"
 DOCUMENT = "bcs.document"
+#: An exec/attach session as it ended (``recording.catalog.SessionInfo``), set by the session
+#: recording layer when the stream closes, read by the audit layer for the session's event.
+SESSION = "bcs.session"
 
 ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]

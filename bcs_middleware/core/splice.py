@@ -20,6 +20,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
 #: kubelet's own streaming idle timeout is 4 h (``--streaming-connection-idle-timeout``).
 DEFAULT_IDLE_TIMEOUT = 3600.0
@@ -31,7 +32,8 @@ _PIECE = 64 * 1024
 
 @dataclass(frozen=True)
 class SpliceResult:
-    """What a splice moved and why it ended (``closed``, ``reset``, ``idle``, ``max_duration``)."""
+    """What a splice moved and why it ended (``closed``, ``reset``, ``idle``, ``max_duration``,
+    ``tap``: its :class:`SpliceTap` cut it)."""
 
     to_upstream: int
     to_client: int
@@ -39,19 +41,40 @@ class SpliceResult:
     seconds: float
 
 
-class _Direction:
-    __slots__ = ("buf", "dst", "eof", "moved", "shut", "src")
+class SpliceTap(Protocol):
+    """Sees every byte a splice reads, and may hold it back (a session recorder).
 
-    def __init__(self, src: socket.socket, dst: socket.socket, initial: bytes = b"") -> None:
+    ``observe`` gets each piece as it is read, before it is sent on; ``hold`` is asked once
+    per turn of the loop: ``"go"``, ``"wait"`` (read nothing for now: the tap's bounded
+    buffer is full) or ``"cut"`` (end the splice). Both run on the splice's thread and
+    must not block.
+    """
+
+    def observe(self, to_upstream: bool, data: bytes) -> None: ...
+
+    def hold(self) -> Literal["go", "wait", "cut"]: ...
+
+
+#: How often a splice held by its tap looks again (the tap has no descriptor to wait on).
+_HELD_POLL = 0.01
+
+
+class _Direction:
+    __slots__ = ("buf", "dst", "eof", "held", "moved", "observe", "shut", "src")
+
+    def __init__(self, src: socket.socket, dst: socket.socket, initial: bytes = b"",
+                 observe: Callable[[bytes], None] | None = None) -> None:
         self.src = src
         self.dst = dst
         self.buf = bytearray(initial)
         self.eof = False
         self.shut = False
+        self.held = False
         self.moved = 0
+        self.observe = observe
 
     def wants_read(self) -> bool:
-        return not self.eof and len(self.buf) < _BUFFER
+        return not self.eof and not self.held and len(self.buf) < _BUFFER
 
 
 def _half_close(sock: socket.socket) -> None:
@@ -78,6 +101,8 @@ def _read(d: _Direction, want_write: set[socket.socket]) -> bool | None:
         return None
     if data:
         d.buf += data
+        if d.observe is not None:
+            d.observe(data)
     else:
         d.eof = True
     return True
@@ -110,6 +135,7 @@ def splice(
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     max_duration: float | None = DEFAULT_MAX_DURATION,
     clock: Callable[[], float] = time.monotonic,
+    tap: SpliceTap | None = None,
 ) -> SpliceResult:
     """Copy bytes both ways between two connected sockets until both ends closed.
 
@@ -118,11 +144,13 @@ def splice(
     :param idle_timeout: seconds without a byte moving either way before both
         connections are cut; ``None`` never.
     :param max_duration: seconds after which both are cut whatever happens.
+    :param tap: sees the bytes read from either side, and may hold or cut the splice.
 
     Both sockets are left shut down (not closed) and non-blocking.
     """
-    up = _Direction(client, upstream)
-    down = _Direction(upstream, client, to_client)
+    up = _Direction(client, upstream, observe=None if tap is None else lambda data: tap.observe(True, data))
+    down = _Direction(upstream, client, to_client,
+                      observe=None if tap is None else lambda data: tap.observe(False, data))
     directions = (up, down)
     client.setblocking(False)
     upstream.setblocking(False)
@@ -134,6 +162,11 @@ def splice(
     try:
         while True:
             progressed = False
+            if tap is not None:
+                held = tap.hold()
+                if held == "cut":
+                    return _result(up, down, "tap", started, clock)
+                up.held = down.held = held == "wait"
             for d in directions:
                 if d.wants_read():
                     moved = _read(d, want_write)
@@ -187,7 +220,7 @@ def splice(
                 else:
                     selector.register(sock, events)
                     registered[sock] = events
-            waits = [1.0]  # wake now and then so the limits are checked
+            waits = [_HELD_POLL if up.held else 1.0]  # wake now and then so the limits are checked
             if idle_timeout is not None:
                 waits.append(last + idle_timeout - now)
             if max_duration is not None:

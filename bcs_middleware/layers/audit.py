@@ -13,6 +13,13 @@ when the gateway failed unexpectedly; each stage can be omitted by the policy
 start, its ``ResponseComplete`` its end, with the session's duration and bytes in
 ``annotations``.
 
+An exec/attach session's ``ResponseComplete`` is the session's one record: besides the
+event's ``user`` and ``objectRef`` it carries in ``annotations`` the container, command, tty,
+start and end, bytes each way, the exit code the apiserver reported and the recording's id
+and outcome (:func:`~bcs_middleware.audit.events.session_annotations`) — the recorder's
+(``bcs.session``, :mod:`bcs_middleware.layers.session_recording`) when the session was
+recorded, else worked out from the request's facts.
+
 Requests refused before the tunnel (401 for the token, 403, 404) are audited too,
 as a kube-apiserver audits failed authentication: the layer sits in front of token
 authentication, and an unauthenticated request's ``user`` is ``system:anonymous``.
@@ -38,10 +45,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..audit.events import ANNOTATION_PREFIX, MAX_CAPTURED, AuditEvent, build_event, carries_credentials, request_uri
+from ..audit.events import (
+    ANNOTATION_PREFIX,
+    MAX_CAPTURED,
+    AuditEvent,
+    build_event,
+    carries_credentials,
+    request_uri,
+    session_annotations,
+)
 from ..audit.policy import DEFAULT_POLICY, Attributes, Policy, load_policy
 from ..audit.sink import AuditSink
 from ..core import converters as conv
@@ -49,6 +65,8 @@ from ..core import environ as env
 from ..core import facts as request_facts
 from ..core.errors import BCSError, ConfigError
 from ..core.requestinfo import RequestInfo
+from ..recording.catalog import SessionInfo
+from .session_recording import session_of
 
 __all__ = ["MAX_CAPTURED", "AuditEvent", "AuditMiddleware", "AuditSink", "classified", "filter_factory"]
 
@@ -226,6 +244,7 @@ class AuditMiddleware:
                     annotations[ANNOTATION_PREFIX + "bytes-to-upstream"] = str(result.to_upstream)
                     annotations[ANNOTATION_PREFIX + "bytes-to-client"] = str(result.to_client)
                     annotations[ANNOTATION_PREFIX + "ended-by"] = str(result.ended_by)
+            annotations.update(self._session(environ, state, result))
             request_body = state["request_body"]
             if panicked:
                 event("Panic", extra_annotations=annotations, code=500, request_body=request_body)
@@ -249,6 +268,21 @@ class AuditMiddleware:
         # whenever the policy could ask for it, and drop it unless it did.
         capture = self._may_capture and not long_running
         return _Audited(body, capture, _closed)
+
+    def _session(self, environ: dict[str, Any], state: dict[str, Any], result: Any) -> dict[str, str]:
+        """An exec/attach session's record: the recorder's (it saw the stream: exit code,
+        recording id), else the request's facts and the splice's counts; ``{}``: not a session."""
+        session = environ.get(env.SESSION)
+        if not isinstance(session, SessionInfo):
+            if state["code"] != 101 or state["started"] is None:
+                return {}
+            session = session_of(environ, datetime.fromtimestamp(state["started"], UTC))
+            if session is None:
+                return {}
+            session = session.ended(ended_at=datetime.fromtimestamp(self._clock(), UTC))
+            if result is not None:
+                session = session.ended(bytes_to_upstream=result.to_upstream, bytes_to_client=result.to_client)
+        return session_annotations(session)
 
     def _event(self, environ: dict[str, Any], info: RequestInfo, uri: str, stage: str, received: float,
                state: dict[str, Any], *, request_body: bytes | None = None,

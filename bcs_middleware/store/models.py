@@ -9,6 +9,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -176,4 +177,29 @@ revisions = Table(
     metadata,
     Column("topic", String(64), primary_key=True),
     Column("revision", Integer, nullable=False),
+)
+
+
+# Recorded exec/attach sessions (issue 28) when recording_store = database: the description
+# of each, and its asciicast text in chunks appended as the session runs, so every instance
+# sharing the database lists and serves every recording (bcs_middleware.store.recordings).
+session_recordings = Table(
+    "session_recordings",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("cluster_id", String(128), nullable=False, index=True),
+    Column("user_name", String(128), nullable=False, index=True),
+    Column("started_at", DateTime(timezone=True), nullable=False, index=True),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("info", JSON, nullable=False),
+)
+
+session_recording_chunks = Table(
+    "session_recording_chunks",
+    metadata,
+    Column("recording_id", String(32), ForeignKey("session_recordings.id", ondelete="CASCADE"), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
 )

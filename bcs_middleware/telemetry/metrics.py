@@ -81,6 +81,17 @@ UPGRADES = Counter(
     "an answer, unsupported by the server).",
     ["outcome"],
 )
+RECORDINGS = Counter(
+    "bcs_session_recordings",
+    "exec/attach sessions by what happened to their recording (recorded, failed, refused: "
+    "the policy required a recording that could not be written).",
+    ["outcome"],
+)
+RECORDING_FAILURES = Counter(
+    "bcs_recording_failures",
+    "Recordings that could not be written, by stage (create, write, stall, finish).",
+    ["stage"],
+)
 
 AGENTS_CONNECTED = Gauge(
     "bcs_agent_tunnels_connected",

@@ -23,8 +23,9 @@ from ...core import converters as conv
 from ...core.errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ...core.printable import escape
 from ...core.quotas import Quotas, limit_value
+from ...recording.catalog import RecordingStore
 from . import endpoints as ep
-from . import inventory
+from . import inventory, sessions
 from .calls import APISettings, Ctx
 from .store import ManagementStore
 
@@ -59,6 +60,9 @@ ROUTES = Map(
         Rule("/rest/clusters/<cluster_id>/client_credentials", methods=["GET"], endpoint=ep.client_credentials),
         Rule("/clusters/<cluster_id>/client_credentials", methods=["GET"], endpoint=ep.client_credentials),
         Rule("/rest/clusters/<cluster_id>/kubeconfig", methods=["GET"], endpoint=ep.kubeconfig),
+        Rule("/rest/sessions", methods=["GET"], endpoint=sessions.list_sessions),
+        Rule("/rest/sessions/<session_id>", methods=["GET"], endpoint=sessions.get_session),
+        Rule("/rest/sessions/<session_id>/recording", methods=["GET"], endpoint=sessions.get_recording),
     ],
     strict_slashes=False,
     merge_slashes=False,
@@ -76,6 +80,8 @@ class ManagementAPI:
         definitions API, for example); ``None`` answers 404.
     :param drivers: the gateway's discovery of mesos-drivers: an id they serve can
         only be registered by a superuser (:func:`~bcs_middleware.clusters.permissions.reserved_cluster_id`).
+    :param recordings: where recorded exec/attach sessions live (``/rest/sessions``); ``None``
+        answers those routes 404.
     """
 
     def __init__(
@@ -86,12 +92,14 @@ class ManagementAPI:
         access: ClusterAccess | None = None,
         fallback: Any = None,
         drivers: DriverDirectory | None = None,
+        recordings: RecordingStore | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or APISettings()
         self.access = access or ClusterAuthorizer(store)
         self.fallback = fallback
         self.drivers = drivers
+        self.recordings = recordings
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         request = Request(environ)
@@ -105,7 +113,8 @@ class ManagementAPI:
                 if exc.code == 405:
                     raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}") from None
                 raise NotFound(f"no such API route: {request.path}") from None
-            response = endpoint(Ctx(request, self.store, self.settings, self.access, self.drivers), **values)
+            ctx = Ctx(request, self.store, self.settings, self.access, self.drivers, self.recordings)
+            response = endpoint(ctx, **values)
         except BCSError as exc:
             return exc(environ, start_response)
         except Exception:

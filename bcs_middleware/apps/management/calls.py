@@ -18,6 +18,7 @@ from .store import ManagementStore
 
 if TYPE_CHECKING:
     from ...outbound.addresses import AddressPolicy
+    from ...recording.catalog import RecordingStore
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Ctx:
     access: ClusterAccess
     #: where mesos-drivers are found: the ids they serve are registered by superusers only
     drivers: DriverDirectory | None = None
+    #: where recorded exec/attach sessions live (``None``: not configured)
+    recordings: RecordingStore | None = None
 
     @property
     def environ(self) -> dict[str, Any]:

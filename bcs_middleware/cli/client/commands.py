@@ -19,7 +19,7 @@ from urllib.parse import quote
 import yaml
 
 from ...core.printable import escape
-from . import kubeconfig, settings
+from . import kubeconfig, sessions, settings
 from .output import FORMATS, emit
 from .rest import EXIT_USAGE, ClientError, GatewayClient
 
@@ -395,6 +395,8 @@ def register(sub: Any) -> None:
     p = _leaf(perms_sub, "remove", permissions_remove, "take a user's permission on a cluster away", common)
     p.add_argument("cluster", help="the cluster id")
     p.add_argument("user", help="the user name")
+
+    sessions.register(sub, _leaf, _group, common)
 
     reg = _group(sub, "register-token", "the token a cluster's kube-agent reports with (needs edit)")
     p = _leaf(reg, "create", register_create, "create the cluster's register token and print it", common)

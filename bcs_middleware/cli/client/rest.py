@@ -8,6 +8,7 @@ failure.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,11 +69,27 @@ class GatewayClient:
         self.session.headers["Authorization"] = f"Bearer {connection.token}"
 
     def call(self, method: str, path: str, body: Any = None, *, expect_json: bool = True) -> Any:
+        response = self._request(method, path, body)
+        if not expect_json:
+            return response.text
+        try:
+            return response.json()
+        except ValueError:
+            raise ClientError(f"{method} {path}: the server did not answer JSON", status=response.status_code) from None
+
+    def lines(self, path: str) -> Iterator[str]:
+        """A text answer's lines as they arrive (a recording of any size is never held whole)."""
+        response = self._request("GET", path, None, stream=True)
+        with response:
+            for line in response.iter_lines(chunk_size=64 * 1024, decode_unicode=False):
+                yield line.decode("utf-8", "replace")
+
+    def _request(self, method: str, path: str, body: Any, *, stream: bool = False) -> requests.Response:
         url = self.connection.server.rstrip("/") + path
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
-            response = self.session.request(method, url, data=data, headers=headers,
+            response = self.session.request(method, url, data=data, headers=headers, stream=stream,
                                             timeout=self.connection.timeout, allow_redirects=False)
         except requests.exceptions.SSLError:
             raise ClientError(f"TLS verification of {self.connection.server} failed: is --ca-file the "
@@ -85,12 +102,7 @@ class GatewayClient:
             raise ClientError(f"request to {self.connection.server} failed: {type(exc).__name__}") from None
         if response.status_code >= 400:
             raise _error(response)
-        if not expect_json:
-            return response.text
-        try:
-            return response.json()
-        except ValueError:
-            raise ClientError(f"{method} {path}: the server did not answer JSON", status=response.status_code) from None
+        return response
 
 
 def _error(response: requests.Response) -> ClientError:
