@@ -50,6 +50,10 @@ FLOORS: dict[str, int] = {
     "bcs_middleware.scheduler": 1,
     "bcs_middleware.audit": 1,
     "bcs_middleware.audit.sink": 2,
+    # Per-user limits: the settings and fair queuing are pure models; the table shared by a
+    # server's workers is a file they map (I/O).
+    "bcs_middleware.limits": 1,
+    "bcs_middleware.limits.table": 2,
     "bcs_middleware.store": 2,
     "bcs_middleware.outbound": 2,
     "bcs_middleware.discovery": 2,

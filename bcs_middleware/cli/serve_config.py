@@ -83,6 +83,7 @@ APP_FLAGS = (
     AppFlag("upstream_allow", ("upstream_allow",), "upstream_allow"),
     AppFlag("upstream_deny", ("upstream_deny",), "upstream_deny"),
     AppFlag("no_access_log", ("access_log",), "access_log"),
+    AppFlag("limits_config", ("limits_config",), "limits_config"),
 )
 
 

@@ -52,11 +52,15 @@ from ..discovery.static import StaticDiscovery
 from ..layers.agent_endpoint import AgentTunnelMiddleware
 from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator, parse_subject_map
+from ..layers.discovery_cache import DiscoveryCacheMiddleware
 from ..layers.kubernetes_route import ClusterRoutingMiddleware
+from ..layers.limits import LimitsMiddleware
 from ..layers.mesos_route import DRIVER_PATH, MesosRoutingMiddleware
 from ..layers.request_context import RequestContextMiddleware
 from ..layers.webconsole_route import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from ..layers.webconsole_route import WEBCONSOLE
+from ..limits import settings as limit_settings
+from ..limits.settings import LimitSettings
 from ..outbound.addresses import AddressPolicy
 from ..outbound.backend import TunnelDialer
 from ..outbound.transport import PooledTransport, Transport
@@ -290,6 +294,9 @@ class GatewayConfig:
     quotas: Quotas = field(default_factory=Quotas)
     # The digest of the token a Prometheus scraper presents for /metrics (superusers need none).
     metrics_token: str | None = field(default=None, repr=False)
+    # Per-user limits, fair queuing and the discovery cache (ini limits_config: a YAML file;
+    # bcs_middleware/limits/settings.py). On by default.
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
 
 def _read_text(path: Path | None, key: str) -> str | None:
@@ -411,7 +418,7 @@ def build_gateway(
         )
         engine, inner = admission.engine, admission
     tunnel: Any = ClusterRoutingMiddleware(
-        inner,
+        _discovery_cached(inner, config.limits, agents),
         directory=directory,
         access=tunnel_access,
         rbac=config.rbac,
@@ -498,7 +505,8 @@ def build_gateway(
         else None
     )
     authed: Any = TokenAuthMiddleware(
-        dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
+        _limited(dispatcher, config.limits), authenticator=authenticator, public_paths=config.public_paths,
+        peer_authenticator=peer,
         public_routes=("agent_report",),
     )
     if config.audit_log:
@@ -516,7 +524,30 @@ def build_gateway(
     return RequestContextMiddleware(edge, access_log=config.access_log)
 
 
+def _limited(app: Any, limits: LimitSettings) -> Any:
+    """The per-user limits around what authenticated requests reach (layers/limits.py)."""
+    return LimitsMiddleware(app, settings=limits) if limits.enabled else app
+
+
+def _discovery_cached(app: Any, limits: LimitSettings, agents: LocalAgents) -> Any:
+    """The per-cluster discovery cache in front of admission and the proxy (layers/discovery_cache.py);
+    a cluster's documents are dropped when a newer agent connection replaces the one held here."""
+    if not limits.discovery_cache.enabled:
+        return app
+    cache = DiscoveryCacheMiddleware(app, settings=limits.discovery_cache)
+    retire = agents.on_replaced
+
+    def replaced(cluster_id: str) -> None:
+        cache.forget_cluster(cluster_id)
+        if retire is not None:
+            retire(cluster_id)
+
+    agents.on_replaced = replaced
+    return cache
+
+
 _OPTIONS: dict[str, conv.Converter] = {
+    "limits_config": limit_settings.load,
     "database_url": conv.text,
     "data_dir": conv.text,
     "secret_key": conv.text,
@@ -609,6 +640,8 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
         values["client_cert_subjects"] = tuple(values["client_cert_subjects"].items())
     if "webhook_address_map" in values:
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
+    if "limits_config" in values:
+        values["limits"] = values.pop("limits_config")
     quotas = {key.removeprefix("quota_"): values.pop(key) for key in list(values) if key.startswith("quota_")}
     values["quotas"] = Quotas(**quotas)
     return GatewayConfig(**values)
