@@ -80,8 +80,14 @@ def _refusals(world: World, user: str) -> int:
     """429 answers the access log shows for ``user``."""
     count = 0
     for line in world.gw.server.output().splitlines():
-        if f'"user": "{user}"' in line and '"status": 429' in line:
-            count += 1
+        start = line.find('{"time"')
+        if start < 0:
+            continue
+        try:
+            entry = json.loads(line[start:])
+        except ValueError:
+            continue
+        count += entry.get("user") == user and entry.get("status") == 429
     return count
 
 
