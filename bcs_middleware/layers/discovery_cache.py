@@ -4,11 +4,12 @@ A kubectl with a cold cache (a CI job, a fresh container, every ``--kubeconfig``
 home) asks for ``/api``, ``/apis`` (aggregated discovery, ``Accept: application/json;
 g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList``), without aggregated discovery every
 ``/apis/{group}/{version}``, and for ``apply``/``explain`` ``/openapi/v2`` or ``/openapi/v3``
-and its per-group documents. These answers are the same for every user: kube-apiserver builds
-them from the APIs it serves, not from the caller (``staging/src/k8s.io/apiserver/pkg/endpoints/
-discovery/aggregated/handler.go`` and ``etag.go``: one document and one ETag, ``Vary: Accept``;
-the OpenAPI handlers of ``k8s.io/kube-openapi`` likewise), and reading them is granted to every
-authenticated user by the default ``system:discovery`` role. So
+and its per-group documents; every run asks ``/version``. These answers are the same for
+every user: kube-apiserver builds them from the APIs it serves, not from the caller
+(``staging/src/k8s.io/apiserver/pkg/endpoints/discovery/aggregated/handler.go`` and
+``etag.go``: one document and one ETag, ``Vary: Accept``; the OpenAPI handlers of
+``k8s.io/kube-openapi`` likewise), and reading them is granted to every authenticated user by
+the default ``system:discovery`` and ``system:public-info-viewer`` roles. So
 :class:`DiscoveryCacheMiddleware` keeps them **per cluster** (never shared between clusters),
 keyed by path, query, ``Accept`` and ``Accept-Encoding`` (the answer varies by them), and serves
 them for ``ttl`` seconds without asking; then it asks again with ``If-None-Match`` and the
@@ -43,7 +44,7 @@ from ..limits.settings import DiscoveryCacheSettings
 from ..telemetry.metrics import DISCOVERY_CACHE
 
 #: The identity-independent documents: discovery (legacy and aggregated) and OpenAPI.
-DOCUMENT_PATH = re.compile(r"/api(/[^/]+)?|/apis(/[^/]+(/[^/]+)?)?|/openapi/v2|/openapi/v3(/[^?#]*)?")
+DOCUMENT_PATH = re.compile(r"/version|/api(/[^/]+)?|/apis(/[^/]+(/[^/]+)?)?|/openapi/v2|/openapi/v3(/[^?#]*)?")
 #: Headers of the apiserver's answer that are kept and served with the document.
 _KEPT = frozenset({"content-type", "content-encoding", "etag", "vary", "cache-control", "expires",
                    "last-modified"})
@@ -144,7 +145,7 @@ class DiscoveryCacheMiddleware:
         cluster = env.get_cluster(environ)
         if cluster is None or facts.info.is_resource or not DOCUMENT_PATH.fullmatch(facts.api_path):
             return None
-        key = (cluster.id, facts.api_path, str(environ.get("QUERY_STRING", "")),
+        key = (cluster.id, facts.api_path, _document_query(str(environ.get("QUERY_STRING", ""))),
                str(environ.get("HTTP_ACCEPT", "")), str(environ.get("HTTP_ACCEPT_ENCODING", "")))
         return key if sum(map(len, key)) <= _MAX_KEY else None
 
@@ -196,6 +197,14 @@ class DiscoveryCacheMiddleware:
         self.store.put(key, fresh)
         DISCOVERY_CACHE.labels("miss" if entry is None else "refetched").inc()
         return self._serve(fresh, environ, start_response)
+
+
+def _document_query(query: str) -> str:
+    """The query as it selects a document: ``timeout`` (client-go's ``--request-timeout``) only
+    bounds the call, so clients with different timeouts share the entry."""
+    if "timeout=" not in query:
+        return query
+    return "&".join(part for part in query.split("&") if not part.startswith("timeout="))
 
 
 def _read_up_to(body: Iterable[bytes], limit: int) -> tuple[list[bytes], Iterator[bytes] | None]:
