@@ -35,6 +35,7 @@ from typing import Any
 
 from ..agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from ..agent_tunnel.router import peer_routing
+from ..agent_tunnel.session_state import MAX_CONCURRENT_DIALS, MAX_STREAMS
 from ..apps.dispatcher import GatewayDispatcher
 from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
@@ -67,6 +68,7 @@ from ..outbound.transport import PooledTransport, Transport
 from ..rbac.service import build_service
 from ..store.crypto import new_token, token_digest
 from ..store.sql import SQLStore, open_store
+from ..telemetry.metrics import LIMIT_CAPACITY
 
 log = logging.getLogger(__name__)
 
@@ -377,6 +379,8 @@ def build_gateway(
             stream_idle_timeout=config.stream_idle_timeout,
             address_policy=address_policy,
             tunnels=tunnels,
+            pool_maxsize=config.limits.clients.upstream_idle_per_cluster,
+            max_upstreams=config.limits.clients.upstream_identities,
         )
     if isinstance(transport, PooledTransport):
         agents.on_replaced = transport.retire_tunnel
@@ -487,6 +491,7 @@ def build_gateway(
             verify=config.upstream_verify,
             address_policy=address_policy,
             transport=transport,
+            max_workers=config.limits.clients.rbac_sync_workers,
         )
         if background:
             service.start()
@@ -525,7 +530,14 @@ def build_gateway(
 
 
 def _limited(app: Any, limits: LimitSettings) -> Any:
-    """The per-user limits around what authenticated requests reach (layers/limits.py)."""
+    """The per-user limits around what authenticated requests reach (layers/limits.py), and
+    the bounds of the gateway's own clients shown as metrics (``bcs_limits_capacity``)."""
+    clients = limits.clients
+    for bound, value in (("upstream_idle_per_cluster", clients.upstream_idle_per_cluster),
+                         ("upstream_identities", clients.upstream_identities),
+                         ("rbac_sync_workers", clients.rbac_sync_workers),
+                         ("agent_concurrent_dials", MAX_CONCURRENT_DIALS), ("agent_streams", MAX_STREAMS)):
+        LIMIT_CAPACITY.labels(bound).set(value)
     return LimitsMiddleware(app, settings=limits) if limits.enabled else app
 
 

@@ -25,6 +25,10 @@ start, naming the key::
       superusers: true
       users: [prometheus]
       routes: [health, readiness, metrics]
+    clients:                   # the gateway's own clients, per worker
+      upstream_idle_per_cluster: 32
+      upstream_identities: 512
+      rbac_sync_workers: 8
     discovery_cache:
       enabled: true
       ttl: 30s                 # served without asking the apiserver; then revalidated (ETag)
@@ -111,6 +115,23 @@ class DiscoveryCacheSettings:
 
 
 @dataclass(frozen=True)
+class ClientSettings:
+    """Bounds of the gateway's own clients, per worker (each shown as ``bcs_limits_capacity``).
+
+    :param upstream_idle_per_cluster: idle keep-alive connections kept per apiserver identity;
+        under a burst more are opened and then closed (a new TLS handshake each next time), so
+        a cluster busier than this at once pays handshakes.
+    :param upstream_identities: apiserver identities (address, CA, credential) whose idle
+        connections and TLS contexts are kept.
+    :param rbac_sync_workers: clusters the RBAC subscription writes bindings to at once.
+    """
+
+    upstream_idle_per_cluster: int = 32
+    upstream_identities: int = 512
+    rbac_sync_workers: int = 8
+
+
+@dataclass(frozen=True)
 class LimitSettings:
     """Everything ``--limits-config`` sets (see the module docs)."""
 
@@ -124,6 +145,7 @@ class LimitSettings:
     exempt_users: frozenset[str] = frozenset()
     exempt_routes: frozenset[str] = frozenset(DEFAULT_EXEMPT_ROUTES)
     discovery_cache: DiscoveryCacheSettings = field(default_factory=DiscoveryCacheSettings)
+    clients: ClientSettings = field(default_factory=ClientSettings)
 
     def for_user(self, name: str) -> UserLimits:
         for user, limits in self.users:
@@ -189,6 +211,8 @@ _USER = {"rate": _rate, "burst": _required(_count), "inflight": _count, "long_ru
 _CLUSTER = {"inflight": _count, "long_running": _count}
 _QUEUE = {"seats_per_worker": _count, "length": _required(_count), "wait": _duration}
 _CACHE = {"enabled": conv.asbool, "ttl": _duration, "max_entry_bytes": _size, "max_bytes": _size}
+_CLIENTS = {"upstream_idle_per_cluster": _required(_count), "upstream_identities": _required(_count),
+            "rbac_sync_workers": _required(_count)}
 _TOP = frozenset(item.name for item in fields(LimitSettings)) - {"exempt_superusers", "exempt_users",
                                                                "exempt_routes"} | {"exempt"}
 
@@ -235,6 +259,7 @@ def parse(document: Any, source: str = "limits") -> LimitSettings:
         exempt_routes=routes,
         discovery_cache=_section(DiscoveryCacheSettings, document.get("discovery_cache"),
                                  f"{source}: discovery_cache", _CACHE),
+        clients=_section(ClientSettings, document.get("clients"), f"{source}: clients", _CLIENTS),
     )
 
 

@@ -41,6 +41,7 @@ users:
   watcher: {long_running: 3}
   heavy: {inflight: 4}
 queue: {seats_per_worker: 8, length: 200, wait: 30s}
+clients: {upstream_idle_per_cluster: 48}
 """
 
 
@@ -217,6 +218,9 @@ def test_refusals_are_counted_per_limit_without_user_labels(world: World) -> Non
     for name in USERS:
         assert f'"{name}"' not in "\n".join(line for line in text.splitlines() if line.startswith("bcs_limits"))
     assert 'bcs_limits_capacity{bound="worker_seats"} 8.0' in text
+    # The gateway's own clients' bounds are configured in the same file and shown.
+    assert 'bcs_limits_capacity{bound="upstream_idle_per_cluster"} 48.0' in text
+    assert 'bcs_limits_capacity{bound="agent_concurrent_dials"}' in text
 
 
 def test_health_and_superusers_are_exempt(world: World) -> None:

@@ -20,7 +20,9 @@ def test_an_empty_file_is_every_default(tmp_path: Path) -> None:
 def test_overrides_inherit_the_user_defaults_of_the_file() -> None:
     settings = parse({"user": {"rate": 10, "burst": 20}, "users": {"argocd": {"inflight": 64}},
                       "groups": {"bots": 8}, "exempt": {"users": ["prom"], "routes": ["health"]},
-                      "queue": {"wait": "500ms"}, "cluster": {"inflight": None}})
+                      "queue": {"wait": "500ms"}, "cluster": {"inflight": None},
+                      "clients": {"upstream_idle_per_cluster": 100}})
+    assert settings.clients.upstream_idle_per_cluster == 100 and settings.clients.rbac_sync_workers == 8
     assert settings.for_user("argocd") == UserLimits(rate=10.0, burst=20, inflight=64, long_running=100)
     assert settings.for_user("alice") == UserLimits(rate=10.0, burst=20, inflight=16, long_running=100)
     assert settings.groups == (("bots", 8),)
@@ -38,6 +40,8 @@ def test_overrides_inherit_the_user_defaults_of_the_file() -> None:
     pytest.param({"groups": {"ops": -1}}, "groups.ops: must be at least 1", id="group"),
     pytest.param({"limits": {}}, "unknown key 'limits'", id="top"),
     pytest.param([1, 2], "expected a mapping", id="list"),
+    pytest.param({"clients": {"rbac_sync_workers": 0}}, "clients.rbac_sync_workers: must be at least 1",
+                 id="clients"),
 ])
 def test_mistakes_are_named(document: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
