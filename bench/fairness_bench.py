@@ -280,6 +280,51 @@ def discovery(runs: int) -> dict:
     return result
 
 
+def overhead(requests_count: int) -> dict:
+    """In one process: the per-user layer's cost per request (µs) with the table in this
+    process's memory, with the table in a shared file (as ``serve``'s workers use it), and
+    the bare app — a request of a non-superuser, admitted, its answer closed."""
+    from bcs_middleware.core import environ as env
+    from bcs_middleware.core import facts
+    from bcs_middleware.layers.limits import LimitsMiddleware
+    from bcs_middleware.limits.settings import LimitSettings, UserLimits
+    from bcs_middleware.limits.table import CounterTable
+
+    def app(environ: dict, start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [])
+        yield b"{}"
+
+    settings = LimitSettings(user=UserLimits(rate=1e9, burst=10**9, inflight=10**6))
+    user = env.User(7, "bench-user", groups=("ops",))
+    base = {"REQUEST_METHOD": "GET", "PATH_INFO": PODS, "QUERY_STRING": "", "wsgi.url_scheme": "https"}
+
+    def timed(wsgi: Any) -> float:
+        started = time.perf_counter()
+        for _ in range(requests_count):
+            environ = dict(base)
+            environ[env.USER] = user
+            environ[env.FACTS] = facts.classify(environ)
+            body = wsgi(environ, lambda status, headers, exc_info=None: None)
+            for _piece in body:
+                pass
+            getattr(body, "close", lambda: None)()
+        return (time.perf_counter() - started) / requests_count * 1e6
+
+    with tempfile.TemporaryDirectory(prefix="fairness-overhead-") as tmp:
+        layered = {"memory": LimitsMiddleware(app, settings=settings, table=CounterTable(None)),
+                   "shared_file": LimitsMiddleware(app, settings=settings,
+                                                   table=CounterTable(Path(tmp) / "limits.table"))}
+        figures: dict[str, list[float]] = {"bare": [], "memory": [], "shared_file": []}
+        for _ in range(5):  # alternated: the machine is shared
+            figures["bare"].append(timed(app))
+            for name, wsgi in layered.items():
+                figures[name].append(timed(wsgi))
+    result = {name: round(sorted(values)[len(values) // 2], 1) for name, values in figures.items()}
+    result["layer_memory_us"] = round(result["memory"] - result["bare"], 1)
+    result["layer_shared_file_us"] = round(result["shared_file"] - result["bare"], 1)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", type=int, default=200, help="the heavy user's busy connections")
@@ -290,11 +335,16 @@ def main() -> int:
     parser.add_argument("--kubectl-runs", type=int, default=100)
     parser.add_argument("--skip-discovery", action="store_true")
     parser.add_argument("--skip-fairness", action="store_true")
+    parser.add_argument("--overhead", type=int, default=20000, metavar="N",
+                        help="requests timed in-process for the layer's cost (0: skip)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results: dict[str, Any] = {"args": vars(args)}
+    if args.overhead:
+        results["overhead_us_per_request"] = overhead(args.overhead)
+        print(f"overhead: {results['overhead_us_per_request']}", flush=True)
     if not args.skip_fairness:
         results["fairness"] = fairness(args)
     if not args.skip_discovery:

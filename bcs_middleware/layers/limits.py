@@ -97,6 +97,8 @@ class LimitsMiddleware:
         queue = settings.queue
         self.queue = FairQueue(queue.seats_per_worker, length=queue.length, wait=queue.wait, clock=clock)
         self.group_caps = dict(settings.groups)
+        self._admitted_at_once = metrics.LIMIT_ADMITTED.labels("ordinary", "false")
+        self._long_admitted = metrics.LIMIT_ADMITTED.labels("long_running", "false")
         self._overflows = 0
         for bound, value in (("worker_seats", queue.seats_per_worker), ("user_inflight", settings.user.inflight),
                              ("user_long_running", settings.user.long_running),
@@ -145,7 +147,7 @@ class LimitsMiddleware:
             verdict, wait = self.table.admit(now, bucket, LONG_RUNNING, claims)
             if verdict != OK:
                 raise self._refusal(verdict, wait, names)
-            metrics.LIMIT_ADMITTED.labels("long_running", "false").inc()
+            self._long_admitted.inc()
             keys = [key for key, _cap in claims]
             return lambda: self.table.release(LONG_RUNNING, keys)
         claims = [(user_key, limits.inflight)]
@@ -158,16 +160,27 @@ class LimitsMiddleware:
         if cluster_id is not None:
             claims.append((key_digest("c:" + cluster_id), self.settings.cluster.inflight))
             names.append("cluster_inflight")
-        # The token first, alone: a request refused for its rate never waits in a line.
-        if bucket is not None:
-            verdict, wait = self.table.admit(now, bucket, INFLIGHT, ())
-            if verdict != OK:
-                raise self._refusal(verdict, wait, names)
         keys = [key for key, _cap in claims]
 
+        def release() -> None:
+            self.table.release(INFLIGHT, keys)
+            self.queue.leave()
+
+        # One look at the shared table: a request over its rate is refused here and never
+        # waits in a line; one within every cap takes a free seat and goes.
+        verdict, wait = self.table.admit(now, bucket, INFLIGHT, claims)
+        if verdict == BUCKET:
+            raise self._refusal(verdict, wait, names)
+        if verdict == OK:
+            if self.queue.take_seat():
+                self._admitted_at_once.inc()
+                return release
+            self.table.release(INFLIGHT, keys)  # the seats are taken: wait for one in turn
+            bucket = None  # its token is spent
+
         def acquire() -> str | None:
-            verdict, _wait = self.table.admit(self.clock(), None, INFLIGHT, claims)
-            return None if verdict == OK else names[verdict]
+            verdict, _wait = self.table.admit(self.clock(), bucket, INFLIGHT, claims)
+            return None if verdict == OK else "user_rate" if verdict == BUCKET else names[verdict]
 
         waited = self.queue.enter(user.name, acquire)
         if waited.limit:
@@ -179,11 +192,6 @@ class LimitsMiddleware:
                 f"too many requests: the {limit.replace('_', ' ')} limit is reached, please try again later",
                 retry_after=1, limit=limit)
         metrics.LIMIT_ADMITTED.labels("ordinary", "true" if waited.limit else "false").inc()
-
-        def release() -> None:
-            self.table.release(INFLIGHT, keys)
-            self.queue.leave()
-
         return release
 
     @staticmethod

@@ -80,6 +80,15 @@ class FairQueue:
         with self._lock:
             return sum(len(line) for line in self._lines.values())
 
+    def take_seat(self) -> bool:
+        """A seat at once, when nobody waits and one is free (the caller holds its shared
+        claims already); else ``False`` and the caller goes through :meth:`enter`."""
+        with self._lock:
+            if self._turns or not self._seat_free():
+                return False
+            self.busy += 1
+            return True
+
     def enter(self, user: str, acquire: Acquire) -> Waited:
         """A seat for one of ``user``'s requests, ``acquire`` taking its shared claims."""
         with self._lock:

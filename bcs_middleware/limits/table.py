@@ -93,6 +93,9 @@ class _Mapped:
         offset += slots * 2 * 8
         self.columns = view[offset:offset + workers * slots * 2 * 8].cast("q")
         self.column = -1
+        # Where this process last found each key: checked against the slot's key before use
+        # (another key may have taken the slot since), so it only saves the probing.
+        self.found: dict[bytes, int] = {}
         with self:
             magic, have_slots, have_workers = _HEADER.unpack_from(self.buffer, 0)
             if magic != _MAGIC:
@@ -173,6 +176,17 @@ class CounterTable:
 
     def _slot(self, table: _Mapped, key: bytes, now: float) -> int:
         """The slot of ``key``, taken if it has none; ``-1`` when none can be taken."""
+        known = table.found.get(key)
+        if known is not None and table.keys[known * 16:(known + 1) * 16] == key:
+            return known
+        slot = self._probe(table, key, now)
+        if slot >= 0:
+            if len(table.found) >= 2 * self.slots:
+                table.found.clear()
+            table.found[key] = slot
+        return slot
+
+    def _probe(self, table: _Mapped, key: bytes, now: float) -> int:
         start = int.from_bytes(key[:8], "little") % self.slots
         free = -1
         for step in range(_PROBE):
@@ -197,24 +211,27 @@ class CounterTable:
     def admit(self, now: float, bucket: tuple[bytes, float, int] | None, kind: int,
               claims: Sequence[tuple[bytes, int | None]]) -> tuple[int, float]:
         """Take a token from ``bucket`` (key, rate, burst) and count one ``kind`` request
-        against each claim (key, cap) — all or nothing.
+        against each claim (key, cap) — all or nothing, under one lock.
 
-        :returns: ``(OK, 0)``; ``(BUCKET, seconds until a token)``; or ``(i, 0)`` when
-            claim ``i`` is at its cap (nothing was taken or counted).
+        :returns: ``(OK, 0)``; ``(BUCKET, seconds until a token)`` when the bucket is empty;
+            or ``(i, 0)`` when claim ``i`` is at its cap. Refused, nothing is taken or counted.
         """
         table = self._mapped.get()
         with table:
             column = table.own_column()
+            token = -1
+            if bucket is not None:
+                token, wait = self._refill(table, now, *bucket)
+                if wait > 0:
+                    return BUCKET, wait
             slots: list[int] = []
             for key, cap in claims:
                 slot = self._slot(table, key, now)
                 if slot >= 0 and cap is not None and table.totals[2 * slot + kind] >= cap:
                     return len(slots), 0.0
                 slots.append(slot)
-            if bucket is not None:
-                wait = self._take_token(table, now, *bucket)
-                if wait > 0:
-                    return BUCKET, wait
+            if token >= 0:
+                self._take(table, token, now, *bucket[1:])  # type: ignore[index]
             base = column * self.slots * 2
             for slot in slots:
                 if slot < 0:
@@ -224,21 +241,24 @@ class CounterTable:
                 table.columns[base + 2 * slot + kind] += 1
         return OK, 0.0
 
-    def _take_token(self, table: _Mapped, now: float, key: bytes, rate: float, burst: int) -> float:
+    def _refill(self, table: _Mapped, now: float, key: bytes, rate: float, burst: int) -> tuple[int, float]:
+        """The bucket's slot with its tokens counted up to ``now``, and the seconds until it holds
+        one (``0``: it does); slot ``-1`` when the table has no room (admitted uncounted)."""
         slot = self._slot(table, key, now)
         if slot < 0:
             self.overflows += 1
-            return 0.0
+            return -1, 0.0
         at = slot * _FLOATS
         tokens, counted = table.floats[at], table.floats[at + 1]
         tokens = float(burst) if tokens < 0 else min(float(burst), tokens + max(0.0, now - counted) * rate)
-        if tokens < 1.0:
-            table.floats[at], table.floats[at + 1] = tokens, now
-            return (1.0 - tokens) / rate
-        tokens -= 1.0
         table.floats[at], table.floats[at + 1] = tokens, now
+        return slot, (0.0 if tokens >= 1.0 else (1.0 - tokens) / rate)
+
+    def _take(self, table: _Mapped, slot: int, now: float, rate: float, burst: int) -> None:
+        at = slot * _FLOATS
+        tokens = table.floats[at] - 1.0
+        table.floats[at] = tokens
         table.floats[at + 2] = now + (burst - tokens) / rate
-        return 0.0
 
     def release(self, kind: int, keys: Sequence[bytes]) -> None:
         """Count one ``kind`` request less for each of ``keys`` (those :meth:`admit` counted)."""
@@ -255,6 +275,9 @@ class CounterTable:
                     table.totals[2 * slot + kind] -= 1
 
     def _find(self, table: _Mapped, key: bytes) -> int:
+        known = table.found.get(key)
+        if known is not None and table.keys[known * 16:(known + 1) * 16] == key:
+            return known
         start = int.from_bytes(key[:8], "little") % self.slots
         for step in range(_PROBE):
             slot = (start + step) % self.slots
