@@ -12,8 +12,8 @@ workers; limits on by default) → the HTTPS asyncio fake apiserver of
 * ``alone``: the light user alone (a ``GET pods`` every ``1/light-rate`` s on a keep-alive
   connection, in this process);
 * ``off`` and ``on``: the same while a heavy user (another process, asyncio) keeps ``--heavy``
-  connections busy — each a new TLS connection per request — and ``--watches`` watches that
-  reconnect every second.
+  keep-alive connections busy with one request after another (a 429 included) and ``--watches``
+  watches that reconnect every second (a refused one a second later too).
 
 Reported per phase: the light user's p50/p99 and errors, the heavy user's requests and 429
 share, the gateway's CPU (its processes' user+system seconds per wall second, out of 2 cores).
@@ -95,17 +95,30 @@ def _gateway(data: Path, api_url: str, api_ca: str, extra: list[str]) -> Iterato
 # -- the heavy user: another process, asyncio
 
 
-async def _heavy_request(port: int, context: ssl.SSLContext, token: str) -> int:
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost"), 30)
-    try:
-        writer.write(f"GET {PODS} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
-                     "Connection: close\r\n\r\n".encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-        await asyncio.wait_for(reader.read(), 60)
-        return int(head[9:12])
-    finally:
-        writer.transport.abort()
+class _KeepAlive:
+    """One of the heavy user's connections: requests one after another, reconnecting when it ends."""
+
+    def __init__(self, port: int, context: ssl.SSLContext, token: str) -> None:
+        self.port, self.context = port, context
+        self.request = f"GET {PODS} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+        self.stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def get(self) -> int:
+        if self.stream is None:
+            self.stream = await asyncio.wait_for(asyncio.open_connection(
+                "127.0.0.1", self.port, ssl=self.context, server_hostname="localhost"), 30)
+        reader, writer = self.stream
+        try:
+            writer.write(self.request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await asyncio.wait_for(reader.readexactly(length), 60)
+            return int(head[9:12])
+        except BaseException:
+            writer.transport.abort()
+            self.stream = None
+            raise
 
 
 async def _heavy_watch(port: int, context: ssl.SSLContext, token: str, index: int) -> int:
@@ -129,10 +142,10 @@ async def _heavy(port: int, cafile: str, token: str, connections: int, watches: 
     counts: dict[str, int] = {}
 
     async def loop(kind: str, index: int) -> None:
+        connection = _KeepAlive(port, context, token)
         while time.monotonic() < end:
             try:
-                status = await (_heavy_request(port, context, token) if kind == "get"
-                                else _heavy_watch(port, context, token, index))
+                status = await (connection.get() if kind == "get" else _heavy_watch(port, context, token, index))
                 key = f"{kind}_{status}"
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, ValueError):
                 key = f"{kind}_error"

@@ -9,8 +9,8 @@ fairqueuing/queueset``), so a user with 200 requests waiting and a user with one
 every other seat, and the light user waits for at most one request of each heavy one.
 
 Caps shared with the other workers (:mod:`.table`) can be freed by another process, which
-cannot wake this one: a waiting request looks again every :data:`TICK` seconds. A request
-waits :attr:`FairQueue.wait` seconds at most, then is refused (the caller answers 429).
+cannot wake this one: the worker looks again every :data:`TICK` seconds while requests wait. A
+request waits :attr:`FairQueue.wait` seconds at most, then is refused (the caller answers 429).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class FairQueue:
         self._lock = threading.Lock()
         self._lines: dict[str, deque[_Waiter]] = {}
         self._turns: deque[str] = deque()
+        self._looked = float("-inf")
 
     @property
     def waiting(self) -> int:
@@ -113,7 +114,7 @@ class FairQueue:
         started = self.clock()
         deadline = started + self.wait
         while True:
-            self._serve()
+            self._tick()
             remaining = deadline - self.clock()
             if waiter.granted or remaining <= 0 or waiter.event.wait(min(TICK, remaining)):
                 break
@@ -131,6 +132,15 @@ class FairQueue:
         """A granted request is done: its seat goes to the next user in turn."""
         with self._lock:
             self.busy -= 1
+        self._serve()
+
+    def _tick(self) -> None:
+        """Look for claims freed by other workers — once per :data:`TICK` for the whole worker,
+        however many requests wait (each waking to look would cost more than the requests)."""
+        now = self.clock()
+        if now - self._looked < TICK:
+            return
+        self._looked = now
         self._serve()
 
     def _seat_free(self) -> bool:

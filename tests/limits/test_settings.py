@@ -53,3 +53,17 @@ def test_a_file_that_is_not_yaml_is_named(tmp_path: Path) -> None:
     path.write_text("user: [unclosed\n")
     with pytest.raises(ConfigError, match="not YAML"):
         load(path)
+
+
+def test_the_readme_example_is_a_valid_file(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Fair share"):]
+    example = section[section.index("```yaml\n") + len("```yaml\n"):section.index("```\n", section.index("```yaml"))]
+    path = tmp_path / "limits.yaml"
+    path.write_text(example)
+    settings = load(path)
+    assert settings.for_user("argocd").inflight == 64 and settings.groups == (("ci-bots", 32),)
+    # The README's table and the example state the defaults.
+    defaults = LimitSettings()
+    assert settings.user == defaults.user and settings.cluster == defaults.cluster and settings.queue == defaults.queue
+    assert settings.clients == defaults.clients and settings.discovery_cache == defaults.discovery_cache
