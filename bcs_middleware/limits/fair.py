@@ -74,7 +74,7 @@ class FairQueue:
         self._lock = threading.Lock()
         self._lines: dict[str, deque[_Waiter]] = {}
         self._turns: deque[str] = deque()
-        self._looked = float("-inf")
+        self._looking = False
 
     @property
     def waiting(self) -> int:
@@ -108,16 +108,17 @@ class FairQueue:
                 line = self._lines[user] = deque()
                 self._turns.append(user)
             line.append(waiter)
+            if not self._looking:
+                self._looking = True
+                threading.Thread(target=self._look_while_waiting, name="fair-queue", daemon=True).start()
         return self._wait(user, waiter)
 
     def _wait(self, user: str, waiter: _Waiter) -> Waited:
         started = self.clock()
         deadline = started + self.wait
-        while True:
-            self._tick()
-            remaining = deadline - self.clock()
-            if waiter.granted or remaining <= 0 or waiter.event.wait(min(TICK, remaining)):
-                break
+        remaining = deadline - self.clock()
+        if remaining > 0:
+            waiter.event.wait(remaining)
         with self._lock:
             if not waiter.granted:
                 line = self._lines.get(user)
@@ -134,14 +135,17 @@ class FairQueue:
             self.busy -= 1
         self._serve()
 
-    def _tick(self) -> None:
-        """Look for claims freed by other workers — once per :data:`TICK` for the whole worker,
-        however many requests wait (each waking to look would cost more than the requests)."""
-        now = self.clock()
-        if now - self._looked < TICK:
-            return
-        self._looked = now
-        self._serve()
+    def _look_while_waiting(self) -> None:
+        """Look for claims freed by other workers every :data:`TICK` while requests wait: one
+        thread (a greenlet under gevent) for the whole worker, however many wait — each
+        request waking to look would cost more than the requests."""
+        while True:
+            time.sleep(TICK)
+            with self._lock:
+                if not self._turns:
+                    self._looking = False
+                    return
+            self._serve()
 
     def _seat_free(self) -> bool:
         return self.seats is None or self.busy < self.seats
