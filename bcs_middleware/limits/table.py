@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.cache import Cache
-from ..core.forksafe import PerProcess
+from ..core.forksafe import PerProcess, process_alive
 
 __all__ = ["BUCKET", "INFLIGHT", "LONG_RUNNING", "OK", "CounterTable", "key_digest"]
 
@@ -129,7 +129,7 @@ class _Mapped:
             if holder == pid:
                 chosen = index
                 break
-            if chosen < 0 and (holder == 0 or not _alive(holder)):
+            if chosen < 0 and (holder == 0 or not process_alive(holder)):
                 chosen = index
         if chosen < 0:
             raise RuntimeError(f"the limits table has no column left for another worker ({self.workers})")
@@ -146,16 +146,6 @@ class _Mapped:
             if left:
                 totals[index] -= left
                 columns[base + index] = 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CounterTable:
@@ -176,37 +166,42 @@ class CounterTable:
 
     def _slot(self, table: _Mapped, key: bytes, now: float) -> int:
         """The slot of ``key``, taken if it has none; ``-1`` when none can be taken."""
-        known = table.found.get(key)
-        if known is not None and table.keys[known * 16:(known + 1) * 16] == key:
-            return known
-        slot = self._probe(table, key, now)
+        slot, free = self._scan(table, key, now)
+        if slot < 0 and free >= 0:
+            slot = free
+            table.keys[slot * 16:(slot + 1) * 16] = key
+            table.floats[slot * _FLOATS] = -1.0  # a full bucket, whatever its size
+            table.floats[slot * _FLOATS + 1] = now
+            table.floats[slot * _FLOATS + 2] = now
         if slot >= 0:
             if len(table.found) >= 2 * self.slots:
                 table.found.clear()
             table.found[key] = slot
         return slot
 
-    def _probe(self, table: _Mapped, key: bytes, now: float) -> int:
+    def _find(self, table: _Mapped, key: bytes) -> int:
+        """The slot of ``key``, ``-1`` when it has none."""
+        return self._scan(table, key, None)[0]
+
+    def _scan(self, table: _Mapped, key: bytes, now: float | None) -> tuple[int, int]:
+        """``key``'s slot (``-1``: none) and, with ``now``, the first slot it may take (``-1``: none:
+        an empty one, or one whose counts are zero and whose bucket is full by ``now``)."""
+        known = table.found.get(key)
+        if known is not None and table.keys[known * 16:(known + 1) * 16] == key:
+            return known, -1
         start = int.from_bytes(key[:8], "little") % self.slots
         free = -1
         for step in range(_PROBE):
             slot = (start + step) % self.slots
             held = table.keys[slot * 16:(slot + 1) * 16]
             if held == key:
-                return slot
+                return slot, -1
             if held == _EMPTY:
-                if free < 0:
-                    free = slot
-                break
-            if free < 0 and table.totals[2 * slot] == 0 and table.totals[2 * slot + 1] == 0 \
+                return -1, slot if free < 0 else free
+            if now is not None and free < 0 and table.totals[2 * slot] == 0 and table.totals[2 * slot + 1] == 0 \
                     and table.floats[slot * _FLOATS + 2] <= now:
                 free = slot
-        if free >= 0:
-            table.keys[free * 16:(free + 1) * 16] = key
-            table.floats[free * _FLOATS] = -1.0  # a full bucket, whatever its size
-            table.floats[free * _FLOATS + 1] = now
-            table.floats[free * _FLOATS + 2] = now
-        return free
+        return -1, free
 
     def admit(self, now: float, bucket: tuple[bytes, float, int] | None, kind: int,
               claims: Sequence[tuple[bytes, int | None]]) -> tuple[int, float]:
@@ -274,19 +269,6 @@ class CounterTable:
                     table.columns[at] -= 1
                     table.totals[2 * slot + kind] -= 1
 
-    def _find(self, table: _Mapped, key: bytes) -> int:
-        known = table.found.get(key)
-        if known is not None and table.keys[known * 16:(known + 1) * 16] == key:
-            return known
-        start = int.from_bytes(key[:8], "little") % self.slots
-        for step in range(_PROBE):
-            slot = (start + step) % self.slots
-            held = table.keys[slot * 16:(slot + 1) * 16]
-            if held == key:
-                return slot
-            if held == _EMPTY:
-                return -1
-        return -1
 
     def counts(self, key: bytes) -> tuple[int, int]:
         """``(in flight, long-running)`` of ``key`` across the instance (tests, the status page)."""
