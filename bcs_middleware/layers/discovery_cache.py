@@ -13,7 +13,9 @@ the default ``system:discovery`` and ``system:public-info-viewer`` roles. So
 :class:`DiscoveryCacheMiddleware` keeps them **per cluster** (never shared between clusters),
 keyed by path, query, ``Accept`` and ``Accept-Encoding`` (the answer varies by them), and serves
 them for ``ttl`` seconds without asking; then it asks again with ``If-None-Match`` and the
-apiserver's ETag — a ``304`` renews the entry without a body.
+apiserver's ETag — a ``304`` renews the entry without a body. For a cluster reached through
+its kube-agent's tunnel the entry is revalidated on every request (a ``304`` still saves the
+body crossing the tunnel): a cached answer must not hide that the tunnel is gone.
 
 It sits after cluster routing, so only a user allowed to use the cluster (``view``) reaches
 it, and before admission and the proxy. An entry remembers the upstream it came from (the
@@ -133,7 +135,10 @@ class DiscoveryCacheMiddleware:
             self.forget_cluster(key[0])
             entry = None
         now = self.clock()
-        if entry is not None and now - entry.checked < self.settings.ttl:
+        # Behind a kube-agent tunnel every answer is revalidated: whether the tunnel is up is
+        # known only to the worker (of whichever instance) holding the agent, and a cached answer
+        # must not hide that the cluster cannot be reached (a rotated register token, an agent gone).
+        if entry is not None and upstream.tunnel is None and now - entry.checked < self.settings.ttl:
             DISCOVERY_CACHE.labels("hit").inc()
             return self._serve(entry, environ, start_response)
         return self._fetch(key, source, entry, environ, start_response)
