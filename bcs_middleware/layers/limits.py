@@ -67,6 +67,10 @@ class _Released:
     def __iter__(self) -> Iterator[bytes]:
         return iter(self._iterable)
 
+    def __getattr__(self, name: str) -> Any:
+        # What outer layers read of the body (the audit layer: an upgraded session's ``result``).
+        return getattr(self._iterable, name)
+
     def close(self) -> None:
         release, self._release = self._release, None
         try:
