@@ -521,7 +521,15 @@ def start_serve(tmp: Path, name: str, apiserver_url: str, apiserver_ca: Path, ex
     """
     data_dir = tmp / name
     port = free_port()
-    argv = [str(BIN / "bcs-middleware"), "serve", "--data-dir", str(data_dir),
+    # The view user is one client sending thousands of requests a second: over any per-user
+    # limit a real user has (issue 29). It gets its own, so the limits are checked on every
+    # request (their cost is measured) and none refuses; everything else is serve's default.
+    limits: list[str] = []
+    if ((package_root or ROOT) / "bcs_middleware" / "limits").is_dir():  # a tree before issue 29 has none
+        limits_file = tmp / f"{name}-limits.yaml"
+        limits_file.write_text("users:\n  bench-user: {rate: 1000000, burst: 1000000, inflight: 100000}\n")
+        limits = ["--limits-config", str(limits_file)]
+    argv = [str(BIN / "bcs-middleware"), "serve", "--data-dir", str(data_dir), *limits,
             "--bind", f"127.0.0.1:{port}", "--workers", str(GUNICORN["workers"]),
             "--threads", str(GUNICORN["threads"]), "--worker-class", str(GUNICORN["worker_class"]),
             *([] if "--reuse-port" in GUNICORN_EXTRA else ["--no-reuse-port"]), *extra]
@@ -569,14 +577,15 @@ def start_served_tunnel_shared_socket(ctx: Context) -> Running:
     return _served_tunnel(ctx, "bench-admin", served)
 
 
-def tree_contender(name: str, package_root: Path) -> Contender:
-    """``tunnel`` (``serve``, superuser token) running another checkout's package (``--tree``)."""
+def tree_contender(name: str, package_root: Path, user: str = "bench-admin") -> Contender:
+    """``tunnel`` (``serve``, superuser token) running another checkout's package (``--tree``);
+    with ``user`` ``bench-user``, ``tunnel_imp`` (a ``view`` user: impersonation and the per-user limits)."""
     def start(ctx: Context) -> Running:
         served = start_serve(ctx.tmp, f"serve-{name}", ctx.nginx_tls_url, ctx.pki.ca_file,
                              package_root=package_root)
-        return _served_tunnel(ctx, "bench-admin", served)
+        return _served_tunnel(ctx, user, served)
 
-    return Contender(f"tunnel@{name}", start)
+    return Contender(f"{'tunnel' if user == 'bench-admin' else 'tunnel_imp'}@{name}", start)
 
 
 # The headline: the production path. Every name without the http_ prefix is HTTPS end to end.
@@ -882,6 +891,8 @@ def main() -> int:
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                         help="add contender tunnel@NAME: serve's tunnel running the package of the "
                              "checkout DIR (repeatable; an interleaved A/B of two versions of the code)")
+    parser.add_argument("--tree-imp", action="store_true",
+                        help="with --tree, also tunnel_imp@NAME: the view user's path of that checkout")
     args = parser.parse_args()
     if args.stock_gevent:
         global SERVE_WORKER
@@ -902,6 +913,8 @@ def main() -> int:
     for tree in args.tree:
         tree_name, _, tree_dir = tree.partition("=")
         contenders.append(tree_contender(tree_name, Path(tree_dir).resolve()))
+        if args.tree_imp:
+            contenders.append(tree_contender(tree_name, Path(tree_dir).resolve(), user="bench-user"))
 
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     tmp.chmod(0o755)  # nginx workers run as an unprivileged user when started by root

@@ -55,6 +55,10 @@ FLOORS: dict[str, int] = {
     "bcs_middleware.recording": 1,
     "bcs_middleware.recording.directory": 2,
     "bcs_middleware.recording.recorder": 3,
+    # Per-user limits: the settings and fair queuing are pure models; the table shared by a
+    # server's workers is a file they map (I/O).
+    "bcs_middleware.limits": 1,
+    "bcs_middleware.limits.table": 2,
     "bcs_middleware.store": 2,
     "bcs_middleware.outbound": 2,
     "bcs_middleware.discovery": 2,

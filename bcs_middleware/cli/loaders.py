@@ -46,6 +46,7 @@ def gateway_options(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         ("upstream_allow", " ".join(args.upstream_allow)), ("upstream_deny", " ".join(args.upstream_deny)),
         ("peer_address", args.peer_address), ("cluster_creators", args.cluster_creators),
         *recording_options(args),
+        ("limits_config", args.limits_config and str(Path(args.limits_config).absolute())),
     )
     options.update((key, value) for key, value in flags if value)
     for spec in args.quota:

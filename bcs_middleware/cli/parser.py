@@ -135,6 +135,9 @@ def _add_gateway_flags(serve: argparse.ArgumentParser) -> None:
                        help="gateway: a per-user quota (a number, or unlimited; superusers are exempt): "
                             "clusters_per_user (default 50), tokens_per_user (20), "
                             "webhook_configurations_per_cluster (20), permissions_per_cluster (200); repeatable")
+    serve.add_argument("--limits-config", metavar="FILE.yaml",
+                       help="gateway: per-user rate and in-flight limits, fair queuing and the discovery cache "
+                            "(a YAML file; README: Fair share). Without it the defaults apply")
     serve.add_argument("--insecure-http", action="store_true",
                        help="serve plain HTTP (kubectl will not send tokens over it)")
     serve.add_argument("--role", choices=("gateway", "driver"),

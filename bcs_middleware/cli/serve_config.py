@@ -90,6 +90,7 @@ APP_FLAGS = (
     AppFlag("recording_dir", ("recording_dir",), "recording_dir"),
     AppFlag("recording_max_age", ("recording_max_age",), "recording_max_age"),
     AppFlag("recording_max_size", ("recording_max_size",), "recording_max_size"),
+    AppFlag("limits_config", ("limits_config",), "limits_config"),
 )
 
 

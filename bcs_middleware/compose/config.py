@@ -33,6 +33,7 @@ from ..clusters.permissions import ClusterCreators
 from ..core.errors import ConfigError
 from ..core.quotas import Quotas
 from ..discovery.base import DEFAULT_ROOT, Endpoint
+from ..limits.settings import LimitSettings
 from ..recording.settings import RecordingSettings
 from .bootstrap import BootstrapUser, parse_bootstrap_users, scraper_token_digest
 
@@ -297,6 +298,9 @@ class GatewayConfig:
     self_service: SelfServiceSettings = field(default_factory=SelfServiceSettings)
     # exec/attach session recording (issue 28): the policy per cluster, the store, retention.
     recording: RecordingSettings = field(default_factory=RecordingSettings)
+    # Per-user limits, fair queuing, the discovery cache and the bounds of the gateway's own
+    # clients (ini limits_config: a YAML file; bcs_middleware/limits/settings.py). On by default.
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..agent_tunnel.registry import LocalAgents
+from ..agent_tunnel.session_state import MAX_CONCURRENT_DIALS, MAX_STREAMS
 from ..apps.dispatcher import GatewayDispatcher
 from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
@@ -53,15 +55,19 @@ from ..core.errors import ConfigError
 from ..layers.agent_endpoint import AgentTunnelMiddleware
 from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator
+from ..layers.discovery_cache import DiscoveryCacheMiddleware
 from ..layers.kubernetes_route import ClusterRoutingMiddleware
+from ..layers.limits import LimitsMiddleware
 from ..layers.mesos_route import DRIVER_PATH, MesosRoutingMiddleware
 from ..layers.request_context import RequestContextMiddleware
 from ..layers.webconsole_route import GATEWAY_PREFIX as WEBCONSOLE_PREFIX
 from ..layers.webconsole_route import WEBCONSOLE
+from ..limits.settings import LimitSettings
 from ..outbound.transport import Transport
 from ..recording.catalog import RecordingStore
 from ..store.definitions import SQLDefinitionStore
 from ..store.sql import SQLStore
+from ..telemetry.metrics import LIMIT_CAPACITY
 from .config import GatewayConfig
 from .ini import gateway_config
 from .resources import GatewayResources, open_resources
@@ -154,7 +160,8 @@ def _kubernetes_route(config: GatewayConfig, resources: GatewayResources, proxy:
             **config.admission.layer_options(),
         )
         engine, inner = admission.engine, admission
-    tunnel = ClusterRoutingMiddleware(inner, directory=directory, access=access, rbac=config.rbac.enabled,
+    tunnel = ClusterRoutingMiddleware(_discovery_cached(inner, config.limits, resources.agents),
+                                      directory=directory, access=access, rbac=config.rbac.enabled,
                                       tls_server_name=clusters.tls_server_name, verify=clusters.verify)
     return tunnel, engine
 
@@ -253,9 +260,39 @@ def _authenticated(config: GatewayConfig, store: SQLStore, app: Any) -> TokenAut
     peer = (ClientCertificateAuthenticator(dict(auth.client_cert_subjects), store.find_user)
             if auth.client_cert_subjects else None)
     return TokenAuthMiddleware(
-        app, authenticator=CachingAuthenticator(StoreAuthenticator(store), ttl=auth.token_cache_ttl),
+        _limited(app, config.limits),
+        authenticator=CachingAuthenticator(StoreAuthenticator(store), ttl=auth.token_cache_ttl),
         public_paths=auth.public_paths, peer_authenticator=peer, public_routes=("agent_report",),
     )
+
+
+def _limited(app: Any, limits: LimitSettings) -> Any:
+    """The per-user limits around what authenticated requests reach (layers/limits.py), and
+    the bounds of the gateway's own clients shown as metrics (``bcs_limits_capacity``)."""
+    clients = limits.clients
+    for bound, value in (("upstream_idle_per_cluster", clients.upstream_idle_per_cluster),
+                         ("upstream_identities", clients.upstream_identities),
+                         ("rbac_sync_workers", clients.rbac_sync_workers),
+                         ("agent_concurrent_dials", MAX_CONCURRENT_DIALS), ("agent_streams", MAX_STREAMS)):
+        LIMIT_CAPACITY.labels(bound).set(value)
+    return LimitsMiddleware(app, settings=limits) if limits.enabled else app
+
+
+def _discovery_cached(app: Any, limits: LimitSettings, agents: LocalAgents) -> Any:
+    """The per-cluster discovery cache in front of admission and the proxy (layers/discovery_cache.py);
+    a cluster's documents are dropped when a newer agent connection replaces the one held here."""
+    if not limits.discovery_cache.enabled:
+        return app
+    cache = DiscoveryCacheMiddleware(app, settings=limits.discovery_cache)
+    retire = agents.on_replaced
+
+    def replaced(cluster_id: str) -> None:
+        cache.forget_cluster(cluster_id)
+        if retire is not None:
+            retire(cluster_id)
+
+    agents.on_replaced = replaced
+    return cache
 
 
 def _audited(config: GatewayConfig, app: Any) -> Any:

@@ -22,6 +22,7 @@ from ..core.errors import ConfigError
 from ..core.quotas import Quotas, limit_value
 from ..discovery.base import Endpoint
 from ..layers.client_cert import parse_subject_map
+from ..limits import settings as limit_settings
 from ..recording import settings as recording_options
 from .config import DriverConfig, GatewayConfig, IniContext, section_types
 
@@ -94,6 +95,7 @@ GATEWAY_KEYS: dict[str, Key] = {
     "audit_policy_file": Key(conv.text, "audit", "policy_file"),
     "cluster_creators": Key(ClusterCreators.parse, "self_service", "cluster_creators"),
     **{f"quota_{name}": Key(limit_value, "self_service", f"quota_{name}") for name in Quotas.names()},
+    "limits_config": Key(limit_settings.load, "", "limits"),
     **{name: Key(convert, "recording", recording_options.ATTRIBUTES[name])
        for name, convert in recording_options.OPTIONS.items()},
 }

@@ -106,7 +106,9 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
     if transport is None:
         transport = PooledTransport(
             connect_timeout=config.outbound.connect_timeout, read_timeout=config.outbound.read_timeout,
-            stream_idle_timeout=config.outbound.stream_idle_timeout, address_policy=policy, tunnels=tunnels)
+            stream_idle_timeout=config.outbound.stream_idle_timeout, address_policy=policy, tunnels=tunnels,
+            pool_maxsize=config.limits.clients.upstream_idle_per_cluster,
+            max_upstreams=config.limits.clients.upstream_identities)
     if isinstance(transport, PooledTransport):
         agents.on_replaced = transport.retire_tunnel
     return GatewayResources(
@@ -157,6 +159,7 @@ def _rbac_service(config: GatewayConfig, store: SQLStore, transport: Transport,
         store, source_file=rbac.source_file, source_url=rbac.source_url, source_token_file=rbac.source_token_file,
         source_ca_file=rbac.source_ca_file, interval=rbac.interval, tls_server_name=config.clusters.tls_server_name,
         verify=config.clusters.verify, address_policy=policy, transport=transport,
+        max_workers=config.limits.clients.rbac_sync_workers,
     )
 
 

@@ -283,6 +283,32 @@ class UpstreamUnreachable(BadGateway):
         return super().__call__(environ, start_response)
 
 
+class TooManyRequests(BCSError):
+    """A limit refused the request; retrying after ``retry_after`` seconds may succeed.
+
+    As kube-apiserver answers it (apimachinery ``errors.NewTooManyRequests``): ``429``, a
+    ``Retry-After`` header, and on tunnel paths a ``Status`` with reason ``TooManyRequests``
+    and ``details.retryAfterSeconds`` — client-go and kubectl wait that long and retry
+    (``rest/request.go``: ``checkWait``). The message names the limit, never the user.
+    """
+
+    status = 429
+    code_name = "TOO_MANY_REQUESTS"
+
+    def __init__(self, message: str, *, retry_after: int, limit: str) -> None:
+        self.retry_after = max(1, retry_after)
+        self.limit = limit
+        super().__init__(message, headers=[("Retry-After", str(self.retry_after))])
+
+    def body(self, style: env.ErrorStyle = "json") -> dict[str, Any]:
+        body = super().body(style)
+        if style == "kubernetes":
+            body["details"]["retryAfterSeconds"] = self.retry_after
+        elif style == "json":
+            body.update(limit=self.limit, retry_after=self.retry_after)
+        return body
+
+
 class ServiceUnavailable(BCSError):
     status = 503
     code_name = "SERVICE_UNAVAILABLE"

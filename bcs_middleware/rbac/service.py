@@ -295,11 +295,13 @@ def build_service(store: RBACStore, *, source_file: str | None = None, source_ur
                   source_token_file: str | None = None, source_ca_file: str | None = None,
                   interval: float = 300.0, tls_server_name: str | None = None, verify: bool = True,
                   connect_timeout: float = 5.0, read_timeout: float = 30.0,
-                  address_policy: AddressPolicy | None = None, transport: Transport | None = None) -> RBACService:
+                  address_policy: AddressPolicy | None = None, transport: Transport | None = None,
+                  max_workers: int = 8) -> RBACService:
     """The service as gateway configuration describes it (``rbac_source_file`` *or* ``rbac_source_url``).
 
     :param transport: the process's outbound transport (the gateway passes the one every
         layer shares), used for the URL source and the clusters; else one of its own.
+    :param max_workers: clusters written to at once (the limits file's ``clients.rbac_sync_workers``).
     :raises ConfigError: no source, both sources, or an unsafe URL configuration.
     """
     if bool(source_file) == bool(source_url):
@@ -316,4 +318,4 @@ def build_service(store: RBACStore, *, source_file: str | None = None, source_ur
             raise ConfigError(f"rbac_source_url: {exc}") from None
     return RBACService(store, source, interval=interval, tls_server_name=tls_server_name, verify=verify,
                        connect_timeout=connect_timeout, read_timeout=read_timeout,
-                       address_policy=address_policy, transport=transport)
+                       address_policy=address_policy, transport=transport, max_workers=max_workers)

@@ -34,6 +34,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..core.forksafe import process_alive
+
 DEFAULT_DATA_DIR = "bcs-data"
 ADMIN_TOKEN_FILE = "admin.token"
 ADMIN_TOKEN_ENV = "BCS_ADMIN_TOKEN"
@@ -104,7 +106,7 @@ def _gone(directory: Path) -> bool:
         fd = os.open(directory / _OWNER_LOCK, os.O_RDWR)
     except FileNotFoundError:
         if directory.name.startswith("."):  # being made: locked right after it was created
-            return not _alive(int(directory.name[1:].partition(".")[0]))
+            return not process_alive(int(directory.name[1:].partition(".")[0]))
         return True  # a named directory is renamed only once locked
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -115,14 +117,6 @@ def _gone(directory: Path) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def server_metrics_dir(data_dir: Path) -> Path:

@@ -134,6 +134,53 @@ AGENT_LIMIT_CLOSES = Counter(
     ["cluster", "bound"],
 )
 
+# Per-user limits (bcs_middleware/layers/limits.py). ``limit`` is a closed set (user_rate,
+# user_inflight, user_long_running, group_inflight, cluster_inflight, cluster_long_running,
+# worker_seats, user_queue): never a user's, group's or cluster's name.
+LIMIT_ADMITTED = Counter(
+    "bcs_limits_admitted",
+    "Requests the per-user limits let through, by kind (ordinary, long_running) and whether they waited (queued).",
+    ["kind", "queued"],
+)
+LIMIT_QUEUED = Counter(
+    "bcs_limits_queued",
+    "Requests that waited in their user's line, by the limit that held them.",
+    ["limit"],
+)
+LIMIT_REFUSED = Counter(
+    "bcs_limits_refused",
+    "Requests answered 429 by the per-user limits, by the limit that refused them.",
+    ["limit"],
+)
+LIMIT_QUEUE_WAIT = Histogram(
+    "bcs_limits_queue_wait_seconds",
+    "Time requests waited in their user's line (admitted or not), by the limit that held them.",
+    ["limit"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+LIMIT_WAITING = Gauge(
+    "bcs_limits_waiting",
+    "Requests waiting in users' lines right now.",
+    multiprocess_mode="livesum",
+)
+LIMIT_CAPACITY = Gauge(
+    "bcs_limits_capacity",
+    "Configured bounds of the gateway and its own clients, by bound (0: none). Per worker for "
+    "worker_seats and the outbound and database pools; per instance for the others.",
+    ["bound"],
+    multiprocess_mode="max",
+)
+LIMIT_TABLE_OVERFLOWS = Counter(
+    "bcs_limits_table_overflows",
+    "Requests admitted uncounted because the shared limits table had no slot for their key.",
+)
+DISCOVERY_CACHE = Counter(
+    "bcs_discovery_cache_lookups",
+    "Discovery and OpenAPI documents asked of the per-cluster cache, by result (hit, miss, "
+    "revalidated, refetched, invalidated, uncacheable).",
+    ["result"],
+)
+
 # The item MetricBatch.request queues: both per-request metrics for one ``put``.
 _REQUEST = object()
 

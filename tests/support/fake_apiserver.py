@@ -21,7 +21,9 @@ this one instead. It serves, over TLS with a generated CA, on 127.0.0.1:
 * ``pods/{name}/log`` (``follow=true`` streams a line every ``log_interval`` seconds);
 * test endpoints outside the Kubernetes API, without authentication (an upstream proxy that
   never forwards credentials can reach them): ``POST /__digest`` (streams the body, sized or
-  chunked, answers ``{"bytes", "sha256"}``), ``GET /__bytes?n=N``, ``GET /__slow?seconds=S``.
+  chunked, answers ``{"bytes", "sha256"}``), ``GET /__bytes?n=N``, ``GET /__slow?seconds=S``
+  (``slow_now``/``slow_peak``: how many at once, now and at most);
+* discovery documents carry an ETag and answer a matching ``If-None-Match`` with ``304``.
 
 Every request is recorded (``.requests``). Authentication is ``Authorization: Bearer <token>``;
 an ``authorize(callable)`` hook sees each API request with the impersonated user and may deny it
@@ -886,6 +888,26 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
+    def _send_document(self, obj: Any) -> None:
+        """A discovery document with an ETag, ``304`` to a matching ``If-None-Match`` — as
+        kube-apiserver's discovery handlers answer (``endpoints/discovery/aggregated/etag.go``:
+        ``ETag`` quoted, ``Vary: Accept``, ``Cache-Control: public``)."""
+        data = json.dumps(obj).encode()
+        etag = f'"{hashlib.sha512(data).hexdigest()[:32]}"'
+        self.send_response(304 if self.req_headers.get("If-None-Match") == etag else 200)
+        self.send_header("ETag", etag)
+        self.send_header("Vary", "Accept")
+        self.send_header("Cache-Control", "public")
+        if self.req_headers.get("If-None-Match") == etag:
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
     def _start_stream(self, content_type: str) -> None:
         self.send_response(200)
         self.send_header("Content-Type", content_type)
@@ -933,7 +955,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "GET":
             static = self.fake._static_document(path)
             if static is not None:
-                self._send_json(200, static)
+                self._send_document(static)
                 return
             if path.startswith("/openapi/v3/") and path[len("/openapi/v3/"):] in _OPENAPI_GV:
                 self._send_json(200, _openapi_v3(_OPENAPI_GV[path[len("/openapi/v3/"):]]))
@@ -1202,7 +1224,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(block[:size])
                 size -= len(block)
         elif name == "/__slow":
-            self.fake._stopping.wait(float(self.params.get("seconds", "1")))
+            with self.fake._conn_lock:
+                self.fake.slow_now += 1
+                self.fake.slow_peak = max(self.fake.slow_peak, self.fake.slow_now)
+            try:
+                self.fake._stopping.wait(float(self.params.get("seconds", "1")))
+            finally:
+                with self.fake._conn_lock:
+                    self.fake.slow_now -= 1
             self._send_json(200, {"slept": float(self.params.get("seconds", "1"))})
         elif name == "/__echo":
             self._send_json(200, {"method": self.command, "path": self.url_path,
@@ -1533,6 +1562,9 @@ class FakeAPIServer:
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
+        #: ``GET /__slow`` requests being answered now, and the most at once so far.
+        self.slow_now = 0
+        self.slow_peak = 0
 
         self._ca = trustme.CA()
         self._cert = self._ca.issue_cert(*cert_hosts)

@@ -1,0 +1,237 @@
+"""Fair share between users: per-user rate and in-flight limits, and fair queuing.
+
+:class:`LimitsMiddleware` sits right after token authentication. For each request of an
+authenticated user (superusers, configured users and the health, readiness and metrics
+routes are exempt by default) it:
+
+1. takes a token from the user's bucket (``user.rate`` per second, ``user.burst`` at once);
+   without one the answer is ``429`` at once, ``Retry-After`` saying when the next comes;
+2. for a long-running request (a watch, logs, exec/attach/port-forward, proxy, any
+   upgrade: :attr:`~bcs_middleware.core.facts.RequestFacts.long_running`, decided once by
+   the request's facts) counts it against the user's and the cluster's long-running caps, or
+   answers ``429``: such requests hold no seat (they wait on the network, not on a core) but
+   each is a watch or a session the apiserver keeps — APF exempts them, this does not;
+3. for any other request takes a seat in this worker and counts it against the user's, each
+   of its capped groups' and the cluster's in-flight caps; when one is at its bound the request
+   waits in its user's line and users are served in turn (:mod:`bcs_middleware.limits.fair`),
+   then ``429`` when the line is full or the wait is over.
+
+The counts and buckets are shared by the instance's workers (:mod:`bcs_middleware.limits.table`);
+what is counted is released when the response is closed. A refusal is
+:class:`~bcs_middleware.core.errors.TooManyRequests`: a Kubernetes ``Status`` (reason
+``TooManyRequests``, ``details.retryAfterSeconds``) on tunnel paths, which kubectl and
+client-go wait out and retry. Metrics count per limit (``bcs_limits_*``), never per user.
+
+Reads ``bcs.user``, ``bcs.facts``; sets nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..core import converters as conv
+from ..core import environ as env
+from ..core import facts as request_facts
+from ..core.errors import TooManyRequests
+from ..limits.fair import FairQueue
+from ..limits.settings import LimitSettings, UserLimits, load
+from ..limits.table import BUCKET, INFLIGHT, LONG_RUNNING, OK, CounterTable, key_digest
+from ..telemetry import metrics
+
+#: The shared table's file in the server's own directory (``serve`` gives each server one:
+#: :func:`bcs_middleware.serving.datadir.server_metrics_dir`), beside its metrics.
+TABLE_FILE = "limits.table"
+
+
+def shared_table_path() -> Path | None:
+    """Where the workers of this server share their counts: the server's own directory, when
+    it runs several workers under ``serve`` (``PROMETHEUS_MULTIPROC_DIR``); else ``None``."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(directory) / TABLE_FILE if directory else None
+
+
+class _Released:
+    """The response body; what the request counted is released once, when it is closed."""
+
+    __slots__ = ("_iterable", "_release")
+
+    def __init__(self, iterable: Iterable[bytes], release: Callable[[], None]) -> None:
+        self._iterable = iterable
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._iterable)
+
+    def __getattr__(self, name: str) -> Any:
+        # What outer layers read of the body (the audit layer: an upgraded session's ``result``).
+        return getattr(self._iterable, name)
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        try:
+            close = getattr(self._iterable, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if release is not None:
+                release()
+
+
+class LimitsMiddleware:
+    """Per-user limits and fair queuing (see the module docs).
+
+    :param app: the next layer (the dispatcher).
+    :param settings: the limits (:mod:`bcs_middleware.limits.settings`).
+    :param table: the counts shared by this instance's workers; default one at
+        :func:`shared_table_path` (this process's memory when there is none).
+    :param clock: monotonic seconds (tests).
+    """
+
+    def __init__(self, app: Any, *, settings: LimitSettings, table: CounterTable | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.settings = settings
+        self.table = table if table is not None else CounterTable(shared_table_path())
+        self.clock = clock
+        queue = settings.queue
+        self.queue = FairQueue(queue.seats_per_worker, length=queue.length, wait=queue.wait, clock=clock)
+        self.group_caps = dict(settings.groups)
+        self._admitted_at_once = metrics.LIMIT_ADMITTED.labels("ordinary", "false")
+        self._long_admitted = metrics.LIMIT_ADMITTED.labels("long_running", "false")
+        self._overflows = 0
+        for bound, value in (("worker_seats", queue.seats_per_worker), ("user_inflight", settings.user.inflight),
+                             ("user_long_running", settings.user.long_running),
+                             ("cluster_inflight", settings.cluster.inflight),
+                             ("cluster_long_running", settings.cluster.long_running)):
+            metrics.LIMIT_CAPACITY.labels(bound).set(value or 0)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        user = env.get_user(environ)
+        if user is None or not self.settings.enabled:
+            return self.app(environ, start_response)
+        facts = request_facts.of(environ)
+        if facts.kind in self.settings.exempt_routes or (user.is_superuser and self.settings.exempt_superusers) \
+                or user.name in self.settings.exempt_users:
+            return self.app(environ, start_response)
+        limits = self.settings.for_user(user.name)
+        long_running = facts.long_running or facts.upgrade is not None
+        try:
+            release = self._admit(user, limits, facts.cluster_id, long_running)
+        except TooManyRequests as exc:
+            metrics.LIMIT_REFUSED.labels(exc.limit).inc()
+            return exc(environ, start_response)
+        finally:
+            self._note_overflows()
+        try:
+            body = self.app(environ, start_response)
+        except BaseException:
+            release()
+            raise
+        if type(body) is list:  # answered whole: nothing more is being done for it
+            release()
+            return body
+        return _Released(body, release)
+
+    def _admit(self, user: env.User, limits: UserLimits, cluster_id: str | None,
+               long_running: bool) -> Callable[[], None]:
+        now = self.clock()
+        user_key = key_digest("u:" + user.name)
+        bucket = (user_key, limits.rate, limits.burst) if limits.rate is not None else None
+        if long_running:
+            claims = [(user_key, limits.long_running)]
+            names = ["user_long_running"]
+            if cluster_id is not None:
+                claims.append((key_digest("c:" + cluster_id), self.settings.cluster.long_running))
+                names.append("cluster_long_running")
+            verdict, wait = self.table.admit(now, bucket, LONG_RUNNING, claims)
+            if verdict != OK:
+                raise self._refusal(verdict, wait, names)
+            self._long_admitted.inc()
+            keys = [key for key, _cap in claims]
+            return lambda: self.table.release(LONG_RUNNING, keys)
+        claims = [(user_key, limits.inflight)]
+        names = ["user_inflight"]
+        for group in user.groups:
+            cap = self.group_caps.get(group)
+            if cap is not None:
+                claims.append((key_digest("g:" + group), cap))
+                names.append("group_inflight")
+        if cluster_id is not None:
+            claims.append((key_digest("c:" + cluster_id), self.settings.cluster.inflight))
+            names.append("cluster_inflight")
+        keys = [key for key, _cap in claims]
+
+        def release() -> None:
+            self.table.release(INFLIGHT, keys)
+            self.queue.leave()
+
+        # One look at the shared table: a request over its rate is refused here and never
+        # waits in a line; one within every cap takes a free seat and goes.
+        verdict, wait = self.table.admit(now, bucket, INFLIGHT, claims)
+        if verdict == BUCKET:
+            raise self._refusal(verdict, wait, names)
+        if verdict == OK:
+            if self.queue.take_seat():
+                self._admitted_at_once.inc()
+                return release
+            self.table.release(INFLIGHT, keys)  # the seats are taken: wait for one in turn
+            bucket = None  # its token is spent
+
+        def acquire() -> str | None:
+            verdict, _wait = self.table.admit(self.clock(), bucket, INFLIGHT, claims)
+            return None if verdict == OK else "user_rate" if verdict == BUCKET else names[verdict]
+
+        waited = self.queue.enter(user.name, acquire)
+        if waited.limit:
+            metrics.LIMIT_QUEUED.labels(waited.limit).inc()
+            metrics.LIMIT_QUEUE_WAIT.labels(waited.limit).observe(waited.seconds)
+        if not waited.granted:
+            limit = "user_queue" if waited.full else waited.limit
+            raise TooManyRequests(
+                f"too many requests: the {limit.replace('_', ' ')} limit is reached, please try again later",
+                retry_after=1, limit=limit)
+        metrics.LIMIT_ADMITTED.labels("ordinary", "true" if waited.limit else "false").inc()
+        return release
+
+    @staticmethod
+    def _refusal(verdict: int, wait: float, names: list[str]) -> TooManyRequests:
+        if verdict == BUCKET:
+            return TooManyRequests("too many requests: the user's request rate is over its limit, please try "
+                                   "again later", retry_after=math.ceil(wait), limit="user_rate")
+        limit = names[verdict]
+        return TooManyRequests(f"too many requests: the {limit.replace('_', ' ')} limit is reached, please try "
+                               "again later", retry_after=1, limit=limit)
+
+    def _note_overflows(self) -> None:
+        overflows = self.table.overflows
+        if overflows != self._overflows:
+            metrics.LIMIT_TABLE_OVERFLOWS.inc(overflows - self._overflows)
+            self._overflows = overflows
+
+
+_OPTIONS: dict[str, conv.Converter] = {"limits_config": conv.text}
+
+
+def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
+    """PasteDeploy filter ``egg:bcs-middleware#limits``: per-user limits after token auth::
+
+        [filter:limits]
+        use = egg:bcs-middleware#limits
+        # the YAML file of bcs_middleware/limits/settings.py; without it, the defaults
+        limits_config = /etc/bcs/limits.yaml
+
+        [pipeline:main]
+        pipeline = request_context token_auth limits myapp
+    """
+    opts = conv.convert_options("filter:limits", local_conf, _OPTIONS)
+    settings = load(opts["limits_config"]) if opts.get("limits_config") else LimitSettings()
+
+    def make(app: Any) -> LimitsMiddleware:
+        return LimitsMiddleware(app, settings=settings)
+
+    return make
