@@ -45,6 +45,8 @@ def gateway_options(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         ("driver_ca_file", args.driver_ca_file), ("client_cert_subjects", "\n".join(args.client_cert_map)),
         ("upstream_allow", " ".join(args.upstream_allow)), ("upstream_deny", " ".join(args.upstream_deny)),
         ("peer_address", args.peer_address), ("cluster_creators", args.cluster_creators),
+        ("authentication_config", args.authentication_config and str(Path(args.authentication_config).absolute())),
+        ("superuser_groups", " ".join(args.superuser_group)),
     )
     options.update((key, value) for key, value in flags if value)
     for spec in args.quota:

@@ -40,6 +40,7 @@ from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
+from ..authn.config import IdentitySettings
 from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer, ClusterCreators
 from ..clusters.reader import TunnelClusterReader
@@ -50,7 +51,14 @@ from ..core.records import Holder
 from ..discovery.base import Discovery, Endpoint
 from ..discovery.static import StaticDiscovery
 from ..layers.agent_endpoint import AgentTunnelMiddleware
-from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
+from ..layers.auth import (
+    Authenticator,
+    CachingAuthenticator,
+    CredentialKinds,
+    StoreAuthenticator,
+    TokenAuthMiddleware,
+    jwt_authenticator,
+)
 from ..layers.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from ..layers.kubernetes_route import ClusterRoutingMiddleware
 from ..layers.mesos_route import DRIVER_PATH, MesosRoutingMiddleware
@@ -267,6 +275,7 @@ class GatewayConfig:
     max_yaml: int = 1024 * 1024
     # Client-certificate authentication (the server must ask for certificates: serve --client-ca-file).
     client_cert_subjects: tuple[tuple[str, str], ...] = ()
+    identity: IdentitySettings = field(default_factory=IdentitySettings)
     admission_max_body: int = 3 * 1024 * 1024
     admission_budget: float = 15.0
     # Estimated memory of the bodies admission holds at once per worker (None: its default, 128 MiB).
@@ -491,7 +500,10 @@ def build_gateway(
         api=api, tunnel=tunnel, store=store.db, rbac_status=rbac_status, mesos=mesos, discovery=discovery,
         webconsole=webconsole, metrics_token=config.metrics_token,
     )
-    authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
+    authenticator: Authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
+    jwts = jwt_authenticator(config.identity, transport)
+    if jwts is not None:
+        authenticator = CredentialKinds(authenticator, jwts)
     peer = (
         ClientCertificateAuthenticator(dict(config.client_cert_subjects), store.find_user)
         if config.client_cert_subjects
@@ -568,6 +580,8 @@ _OPTIONS: dict[str, conv.Converter] = {
     "cluster_creators": ClusterCreators.parse,
     **{f"quota_{name}": limit_value for name in Quotas.names()},
     "metrics_token": conv.text,
+    "authentication_config": conv.text,
+    "superuser_groups": conv.aslist,
 }
 
 
@@ -609,9 +623,16 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
         values["client_cert_subjects"] = tuple(values["client_cert_subjects"].items())
     if "webhook_address_map" in values:
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
+    values["identity"] = identity_settings(values)
     quotas = {key.removeprefix("quota_"): values.pop(key) for key in list(values) if key.startswith("quota_")}
     values["quotas"] = Quotas(**quotas)
     return GatewayConfig(**values)
+
+
+def identity_settings(values: dict[str, Any]) -> IdentitySettings:
+    """Take the sign-in keys (``authentication_config``, ``superuser_groups``) out of ``values``."""
+    path = values.pop("authentication_config", None)
+    return IdentitySettings(Path(path) if path else None, tuple(values.pop("superuser_groups", ())))
 
 
 def _metrics_token(source: str, data_dir: Path | None) -> str:
