@@ -1,0 +1,260 @@
+"""Attacks on sign-in with identity-provider JWTs, through a real ``bcs-middleware serve``.
+
+Two real OpenID providers (``oidc-provider-mock`` under gunicorn, HTTPS on loopback with a
+test CA: :mod:`tests.support.oidc_provider`) are two issuers of one
+``AuthenticationConfiguration``; the gateway fetches their discovery documents and keys
+through its outbound stack. ``ONE`` maps ``sub`` with the prefix ``one:`` and requires a
+verified email; ``TWO`` maps ``sub`` without a prefix (so a ``system:`` subject would become a
+``system:`` user name) and its ID tokens live :data:`SHORT_LIFE` seconds. A fake apiserver
+behind the gateway records the ``Impersonate-*`` headers each request carried, and the
+permission subscription grants the group ``dev`` ``view`` on one cluster only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+import trustme
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.gateway import SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
+from tests.support.oidc_provider import Provider, served_provider
+from tests.support.polling import wait_until
+
+AUDIENCE = "bcs-gateway"
+SHORT_LIFE = 6
+VIEWED = "BCS-K8S-OIDC1"
+OTHER = "BCS-K8S-OIDC2"
+
+
+@dataclass
+class World:
+    gw: Gateway
+    api: FakeAPIServer
+    one: Provider
+    two: Provider
+
+
+def _authentication_config(path: Path, one: Provider, two: Provider, ca_pem: str) -> Path:
+    config = {
+        "apiVersion": "apiserver.config.k8s.io/v1beta1",
+        "kind": "AuthenticationConfiguration",
+        "jwt": [
+            {
+                "issuer": {"url": one.issuer, "audiences": [AUDIENCE], "certificateAuthority": ca_pem},
+                "claimValidationRules": [{"expression": "claims.email_verified == true",
+                                          "message": "the email must be verified"}],
+                "claimMappings": {
+                    "username": {"claim": "sub", "prefix": "one:"},
+                    "groups": {"claim": "groups", "prefix": ""},
+                    "uid": {"expression": "'uid-' + claims.sub"},
+                    "extra": [{"key": "example.com/email", "valueExpression": "claims.email"}],
+                },
+                "userValidationRules": [{"expression": "!user.username.startsWith('one:blocked')",
+                                         "message": "this user is blocked"}],
+            },
+            {
+                "issuer": {"url": two.issuer, "audiences": [AUDIENCE, "other"], "audienceMatchPolicy": "MatchAny",
+                           "certificateAuthority": ca_pem},
+                "claimMappings": {"username": {"claim": "sub", "prefix": ""},
+                                  "groups": {"expression": "has(claims.groups) ? claims.groups : []"}},
+            },
+        ],
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("oidc")
+    ca = trustme.CA()
+    ca_pem = ca.cert_pem.bytes().decode()
+    grants = tmp / "grants.json"
+    grants.write_text(json.dumps({"version": 1, "grants": [{"group": "dev", "cluster": VIEWED, "role": "view"}]}))
+    with served_provider(tmp / "one", ca) as one, served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
+        auth = _authentication_config(tmp / "authentication.json", one, two, ca_pem)
+        data = tmp / "data"
+        ini = gateway_ini(tmp / "gateway.ini", data, rbac="true", rbac_source_file=str(grants), rbac_interval="1s",
+                          authentication_config=str(auth), superuser_groups="platform-admins")
+        with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
+            register_cluster(gw, VIEWED, server_url=api.url, ca_pem=api.ca_pem)
+            register_cluster(gw, OTHER, server_url=api.url, ca_pem=api.ca_pem)
+            yield World(gw, api, one, two)
+            output = gw.server.output()
+    assert "eyJ" not in output  # no token (a JWT starts so) in any log line
+
+
+def _token(provider: Provider, sub: str, **claims: Any) -> str:
+    return provider.id_token(sub, client_id=AUDIENCE, claims={"email": f"{sub}@example.com", "email_verified": True,
+                                                               **claims})
+
+
+def _message(raw: bytes) -> str:
+    return str(json.loads(raw).get("message", ""))
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _forged(header: dict[str, Any], claims: dict[str, Any], sign: Any) -> str:
+    signing_input = _b64(json.dumps(header).encode()) + "." + _b64(json.dumps(claims).encode())
+    return signing_input + "." + _b64(sign(signing_input.encode()))
+
+
+def _claims(world: World, **override: Any) -> dict[str, Any]:
+    now = int(time.time())
+    return {"iss": world.one.issuer, "aud": [AUDIENCE], "sub": "mallory", "exp": now + 600, "iat": now,
+            "email": "mallory@example.com", "email_verified": True, "groups": ["platform-admins"], **override}
+
+
+def _whoami(world: World, token: str) -> tuple[int, bytes]:
+    return world.gw.call("GET", "/rest/clusters", token=token)
+
+
+def test_a_provider_token_signs_in_and_carries_its_mapped_identity_upstream(world: World) -> None:
+    token = _token(world.one, "alice", groups=["dev"])
+    status, raw = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces/default/pods", token=token)
+    assert status == 200, raw
+    seen = world.api.requests.last("/api/v1/namespaces/default/pods")
+    assert seen is not None
+    assert seen.headers.get("Impersonate-User") == "one:alice"
+    assert seen.headers.get("Impersonate-Uid") == "uid-alice"
+    assert seen.headers.getlist("Impersonate-Group") == ["system:authenticated", "dev"]
+    assert seen.headers.getlist("Impersonate-Extra-Example.com%2Femail") == ["alice@example.com"]
+    assert seen.headers.get("Authorization") == f"Bearer {SA_TOKEN}"  # the user's JWT never goes upstream
+
+
+def test_a_group_grant_gives_view_on_its_cluster_and_not_another(world: World) -> None:
+    token = _token(world.one, "dora", groups=["dev"])
+    # The subscription is read in the background: poll until its grant is seen.
+    assert wait_until(lambda: world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces",
+                                            token=token)[0] == 200, timeout=30, step=0.2)
+    status, raw = world.gw.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces", token=token)
+    assert status == 404, raw
+    status, raw = _whoami(world, token)
+    assert status == 200, raw
+    assert VIEWED.encode() in raw and OTHER.encode() not in raw
+
+
+def test_the_superuser_group_makes_a_superuser(world: World) -> None:
+    token = _token(world.one, "root", groups=["platform-admins"])
+    status, raw = world.gw.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces", token=token)
+    assert status == 200, raw
+    seen = world.api.requests.last("/api/v1/namespaces")
+    assert seen is not None and seen.headers.get("Impersonate-User") is None
+
+
+def test_client_impersonation_is_refused_for_a_provider_user(world: World) -> None:
+    token = _token(world.one, "erin", groups=["dev"])
+    status, _ = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token,
+                              headers={"Impersonate-User": "one:root"})
+    assert status in (400, 403)
+
+
+def test_alg_none_is_refused(world: World) -> None:
+    token = _forged({"alg": "none", "typ": "JWT"}, _claims(world), lambda _: b"")
+    status, raw = _whoami(world, token)
+    assert status == 401
+    assert "token signed with none" in _message(raw)
+
+
+def test_hs256_signed_with_the_providers_public_key_is_refused(world: World) -> None:
+    key = jwt.PyJWK(world.one.jwks()["keys"][0]).key
+    pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    for secret in (pem, json.dumps(world.one.jwks()["keys"][0]).encode()):
+        token = _forged({"alg": "HS256", "typ": "JWT"}, _claims(world),
+                        lambda data, s=secret: hmac.new(s, data, hashlib.sha256).digest())
+        status, raw = _whoami(world, token)
+        assert status == 401
+        assert "token signed with HS256" in _message(raw)
+
+
+def test_a_token_for_another_audience_is_refused(world: World) -> None:
+    token = world.one.id_token("frank", client_id="another-app", claims={"email": "f@example.com",
+                                                                           "email_verified": True})
+    status, raw = _whoami(world, token)
+    assert status == 401
+    assert "audience" in _message(raw) and "another-app" in _message(raw)
+
+
+def test_another_issuers_token_is_not_accepted_as_this_issuers(world: World) -> None:
+    # Signed by TWO's key, claiming to be ONE's: ONE's keys never verify it.
+    honest = _token(world.two, "grace")
+    header, _, signature = honest.split(".")
+    payload = json.loads(base64.urlsafe_b64decode(honest.split(".")[1] + "=="))
+    forged = header + "." + _b64(json.dumps({**payload, "iss": world.one.issuer}).encode()) + "." + signature
+    status, raw = _whoami(world, forged)
+    assert status == 401
+    assert "signature does not verify" in _message(raw)
+    # A key of our own under the kid ONE publishes: still not ONE's key.
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    kid = world.one.jwks()["keys"][0]["kid"]
+    token = jwt.encode(_claims(world), attacker, algorithm="RS256", headers={"kid": kid})
+    status, raw = _whoami(world, token)
+    assert status == 401
+    assert "signature does not verify" in _message(raw)
+
+
+def test_an_unknown_issuer_is_named(world: World) -> None:
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = jwt.encode(_claims(world, iss="https://evil.example"), attacker, algorithm="RS256")
+    status, raw = _whoami(world, token)
+    assert status == 401
+    assert "token issuer 'https://evil.example' is not configured" in _message(raw)
+
+
+@pytest.mark.parametrize("sub", ["system:admin", "system:serviceaccount:kube-system:default"])
+def test_system_user_names_are_refused(world: World, sub: str) -> None:
+    status, raw = _whoami(world, _token(world.two, sub))
+    assert status == 401
+    assert "reserved system: prefix" in _message(raw)
+
+
+def test_system_groups_are_refused(world: World) -> None:
+    status, raw = _whoami(world, _token(world.two, "henry", groups=["system:masters"]))
+    assert status == 401
+    assert "group 'system:masters' uses the reserved system: prefix" in _message(raw)
+
+
+def test_claim_and_user_rules_are_enforced(world: World) -> None:
+    status, raw = _whoami(world, _token(world.one, "ivan", email_verified=False))
+    assert status == 401
+    assert "the email must be verified" in _message(raw)
+    status, raw = _whoami(world, _token(world.one, "blocked-judy"))
+    assert status == 401
+    assert "this user is blocked" in _message(raw)
+
+
+def test_an_expired_token_is_refused_even_while_its_identity_is_cached(world: World) -> None:
+    token = _token(world.two, "kate")
+    status, raw = _whoami(world, token)
+    assert status == 200, raw  # verified once: now in the identity cache
+    exp = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))["exp"]
+    assert wait_until(lambda: time.time() > exp + 0.5, timeout=SHORT_LIFE + 30)
+    status, raw = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token)
+    assert status == 401
+    message = _message(raw)
+    assert "token expired at" in message and "run bcs-middleware login" in message
+
+
+def test_key_rotation_at_the_provider_is_followed(world: World) -> None:
+    before = _token(world.one, "leo", groups=["dev"])
+    assert _whoami(world, before)[0] == 200
+    world.one.rotate_key()
+    after = _token(world.one, "leo", groups=["dev"])
+    # The new key is fetched on the first token it does not know (at most once per interval).
+    assert wait_until(lambda: _whoami(world, after)[0] == 200, timeout=60, step=0.5)
