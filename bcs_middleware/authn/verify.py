@@ -173,14 +173,18 @@ def verify_signature(token: str, keys: Sequence[PublicKey]) -> dict[str, Any]:
         if not isinstance(claims, dict):
             raise TokenRejected("malformed token: claims are not an object")
         return claims
+    if kid is None:
+        # go-oidc's RemoteKeySet: a token without kid that no key verifies may be signed with a
+        # key published since; the caller refreshes the set (bounded in rate) and tries again.
+        raise UnknownKey(None, "token signature does not verify with the issuer's keys")
     raise TokenRejected("token signature does not verify with the issuer's keys")
 
 
 class UnknownKey(TokenRejected):
     """No key of the set fits the token: the caller may refresh the set and try again."""
 
-    def __init__(self, kid: str | None) -> None:
-        super().__init__("token signed with a key the issuer does not publish"
+    def __init__(self, kid: str | None, reason: str = "") -> None:
+        super().__init__(reason or "token signed with a key the issuer does not publish"
                          + (f" (kid {printable(kid)[:64]!r})" if kid else ""))
         self.kid = kid
 

@@ -16,6 +16,8 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,9 +47,11 @@ class World:
     api: FakeAPIServer
     one: Provider
     two: Provider
+    #: an issuer whose address accepts connections and never answers (a provider that hangs)
+    hung: str
 
 
-def _authentication_config(path: Path, one: Provider, two: Provider, ca_pem: str) -> Path:
+def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, ca_pem: str) -> Path:
     config = {
         "apiVersion": "apiserver.config.k8s.io/v1beta1",
         "kind": "AuthenticationConfiguration",
@@ -71,6 +75,10 @@ def _authentication_config(path: Path, one: Provider, two: Provider, ca_pem: str
                 "claimMappings": {"username": {"claim": "sub", "prefix": ""},
                                   "groups": {"expression": "has(claims.groups) ? claims.groups : []"}},
             },
+            {
+                "issuer": {"url": hung, "audiences": [AUDIENCE], "certificateAuthority": ca_pem},
+                "claimMappings": {"username": {"claim": "sub", "prefix": "hung:"}},
+            },
         ],
     }
     path.write_text(json.dumps(config))
@@ -84,15 +92,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     ca_pem = ca.cert_pem.bytes().decode()
     grants = tmp / "grants.json"
     grants.write_text(json.dumps({"version": 1, "grants": [{"group": "dev", "cluster": VIEWED, "role": "view"}]}))
-    with served_provider(tmp / "one", ca) as one, served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
-        auth = _authentication_config(tmp / "authentication.json", one, two, ca_pem)
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(64)  # connections complete in the backlog; nothing ever answers on them
+    hung = f"https://127.0.0.1:{hang.getsockname()[1]}"
+    with hang, served_provider(tmp / "one", ca) as one, served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
+        auth = _authentication_config(tmp / "authentication.json", one, two, hung, ca_pem)
         data = tmp / "data"
         ini = gateway_ini(tmp / "gateway.ini", data, rbac="true", rbac_source_file=str(grants), rbac_interval="1s",
                           authentication_config=str(auth), superuser_groups="platform-admins")
         with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
             register_cluster(gw, VIEWED, server_url=api.url, ca_pem=api.ca_pem)
             register_cluster(gw, OTHER, server_url=api.url, ca_pem=api.ca_pem)
-            yield World(gw, api, one, two)
+            yield World(gw, api, one, two, hung)
             output = gw.server.output()
     assert "eyJ" not in output  # no token (a JWT starts so) in any log line
 
@@ -258,3 +270,82 @@ def test_key_rotation_at_the_provider_is_followed(world: World) -> None:
     after = _token(world.one, "leo", groups=["dev"])
     # The new key is fetched on the first token it does not know (at most once per interval).
     assert wait_until(lambda: _whoami(world, after)[0] == 200, timeout=60, step=0.5)
+
+
+def test_a_group_holds_cluster_permissions_granted_through_the_api(world: World) -> None:
+    path = f"/rest/clusters/{OTHER}/group_permissions/ops"
+    token = _token(world.one, "olga", groups=["ops"])
+    assert world.gw.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces", token=token)[0] == 404
+    status, raw = world.gw.call("PUT", path, body={"permission": "view"})
+    assert status == 201, raw
+    try:
+        # Cluster permissions are cached per worker for cluster_cache_ttl: poll.
+        assert wait_until(lambda: world.gw.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces",
+                                                token=token)[0] == 200, timeout=30, step=0.2)
+        seen = world.api.requests.last("/api/v1/namespaces")
+        assert seen is not None and seen.headers.getlist("Impersonate-Group") == ["system:authenticated", "ops"]
+        # view is not edit: managing the cluster is refused.
+        assert world.gw.call("GET", f"/rest/clusters/{OTHER}/permissions", token=token)[0] == 403
+        assert world.gw.call("PUT", path, body={"permission": "edit"})[0] == 200
+        assert wait_until(lambda: world.gw.call("GET", f"/rest/clusters/{OTHER}/permissions",
+                                                token=token)[0] == 200, timeout=30, step=0.2)
+    finally:
+        assert world.gw.call("DELETE", path)[0] == 200
+    assert wait_until(lambda: world.gw.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces",
+                                            token=token)[0] == 404, timeout=30, step=0.2)
+
+
+@pytest.mark.parametrize("group", ["system:authenticated", "system:masters"])
+def test_system_groups_cannot_be_granted(world: World, group: str) -> None:
+    status, raw = world.gw.call("PUT", f"/rest/clusters/{OTHER}/group_permissions/{group}",
+                                body={"permission": "view"})
+    assert status == 400, raw
+    assert world.gw.call("GET", f"/rest/clusters/{OTHER}/group_permissions")[1] == b"[]"
+
+
+def test_a_provider_user_registers_no_cluster_of_their_own(world: World) -> None:
+    token = _token(world.one, "paul", groups=["dev"])
+    status, raw = world.gw.call("POST", "/rest/clusters/bcs", token=token,
+                                body={"id": "BCS-K8S-PAUL", "project_id": "p", "cluster_type": "k8s"})
+    assert status == 403, raw
+    assert json.loads(raw)["code_name"] == "CLUSTER_CREATION_FORBIDDEN"
+
+
+def test_whoami_says_who_how_and_until_when(world: World) -> None:
+    token = _token(world.one, "quinn", groups=["dev", "qa"])
+    exp = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))["exp"]
+    me = world.gw.json("GET", "/rest/whoami", token=token)
+    assert me == {"user_name": "one:quinn", "uid": "uid-quinn", "groups": ["dev", "qa"],
+                  "extra": {"example.com/email": ["quinn@example.com"]}, "is_superuser": False,
+                  "authenticated_by": "oidc", "expires_at": exp}
+    admin = world.gw.json("GET", "/rest/whoami")
+    assert admin["authenticated_by"] == "token" and admin["expires_at"] is None and admin["is_superuser"]
+
+
+def test_a_provider_that_hangs_never_holds_up_another_issuers_tokens(world: World) -> None:
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    hung_token = jwt.encode(_claims(world, iss=world.hung), attacker, algorithm="RS256")
+    answers: list[tuple[int, bytes, float]] = []
+
+    def hung_request() -> None:
+        started = time.monotonic()
+        status, raw = _whoami(world, hung_token)
+        answers.append((status, raw, time.monotonic() - started))
+
+    waiting = [threading.Thread(target=hung_request) for _ in range(4)]
+    for thread in waiting:
+        thread.start()
+    try:
+        ok = _token(world.one, "rita", groups=["dev"])
+        for _ in range(5):  # while the hung issuer's keys are being fetched
+            started = time.monotonic()
+            assert _whoami(world, ok)[0] == 200
+            assert time.monotonic() - started < 5
+    finally:
+        for thread in waiting:
+            thread.join(60)
+    assert len(answers) == 4
+    for status, raw, took in answers:
+        assert status == 503, raw
+        assert f"issuer {world.hung}" in _message(raw) and "timed out" in _message(raw)
+        assert took < 30
