@@ -36,7 +36,6 @@ __all__ = [
     "AuthenticationConfiguration",
     "ClaimValidationRule",
     "ExtraMapping",
-    "IdentitySettings",
     "Issuer",
     "JWTAuthenticator",
     "Mapping_",
@@ -112,20 +111,6 @@ class JWTAuthenticator:
 @dataclass(frozen=True)
 class AuthenticationConfiguration:
     jwt: tuple[JWTAuthenticator, ...] = ()
-
-
-@dataclass(frozen=True)
-class IdentitySettings:
-    """The gateway's sign-in settings (``serve --authentication-config``, ini ``authentication_config``
-    and ``superuser_groups``).
-
-    :param authentication_config: kube-apiserver's ``AuthenticationConfiguration`` file;
-        ``None``: gateway tokens (and client certificates) only.
-    :param superuser_groups: users an identity provider puts in one of these groups are superusers.
-    """
-
-    authentication_config: Path | None = None
-    superuser_groups: tuple[str, ...] = ()
 
 
 def load_configuration(path: str | Path) -> AuthenticationConfiguration:

@@ -40,7 +40,7 @@ from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
-from ..authn.config import IdentitySettings
+from ..authn.settings import IdentitySettings
 from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer, ClusterCreators
 from ..clusters.reader import TunnelClusterReader
@@ -51,14 +51,7 @@ from ..core.records import Holder
 from ..discovery.base import Discovery, Endpoint
 from ..discovery.static import StaticDiscovery
 from ..layers.agent_endpoint import AgentTunnelMiddleware
-from ..layers.auth import (
-    Authenticator,
-    CachingAuthenticator,
-    CredentialKinds,
-    StoreAuthenticator,
-    TokenAuthMiddleware,
-    jwt_authenticator,
-)
+from ..layers.auth import Authenticator, CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator, parse_subject_map
 from ..layers.kubernetes_route import ClusterRoutingMiddleware
 from ..layers.mesos_route import DRIVER_PATH, MesosRoutingMiddleware
@@ -501,9 +494,11 @@ def build_gateway(
         webconsole=webconsole, metrics_token=config.metrics_token,
     )
     authenticator: Authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=config.token_cache_ttl)
-    jwts = jwt_authenticator(config.identity, transport)
-    if jwts is not None:
-        authenticator = CredentialKinds(authenticator, jwts)
+    if config.identity.authentication_config is not None or config.identity.superuser_groups:
+        # Imported only when configured: the JWT and CEL libraries cost a worker seconds to load.
+        from ..layers.jwt_auth import with_jwts
+
+        authenticator = with_jwts(authenticator, config.identity, transport)
     peer = (
         ClientCertificateAuthenticator(dict(config.client_cert_subjects), store.find_user)
         if config.client_cert_subjects

@@ -37,16 +37,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..authn.config import IdentitySettings, load_configuration
-from ..authn.service import JWTAuthenticators, Refusal, looks_like_jwt
-from ..authn.verify import Identity
 from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
 from ..core.cache import Cache
 from ..core.errors import BCSError, ConfigError, ServiceUnavailable, Unauthorized
 from ..core.routes import RouteKind
-from ..outbound.transport import Transport, default_transport
 from ..store.crypto import digests_equal, token_digest
 from ..telemetry.metrics import BATCH, TOKEN_CACHE
 
@@ -147,55 +143,6 @@ class StaticAuthenticator:
             if digests_equal(entry.digest, digest):
                 found = entry.user
         return found
-
-
-class JWTAuthenticator:
-    """Bearer JWTs of the configured identity providers, as gateway users (see :mod:`bcs_middleware.authn`).
-
-    A verified token's user carries the mapped name, uid, groups and extra, is a superuser
-    when one of its groups is in ``superuser_groups``, and has no record in the store
-    (:data:`~bcs_middleware.core.environ.NO_RECORD`): what it may do comes from its groups
-    and name, through the permission subscription and each cluster's RBAC. The answer is
-    cached until the token expires (:class:`~bcs_middleware.authn.service.JWTAuthenticators`);
-    a refused token raises the 401 (or, when the issuer's keys cannot be fetched, the 503)
-    whose message says why.
-    """
-
-    def __init__(self, jwts: JWTAuthenticators, *, superuser_groups: Iterable[str] = ()) -> None:
-        self.jwts = jwts
-        self.superuser_groups = frozenset(superuser_groups)
-        self._users: Cache[Identity, env.User] = Cache(max_entries=10_000)
-
-    def authenticate(self, token: str) -> Principal | None:
-        answer = self.jwts.authenticate(token)
-        if isinstance(answer, Refusal):
-            if answer.unavailable:
-                raise ServiceUnavailable(answer.reason)
-            raise Unauthorized(answer.reason)
-        return self._users.load(answer, self._user)
-
-    def _user(self, identity: Identity) -> env.User:
-        return env.User(
-            env.NO_RECORD, identity.username, not self.superuser_groups.isdisjoint(identity.groups),
-            identity.groups, uid=identity.uid, extra=identity.extra, authenticated_by="oidc",
-            expires_at=identity.expires_at,
-        )
-
-
-class CredentialKinds:
-    """Gateway tokens and identity-provider JWTs behind one :class:`Authenticator`.
-
-    Which kind a bearer token is gets decided once, by its shape
-    (:func:`~bcs_middleware.authn.service.looks_like_jwt`): a JWT is never looked up as a
-    gateway token and a gateway token never parsed as a JWT.
-    """
-
-    def __init__(self, tokens: Authenticator, jwts: Authenticator) -> None:
-        self.tokens = tokens
-        self.jwts = jwts
-
-    def authenticate(self, token: str) -> Principal | None:
-        return self.jwts.authenticate(token) if looks_like_jwt(token) else self.tokens.authenticate(token)
 
 
 class CachingAuthenticator:
@@ -329,24 +276,6 @@ class TokenAuthMiddleware:
         return self.app(environ, start_response)
 
 
-def jwt_authenticator(settings: IdentitySettings, transport: Transport | None = None) -> JWTAuthenticator | None:
-    """The identity-provider authenticator ``settings`` configure (``None``: none configured).
-
-    The configuration is read and validated here, at start: a bad file stops the server
-    with every problem listed. Discovery and keys are fetched on first use, through
-    ``transport`` (default the process's).
-    """
-    if settings.authentication_config is None:
-        if settings.superuser_groups:
-            raise ConfigError("superuser_groups needs authentication_config (groups come from an identity provider)")
-        return None
-    configuration = load_configuration(settings.authentication_config)
-    if not configuration.jwt:
-        return None
-    return JWTAuthenticator(JWTAuthenticators(configuration, transport or default_transport()),
-                            superuser_groups=settings.superuser_groups)
-
-
 _OPTIONS: dict[str, conv.Converter] = {
     "authentication_config": conv.text,
     "superuser_groups": conv.aslist,
@@ -393,13 +322,16 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     authenticator: Authenticator = CachingAuthenticator(
         inner, ttl=opts.get("cache_ttl", 5.0), max_entries=opts.get("cache_size", 10_000)
     )
-    settings = IdentitySettings(
-        Path(opts["authentication_config"]) if opts.get("authentication_config") else None,
-        tuple(opts.get("superuser_groups", ())),
-    )
-    jwts = jwt_authenticator(settings)
-    if jwts is not None:
-        authenticator = CredentialKinds(authenticator, jwts)
+    if opts.get("authentication_config") or opts.get("superuser_groups"):
+        # Imported only when configured: the JWT and CEL libraries cost a worker seconds to load.
+        from ..authn.settings import IdentitySettings
+        from .jwt_auth import with_jwts
+
+        settings = IdentitySettings(
+            Path(opts["authentication_config"]) if opts.get("authentication_config") else None,
+            tuple(opts.get("superuser_groups", ())),
+        )
+        authenticator = with_jwts(authenticator, settings)
 
     def make(app: Any) -> TokenAuthMiddleware:
         return TokenAuthMiddleware(
