@@ -16,13 +16,18 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import socket
+import stat
+import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import jwt
 import pytest
@@ -31,7 +36,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.fake_apiserver import FakeAPIServer
-from tests.support.gateway import SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
+from tests.support.gateway import CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
+from tests.support.kube import kubectl
 from tests.support.oidc_provider import Provider, served_provider
 from tests.support.polling import wait_until
 
@@ -349,3 +355,80 @@ def test_a_provider_that_hangs_never_holds_up_another_issuers_tokens(world: Worl
         assert status == 503, raw
         assert f"issuer {world.hung}" in _message(raw) and "timed out" in _message(raw)
         assert took < 30
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+def test_login_with_pkce_then_kubectl_through_the_exec_plugin(world: World, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    config, kubeconfig = tmp_path / "bcs" / "config.json", tmp_path / "kubeconfig"
+    monkeypatch.setenv("BCS_CONFIG", str(config))  # the exec plugin kubectl starts reads it too
+    for name in ("BCS_TOKEN", "BCS_SERVER", "BCS_CA_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    env = {**os.environ, "HOME": str(tmp_path), "BCS_OIDC_CLIENT_SECRET": "any"}
+    dev = _token(world.one, "sam-probe", groups=["dev"])  # the subscription's group grant is read in the background
+    assert wait_until(lambda: VIEWED.encode() in _whoami(world, dev)[1], timeout=30, step=0.2)
+    world.one.set_user("sam", {"email": "sam@example.com", "email_verified": True, "groups": ["dev"]})
+    login = subprocess.Popen(
+        [CLI, "login", "--server", world.gw.url, "--ca-file", world.gw.ca_file, "--issuer", world.one.issuer,
+         "--issuer-ca-file", world.one.ca_file, "--client-id", AUDIENCE, "--no-browser",
+         "--kubeconfig", str(kubeconfig), "-o", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert login.stderr is not None
+        url = ""
+        deadline = time.monotonic() + 60
+        while not url.startswith("https://") and time.monotonic() < deadline:
+            url = login.stderr.readline().strip()
+        # The person's browser: the provider's form, then the redirect to the CLI's loopback listener.
+        parts = urlsplit(url)
+        assert parse_qs(parts.query)["code_challenge_method"] == ["S256"]
+        status, headers, _ = world.one.request("POST", f"{parts.path}?{parts.query}", body=b"sub=sam",
+                                               headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 302
+        assert headers["Location"].startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(headers["Location"], timeout=30) as answer:
+            assert answer.status == 200
+        out, err = login.communicate(timeout=60)
+    finally:
+        if login.poll() is None:
+            login.kill()
+    assert login.returncode == 0, err
+    result = json.loads(out)
+    assert result["user"] == "one:sam" and result["groups"] == "dev"
+    assert f"bcs-{VIEWED}" in result["contexts"] and f"bcs-{OTHER}" not in result["contexts"]
+    stored = config.with_name("oidc.json")
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600 and json.loads(stored.read_text())["refresh_token"]
+    written = kubeconfig.read_text()
+    assert "token:" not in written and "eyJ" not in written  # no token in the kubeconfig: an exec plugin
+
+    got = kubectl("--context", f"bcs-{VIEWED}", "get", "pods", "-n", "default", kubeconfig=kubeconfig)
+    assert got.returncode == 0, got.stderr
+    seen = world.api.requests.last("/api/v1/namespaces/default/pods")
+    assert seen is not None and seen.headers.get("Impersonate-User") == "one:sam"
+    refused = kubectl("--context", f"bcs-{VIEWED}", "get", "pods", "-n", "default", "--as", "one:root",
+                      kubeconfig=kubeconfig)
+    assert refused.returncode != 0
+
+    credential = json.loads(_cli("credential", env=env).stdout)
+    assert credential["apiVersion"] == "client.authentication.k8s.io/v1" and credential["kind"] == "ExecCredential"
+    assert credential["status"]["token"].startswith("eyJ") and credential["status"]["expirationTimestamp"].endswith("Z")
+    me = json.loads(_cli("whoami", "-o", "json", env=env).stdout)
+    assert me["user_name"] == "one:sam" and me["authenticated_by"] == "oidc" and me["groups"] == "dev"
+
+    # Near expiry the plugin refreshes. This provider answers a refresh without a new ID token
+    # (oidc-provider-mock issues ID tokens only for the authorization code): the user is told to log in.
+    kept = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**kept, "expires_at": time.time() + 5}))
+    refreshed = _cli("credential", env=env)
+    assert refreshed.returncode != 0
+    assert "refreshed without a new ID token: run bcs-middleware login" in refreshed.stderr
+    stored.write_text(json.dumps(kept))
+
+    out = _cli("logout", "--kubeconfig", str(kubeconfig), "-o", "json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert not stored.exists()
+    assert f"bcs-{VIEWED}" not in kubeconfig.read_text()
+    assert _cli("credential", env=env).returncode != 0
