@@ -418,14 +418,18 @@ def test_login_with_pkce_then_kubectl_through_the_exec_plugin(world: World, tmp_
     me = json.loads(_cli("whoami", "-o", "json", env=env).stdout)
     assert me["user_name"] == "one:sam" and me["authenticated_by"] == "oidc" and me["groups"] == "dev"
 
-    # Near expiry the plugin refreshes. This provider answers a refresh without a new ID token
-    # (oidc-provider-mock issues ID tokens only for the authorization code): the user is told to log in.
+    # Near expiry the plugin refreshes silently: a new ID token, kept, handed to kubectl.
     kept = json.loads(stored.read_text())
     stored.write_text(json.dumps({**kept, "expires_at": time.time() + 5}))
-    refreshed = _cli("credential", env=env)
-    assert refreshed.returncode != 0
-    assert "refreshed without a new ID token: run bcs-middleware login" in refreshed.stderr
-    stored.write_text(json.dumps(kept))
+    got = kubectl("--context", f"bcs-{VIEWED}", "get", "pods", "-n", "default", kubeconfig=kubeconfig)
+    assert got.returncode == 0, got.stderr
+    renewed = json.loads(stored.read_text())
+    assert renewed["id_token"] != kept["id_token"] and renewed["expires_at"] > time.time() + 600
+    # A refresh the provider refuses ends the session with a clear word.
+    stored.write_text(json.dumps({**renewed, "expires_at": time.time() + 5, "refresh_token": "revoked"}))
+    refused_refresh = _cli("credential", env=env)
+    assert refused_refresh.returncode != 0
+    assert "the identity provider refused: invalid_grant" in refused_refresh.stderr
 
     out = _cli("logout", "--kubeconfig", str(kubeconfig), "-o", "json", env=env)
     assert out.returncode == 0, out.stderr

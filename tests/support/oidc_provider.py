@@ -10,13 +10,14 @@ CA, so its issuer URL is ``https://localhost:{port}`` as the authenticator requi
 :meth:`Provider.id_token` drives the authorization-code flow headlessly, as the
 provider's own form does: the form's POST with ``sub``, the redirect's ``code``, the
 token endpoint. ``POST /test/rotate-key`` (added here) makes the provider sign with a
-new key from then on.
+new key from then on, and a refresh is answered with a new ID token, as real providers do.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -45,6 +46,25 @@ def create(max_age: str = "3600") -> Any:
     def rotate_key() -> tuple[str, int]:
         flask.g.oidc_provider_mock_storage.jwk = jose.RSAKey.generate_key(is_private=True)
         return "", 204
+
+    @application.after_request
+    def id_token_on_refresh(response: Any) -> Any:
+        # Keycloak, Dex, Okta… answer a refresh with a new ID token (OpenID Connect Core §12.2);
+        # the mock issues one only for the authorization code: added here, signed as it signs.
+        request = flask.request
+        if request.path != "/oauth2/token" or request.form.get("grant_type") != "refresh_token" \
+                or response.status_code != 200:
+            return response
+        storage = flask.g.oidc_provider_mock_storage
+        refresh = storage.get_refresh_token(request.form.get("refresh_token", ""))
+        user = storage.get_user(refresh.user_id)
+        now = int(time.time())
+        claims = {**user.claims, "sub": user.sub, "iss": request.host_url.rstrip("/"), "aud": [refresh.client_id],
+                  "iat": now, "exp": now + int(float(max_age))}
+        id_token = jose.jwt.encode({"alg": "RS256"}, claims, storage.jwk).decode()
+        body = json.loads(response.get_data())
+        response.set_data(json.dumps({**body, "id_token": id_token}))
+        return response
 
     return application
 
