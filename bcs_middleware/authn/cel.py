@@ -12,9 +12,11 @@ Bounds, since the apiserver bounds every expression by a cost budget
 * an expression is at most :data:`MAX_EXPRESSION_LENGTH` characters and may nest
   comprehensions (``all``, ``exists``, ``map``, ``filter``…) at most
   :data:`MAX_COMPREHENSION_DEPTH` deep — refused when the configuration loads;
+* one evaluation visits at most :data:`MAX_STEPS` nodes of the parse tree (the macros'
+  iterations included); past it the evaluation fails — an error, never a result
+  (measured in ``bench/README.md``);
 * its input is a verified token's claims, whose size the request's header limit bounds
-  (:data:`MAX_INPUT_BYTES` is checked again here), so one evaluation is at most one pass
-  over a list of a few thousand entries (measured in ``bench/README.md``);
+  (:data:`MAX_INPUT_BYTES` is checked again here);
 * each token's identity is computed once and cached until it expires, so an expression
   runs once per token, not once per request.
 
@@ -48,8 +50,45 @@ MAX_COMPREHENSION_DEPTH = 2
 #: The largest serialized input evaluated (a token's claims travel in a request header).
 MAX_INPUT_BYTES = 64 * 1024
 
+#: Parse-tree nodes one evaluation may visit: kube-apiserver bounds each expression by a cost
+#: budget at run time; this is that budget for celpy (bench/README.md: what it costs).
+MAX_STEPS = 10_000
+
 _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
-_ENVIRONMENT = celpy.Environment()
+
+
+class CostExceeded(BaseException):
+    """The evaluation used up its budget.
+
+    A ``BaseException`` on purpose: celpy turns ``Exception`` subclasses raised inside an
+    expression into CEL error values, and CEL's ``||``/``&&`` absorb an error when the other
+    side decides: an exhausted budget must end the evaluation, never become an operand.
+    """
+
+
+class _BudgetedEvaluator(celpy.evaluation.Evaluator):
+    """celpy's interpreter, counting the nodes it visits (its macros' sub-evaluators share the count)."""
+
+    def __init__(self, ast: Any, activation: Any, budget: list[int] | None = None) -> None:
+        super().__init__(ast, activation)
+        self.budget = budget if budget is not None else [MAX_STEPS]
+
+    def _visit_tree(self, tree: Any) -> Any:
+        self.budget[0] -= 1
+        if self.budget[0] < 0:
+            raise CostExceeded(f"more than {MAX_STEPS} evaluation steps")
+        return super()._visit_tree(tree)
+
+    def sub_evaluator(self, ast: Any) -> _BudgetedEvaluator:
+        return _BudgetedEvaluator(ast, activation=self.activation, budget=self.budget)
+
+
+class _BudgetedRunner(celpy.InterpretedRunner):
+    def evaluate(self, context: Any) -> Any:
+        return _BudgetedEvaluator(ast=self.ast, activation=self.new_activation()).evaluate(context)
+
+
+_ENVIRONMENT = celpy.Environment(runner_class=_BudgetedRunner)
 
 
 class EvaluationError(Exception):
@@ -94,6 +133,8 @@ def evaluate(expression: CompiledExpression, value: Any) -> Any:
         result = expression.program.evaluate({expression.variable: celpy.json_to_cel(value)})
     except celpy.CELEvalError as exc:
         raise EvaluationError(_error_text(exc)) from None
+    except CostExceeded as exc:
+        raise EvaluationError(f"cost budget exceeded: {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, RecursionError) as exc:
         # celpy lets some failures of its built-ins through as Python's own.
         raise EvaluationError(type(exc).__name__) from None
