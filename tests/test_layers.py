@@ -49,6 +49,9 @@ FLOORS: dict[str, int] = {
     "bcs_middleware.rbac.model": 1,
     "bcs_middleware.scheduler": 1,
     "bcs_middleware.audit": 1,
+    "bcs_middleware.authn": 1,
+    "bcs_middleware.authn.keys": 2,
+    "bcs_middleware.authn.service": 3,
     "bcs_middleware.audit.sink": 2,
     # Session recording (issue 28): asciicast and the stream decoders are pure, the stores
     # adapters, the recorder (policy, bounded buffer, writer) a service the WSGI layer uses.

@@ -47,6 +47,8 @@ def gateway_options(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         ("peer_address", args.peer_address), ("cluster_creators", args.cluster_creators),
         *recording_options(args),
         ("limits_config", args.limits_config and str(Path(args.limits_config).absolute())),
+        ("authentication_config", args.authentication_config and str(Path(args.authentication_config).absolute())),
+        ("superuser_groups", " ".join(args.superuser_group)),
     )
     options.update((key, value) for key, value in flags if value)
     for spec in args.quota:

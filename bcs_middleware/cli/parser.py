@@ -114,6 +114,11 @@ def _add_data_and_tls_flags(serve: argparse.ArgumentParser) -> None:
                        help="ask clients for a certificate signed by this CA (optional for token clients)")
     serve.add_argument("--client-cert-map", action="append", default=[], metavar="'SUBJECT -> user:NAME|cluster:ID'",
                        help="map a client certificate subject (e.g. 'CN=kube-agent,O=BCS-K8S-001') to a principal")
+    serve.add_argument("--authentication-config", metavar="FILE",
+                       help="accept identity-provider JWTs as kube-apiserver does: its AuthenticationConfiguration "
+                            "(apiserver.config.k8s.io) file, several issuers, claim mappings, CEL rules")
+    serve.add_argument("--superuser-group", action="append", default=[], metavar="GROUP",
+                       help="users an identity provider puts in GROUP are superusers (repeatable)")
 
 
 def _add_gateway_flags(serve: argparse.ArgumentParser) -> None:

@@ -80,6 +80,8 @@ APP_FLAGS = (
     AppFlag("static_driver", ("static_drivers",), "static_drivers"),
     AppFlag("driver_ca_file", ("driver_ca_file",), "driver_ca_file"),
     AppFlag("client_cert_map", ("client_cert_subjects",), "client_cert_subjects"),
+    AppFlag("authentication_config", ("authentication_config",), "authentication_config"),
+    AppFlag("superuser_group", ("superuser_groups",), "superuser_groups"),
     AppFlag("upstream_allow", ("upstream_allow",), "upstream_allow"),
     AppFlag("upstream_deny", ("upstream_deny",), "upstream_deny"),
     AppFlag("no_access_log", ("access_log",), "access_log"),

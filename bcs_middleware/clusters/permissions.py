@@ -10,7 +10,9 @@ The vocabulary is the source system's ``user_cluster_permissions``:
   and its permissions;
 * superusers have ``edit`` on every cluster.
 
-The creator of a cluster gets ``edit``. With a permission subscription configured
+The creator of a cluster gets ``edit``. A group may hold ``view`` or ``edit`` on a cluster
+(``/rest/clusters/{id}/group_permissions/{group}``): every member holds it, the stronger
+of a user's own and their groups' counting. With a permission subscription configured
 (:mod:`bcs_middleware.rbac`), a user whom the subscription grants anything on a
 cluster (by name, by one of their groups, or with cluster ``"*"``) has ``view`` on it.
 
@@ -118,6 +120,10 @@ def reserved_cluster_id(cluster_id: str, cluster_type: str, drivers: DriverDirec
     return None
 
 
+def _stronger(a: str | None, b: str | None) -> str | None:
+    return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
+
+
 def cluster_not_found(cluster_id: str) -> NotFound:
     """The one answer for a cluster that does not exist and for one the caller may not see."""
     return NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
@@ -129,6 +135,10 @@ class PermissionStore(Protocol):
     def find_cluster(self, cluster_id: str) -> ClusterRecord | None: ...
 
     def cluster_permission(self, cluster_id: str, user_id: int) -> str | None: ...
+
+    def group_cluster_permission(self, cluster_id: str, groups: tuple[str, ...]) -> str | None: ...
+
+    def groups_cluster_permissions(self, groups: tuple[str, ...]) -> dict[str, str]: ...
 
     def rbac_grants_cluster(self, user_name: str, groups: tuple[str, ...], cluster_id: str) -> bool: ...
 
@@ -173,7 +183,9 @@ class ClusterAuthorizer:
 
     def _load(self, key: tuple[env.User, str]) -> str | None:
         user, cluster_id = key
-        found = self.store.cluster_permission(cluster_id, user.id)
+        # A user the store keeps no record of (an identity provider's) holds what their groups hold.
+        own = self.store.cluster_permission(cluster_id, user.id) if user.id != env.NO_RECORD else None
+        found = _stronger(own, self.store.group_cluster_permission(cluster_id, user.groups))
         if found is None and self.rbac_grants and self.store.rbac_grants_cluster(
             user.name, ("system:authenticated", *user.groups), cluster_id
         ):
@@ -191,7 +203,9 @@ class ClusterAuthorizer:
         clusters = self.store.list_clusters()
         if user.is_superuser:
             return [(c, EDIT) for c in clusters]
-        held = self.store.user_cluster_permissions(user.id)
+        held = self.store.user_cluster_permissions(user.id) if user.id != env.NO_RECORD else {}
+        for cluster_id, group_permission in self.store.groups_cluster_permissions(user.groups).items():
+            held[cluster_id] = _stronger(held.get(cluster_id), group_permission) or group_permission
         granted: set[str] = set()
         if self.rbac_grants:
             granted = self.store.rbac_granted_clusters(user.name, ("system:authenticated", *user.groups))

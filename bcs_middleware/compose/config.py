@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..authn.settings import IdentitySettings
 from ..clusters.permissions import ClusterCreators
 from ..core.errors import ConfigError
 from ..core.quotas import Quotas
@@ -301,6 +302,9 @@ class GatewayConfig:
     # Per-user limits, fair queuing, the discovery cache and the bounds of the gateway's own
     # clients (ini limits_config: a YAML file; bcs_middleware/limits/settings.py). On by default.
     limits: LimitSettings = field(default_factory=LimitSettings)
+    # Sign-in with identity providers (issue 27): kube-apiserver's AuthenticationConfiguration
+    # file and the groups whose members are superusers (bcs_middleware/authn/).
+    identity: IdentitySettings = field(default_factory=IdentitySettings)
 
 
 @dataclass(frozen=True)

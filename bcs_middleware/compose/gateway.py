@@ -53,7 +53,7 @@ from ..clusters.permissions import ClusterAuthorizer
 from ..clusters.reader import TunnelClusterReader
 from ..core.errors import ConfigError
 from ..layers.agent_endpoint import AgentTunnelMiddleware
-from ..layers.auth import CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
+from ..layers.auth import Authenticator, CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator
 from ..layers.discovery_cache import DiscoveryCacheMiddleware
 from ..layers.kubernetes_route import ClusterRoutingMiddleware
@@ -130,7 +130,7 @@ def assemble(config: GatewayConfig, resources: GatewayResources) -> RequestConte
         rbac_status=RBACStatusApp(store, enabled=config.rbac.grants), mesos=mesos,
         discovery=resources.discovery, webconsole=webconsole, metrics_token=config.auth.metrics_token,
     )
-    authed = _audited(config, _authenticated(config, store, dispatcher))
+    authed = _audited(config, _authenticated(config, resources, dispatcher))
     # Outside user-token auth (and the audit of user requests): the agent authenticates
     # with its register token; its credential report is audited in the store.
     edge = AgentTunnelMiddleware(authed, store=store, agents=resources.agents, directory=directory)
@@ -254,14 +254,21 @@ def _mesos_routes(config: GatewayConfig, resources: GatewayResources, proxy: Ups
     return mesos, webconsole
 
 
-def _authenticated(config: GatewayConfig, store: SQLStore, app: Any) -> TokenAuthMiddleware:
-    """Token auth (cached), and client certificates when subjects are mapped."""
-    auth = config.auth
+def _authenticated(config: GatewayConfig, resources: GatewayResources, app: Any) -> TokenAuthMiddleware:
+    """Token auth (gateway tokens, cached; JWTs of the configured identity providers), and client
+    certificates when subjects are mapped."""
+    auth, store = config.auth, resources.store
+    authenticator: Authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=auth.token_cache_ttl)
+    if config.identity.authentication_config is not None or config.identity.superuser_groups:
+        # Imported only when configured: the JWT and CEL libraries cost a worker seconds to load.
+        from ..layers.jwt_auth import with_jwts
+
+        authenticator = with_jwts(authenticator, config.identity, resources.transport)
     peer = (ClientCertificateAuthenticator(dict(auth.client_cert_subjects), store.find_user)
             if auth.client_cert_subjects else None)
     return TokenAuthMiddleware(
         _limited(app, config.limits),
-        authenticator=CachingAuthenticator(StoreAuthenticator(store), ttl=auth.token_cache_ttl),
+        authenticator=authenticator,
         public_paths=auth.public_paths, peer_authenticator=peer, public_routes=("agent_report",),
     )
 

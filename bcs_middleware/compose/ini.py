@@ -96,6 +96,8 @@ GATEWAY_KEYS: dict[str, Key] = {
     "cluster_creators": Key(ClusterCreators.parse, "self_service", "cluster_creators"),
     **{f"quota_{name}": Key(limit_value, "self_service", f"quota_{name}") for name in Quotas.names()},
     "limits_config": Key(limit_settings.load, "", "limits"),
+    "authentication_config": Key(conv.text, "identity", "authentication_config"),
+    "superuser_groups": Key(conv.aslist, "identity", "superuser_groups"),
     **{name: Key(convert, "recording", recording_options.ATTRIBUTES[name])
        for name, convert in recording_options.OPTIONS.items()},
 }

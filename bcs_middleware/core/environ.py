@@ -49,14 +49,33 @@ ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]
 
 
+#: How a user proved who they are (``User.authenticated_by``).
+AuthMethod = Literal["token", "certificate", "oidc"]
+#: ``User.id`` of a user the gateway keeps no record of (one signed in through an identity
+#: provider): record ids start at 1, so no stored permission or token ever names it.
+NO_RECORD = 0
+
+
 @dataclass(frozen=True)
 class User:
-    """A gateway user, as the token auth layer found it."""
+    """A gateway user, as the token auth layer found it.
+
+    :param id: the user's record; :data:`NO_RECORD` for a user an identity provider vouches for.
+    :param uid: the identity provider's stable id for the user (sent as ``Impersonate-Uid``).
+    :param extra: ``(key, values)`` pairs the identity provider's claims map to
+        (sent as ``Impersonate-Extra-{key}``).
+    :param authenticated_by: a gateway token, a client certificate or an OIDC token.
+    :param expires_at: when the credential stops being valid (seconds since the epoch), if it does.
+    """
 
     id: int
     name: str
     is_superuser: bool = False
     groups: tuple[str, ...] = ()
+    uid: str = ""
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    authenticated_by: AuthMethod = "token"
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)

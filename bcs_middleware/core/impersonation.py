@@ -43,9 +43,12 @@ class Impersonation:
     extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
-    def of_user(cls, name: str, groups: tuple[str, ...] = ()) -> Impersonation:
-        """A gateway user as the cluster sees them: their groups after ``system:authenticated``."""
-        return cls(user=name, groups=(AUTHENTICATED, *groups))
+    def of_user(cls, name: str, groups: tuple[str, ...] = (), *, uid: str = "",
+                extra: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> Impersonation:
+        """A gateway user as the cluster sees them: their groups after ``system:authenticated``,
+        and the uid and extra their identity provider mapped (kube-apiserver sends all of them
+        on to admission and authorization)."""
+        return cls(user=name, groups=(AUTHENTICATED, *groups), uid=uid, extra=extra)
 
 
 @functools.lru_cache(maxsize=4096)

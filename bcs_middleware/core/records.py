@@ -42,6 +42,16 @@ class ClusterRecord:
 
 
 @dataclass(frozen=True)
+class GroupPermissionRecord:
+    """A group's permission on a cluster: every member holds it."""
+
+    cluster_id: str
+    group_name: str
+    permission: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class PermissionRecord:
     """A user's permission on a cluster: ``"view"`` (use it) or ``"edit"`` (also manage it)."""
 

@@ -277,6 +277,8 @@ class TokenAuthMiddleware:
 
 
 _OPTIONS: dict[str, conv.Converter] = {
+    "authentication_config": conv.text,
+    "superuser_groups": conv.aslist,
     "database_url": conv.text,
     "data_dir": conv.text,
     "secret_key": conv.text,
@@ -300,6 +302,9 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         database_url = postgresql://bcs@db/bcs
         public_paths = /healthz /static/
         cache_ttl = 5s
+        # optional: identity-provider JWTs beside the gateway's tokens
+        authentication_config = /etc/bcs/authentication-config.yaml
+        superuser_groups = platform-admins
 
         [pipeline:main]
         pipeline = token_auth myapp
@@ -314,9 +319,19 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         ))
     else:
         raise ConfigError("[filter:token_auth] needs data_dir, database_url or tokens_file")
-    authenticator = CachingAuthenticator(
+    authenticator: Authenticator = CachingAuthenticator(
         inner, ttl=opts.get("cache_ttl", 5.0), max_entries=opts.get("cache_size", 10_000)
     )
+    if opts.get("authentication_config") or opts.get("superuser_groups"):
+        # Imported only when configured: the JWT and CEL libraries cost a worker seconds to load.
+        from ..authn.settings import IdentitySettings
+        from .jwt_auth import with_jwts
+
+        settings = IdentitySettings(
+            Path(opts["authentication_config"]) if opts.get("authentication_config") else None,
+            tuple(opts.get("superuser_groups", ())),
+        )
+        authenticator = with_jwts(authenticator, settings)
 
     def make(app: Any) -> TokenAuthMiddleware:
         return TokenAuthMiddleware(

@@ -102,4 +102,4 @@ class ClientCertificateAuthenticator:
         user = self.find_user(name)
         if user is None:
             return None
-        return env.User(user.id, user.name, user.is_superuser)
+        return env.User(user.id, user.name, user.is_superuser, authenticated_by="certificate")

@@ -138,7 +138,7 @@ class ClusterRoutingMiddleware:
 @functools.lru_cache(maxsize=4096)
 def _impersonation(user: env.User) -> Impersonation:
     """The identity a non-superuser's requests carry to the cluster (users are immutable: cached)."""
-    return Impersonation.of_user(user.name, user.groups)
+    return Impersonation.of_user(user.name, user.groups, uid=user.uid, extra=user.extra)
 
 
 _OPTIONS: dict[str, conv.Converter] = {

@@ -138,6 +138,18 @@ cluster_permissions = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
+# Cluster permissions held by a group (an identity provider's group, or a tokens file's):
+# every member has them. One row per (cluster, group); the name is the group as the user's
+# authenticator maps it (prefix included).
+cluster_group_permissions = Table(
+    "cluster_group_permissions",
+    metadata,
+    Column("cluster_id", String(128), ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True),
+    Column("group_name", String(253), primary_key=True, index=True),
+    Column("permission", String(8), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
 # Which clusters the RBAC subscription grants each subject something on (the leader
 # writes it from the grants it loaded), so every process can answer "may this user
 # see this cluster" without loading the subscription itself. cluster "*" = all.

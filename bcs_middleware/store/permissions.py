@@ -11,7 +11,7 @@ from sqlalchemy.sql import ColumnElement
 
 from ..core.errors import Conflict, NotFound
 from ..core.quotas import QuotaExceeded
-from ..core.records import PermissionRecord
+from ..core.records import GroupPermissionRecord, PermissionRecord
 from . import models as m
 from .rows import Repository, aware, utcnow
 
@@ -107,6 +107,67 @@ class PermissionRepository(Repository):
                 except IntegrityError:
                     # A concurrent grant to the same user inserted first: last writer wins.
                     conn.execute(update(table).where(*where).values(permission=permission, updated_at=utcnow()))
+            else:
+                conn.execute(update(table).where(*where).values(permission=permission, updated_at=utcnow()))
+        return previous
+
+    def group_cluster_permission(self, cluster_id: str, groups: tuple[str, ...]) -> str | None:
+        """The strongest permission any of ``groups`` holds on the cluster."""
+        if not groups:
+            return None
+        table = m.cluster_group_permissions
+        with self.db.connection() as conn:
+            found = {str(p) for p in conn.execute(select(table.c.permission).where(
+                table.c.cluster_id == cluster_id, table.c.group_name.in_(groups))).scalars()}
+        return "edit" if "edit" in found else "view" if "view" in found else None
+
+    def groups_cluster_permissions(self, groups: tuple[str, ...]) -> dict[str, str]:
+        """Every cluster one of ``groups`` holds something on: ``{cluster_id: strongest permission}``."""
+        if not groups:
+            return {}
+        table = m.cluster_group_permissions
+        held: dict[str, str] = {}
+        with self.db.connection() as conn:
+            for row in conn.execute(select(table.c.cluster_id, table.c.permission).where(
+                    table.c.group_name.in_(groups))):
+                if held.get(str(row.cluster_id)) != "edit":
+                    held[str(row.cluster_id)] = str(row.permission)
+        return held
+
+    def list_group_permissions(self, cluster_id: str, group: str | None = None) -> list[GroupPermissionRecord]:
+        table = m.cluster_group_permissions
+        query = select(table).where(table.c.cluster_id == cluster_id).order_by(table.c.group_name)
+        if group is not None:
+            query = query.where(table.c.group_name == group)
+        with self.db.connection() as conn:
+            rows = conn.execute(query).all()
+        return [GroupPermissionRecord(r.cluster_id, r.group_name, r.permission, aware(r.updated_at))  # type: ignore[arg-type]
+                for r in rows]
+
+    def set_group_permission(self, cluster_id: str, group: str, permission: str | None, *,
+                             limit: int | None = None) -> str | None:
+        """Give ``group`` ``permission`` on the cluster (``None`` removes it); the previous one.
+
+        ``limit`` bounds the groups holding something on one cluster (the
+        ``permissions_per_cluster`` quota, counted apart from users' grants).
+        """
+        table = m.cluster_group_permissions
+        with self.db.transaction() as conn:
+            if conn.execute(
+                select(m.clusters.c.id).where(m.clusters.c.id == cluster_id).with_for_update()
+            ).first() is None:
+                raise NotFound(f"cluster {cluster_id!r} not found", code_name="CLUSTER_NOT_FOUND")
+            held = {str(r.group_name): str(r.permission) for r in conn.execute(
+                select(table.c.group_name, table.c.permission).where(table.c.cluster_id == cluster_id))}
+            previous = held.get(group)
+            if previous is None and permission is not None and limit is not None and len(held) >= limit:
+                raise QuotaExceeded("permissions_per_cluster", limit, f"cluster {cluster_id!r}", len(held))
+            where = (table.c.cluster_id == cluster_id, table.c.group_name == group)
+            if permission is None:
+                conn.execute(delete(table).where(*where))
+            elif previous is None:
+                conn.execute(insert(table).values(cluster_id=cluster_id, group_name=group, permission=permission,
+                                                  updated_at=utcnow()))
             else:
                 conn.execute(update(table).where(*where).values(permission=permission, updated_at=utcnow()))
         return previous

@@ -81,3 +81,33 @@ def test_a_revoked_register_token_stops_authenticating_and_can_be_replaced(store
         store.revoke_register_token("c1")
     new = store.create_register_token("c1")
     assert store.authenticate_register_token(new) == "c1"
+
+
+def test_groups_hold_permissions_and_the_stronger_counts(store: SQLStore) -> None:
+    from bcs_middleware.core.quotas import QuotaExceeded
+
+    alice = store.create_user("alice")
+    store.create_cluster("c1", project_id="p", cluster_type="k8s", creator_id=alice.id)
+    store.create_cluster("c2", project_id="p", cluster_type="k8s")
+    assert store.set_group_permission("c1", "dev", VIEW) is None
+    assert store.set_group_permission("c1", "ops", EDIT) is None
+    assert store.set_group_permission("c2", "dev", VIEW) is None
+    assert store.group_cluster_permission("c1", ("dev",)) == VIEW
+    assert store.group_cluster_permission("c1", ("dev", "ops")) == EDIT
+    assert store.group_cluster_permission("c1", ()) is None
+    assert store.groups_cluster_permissions(("dev", "ops")) == {"c1": EDIT, "c2": VIEW}
+    authorizer = ClusterAuthorizer(store)
+    provider_user = env.User(env.NO_RECORD, "idp:carol", groups=("dev",), authenticated_by="oidc")
+    assert authorizer.permission(provider_user, "c1") == VIEW
+    assert [(c.id, p) for c, p in authorizer.visible(provider_user)] == [("c1", VIEW), ("c2", VIEW)]
+    # A user's own grant and a group's: the stronger.
+    bob = store.create_user("bob")
+    store.set_cluster_permission("c2", bob.id, EDIT, keep_an_editor=False)
+    assert ClusterAuthorizer(store).permission(env.User(bob.id, "bob", groups=("dev",)), "c2") == EDIT
+    with pytest.raises(QuotaExceeded):
+        store.set_group_permission("c1", "qa", VIEW, limit=2)
+    assert store.set_group_permission("c1", "dev", EDIT, limit=2) == VIEW  # a change is never refused
+    assert store.set_group_permission("c1", "dev", None) == EDIT
+    assert [r.group_name for r in store.list_group_permissions("c1")] == ["ops"]
+    with pytest.raises(NotFound):
+        store.set_group_permission("nope", "dev", VIEW)

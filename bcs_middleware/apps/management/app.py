@@ -25,7 +25,7 @@ from ...core.printable import escape
 from ...core.quotas import Quotas, limit_value
 from ...recording.catalog import RecordingStore
 from . import endpoints as ep
-from . import inventory, sessions
+from . import identity, inventory, sessions
 from .calls import APISettings, Ctx
 from .store import ManagementStore
 
@@ -57,6 +57,15 @@ ROUTES = Map(
         Rule("/rest/clusters/<cluster_id>/permissions/<user_name>", methods=["PUT"], endpoint=ep.put_permission),
         Rule("/rest/clusters/<cluster_id>/permissions/<user_name>", methods=["DELETE"],
              endpoint=ep.delete_permission),
+        Rule("/rest/clusters/<cluster_id>/group_permissions", methods=["GET"],
+             endpoint=identity.list_group_permissions),
+        Rule("/rest/clusters/<cluster_id>/group_permissions/<group>", methods=["GET"],
+             endpoint=identity.get_group_permission),
+        Rule("/rest/clusters/<cluster_id>/group_permissions/<group>", methods=["PUT"],
+             endpoint=identity.put_group_permission),
+        Rule("/rest/clusters/<cluster_id>/group_permissions/<group>", methods=["DELETE"],
+             endpoint=identity.delete_group_permission),
+        Rule("/rest/whoami", methods=["GET"], endpoint=identity.whoami),
         Rule("/rest/clusters/<cluster_id>/client_credentials", methods=["GET"], endpoint=ep.client_credentials),
         Rule("/clusters/<cluster_id>/client_credentials", methods=["GET"], endpoint=ep.client_credentials),
         Rule("/rest/clusters/<cluster_id>/kubeconfig", methods=["GET"], endpoint=ep.kubeconfig),

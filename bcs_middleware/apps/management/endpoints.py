@@ -117,6 +117,12 @@ def create_cluster(ctx: Ctx) -> Response:
         raise Forbidden(f"user {actor.name!r} may not register clusters: this gateway lets {creators.describe()} "
                         "register them (ask a superuser to register it and grant you edit)",
                         code_name="CLUSTER_CREATION_FORBIDDEN")
+    if actor.id == env.NO_RECORD and not actor.is_superuser:
+        # The creator's edit is a row of the user's; a user signed in through an identity provider
+        # has none, and gets cluster permissions through their groups instead.
+        raise Forbidden(f"user {actor.name!r} signed in through an identity provider and may not register "
+                        "clusters: a superuser registers it and grants edit to one of your groups",
+                        code_name="CLUSTER_CREATION_FORBIDDEN")
     body = ctx.body()
     validate("cluster_create", body)
     if not actor.is_superuser:
@@ -124,7 +130,8 @@ def create_cluster(ctx: Ctx) -> Response:
         if reserved:
             raise Forbidden(reserved, code_name="CLUSTER_ID_RESERVED")
     cluster = ctx.store.create_cluster(
-        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"], creator_id=actor.id,
+        body["id"], project_id=body["project_id"], cluster_type=body["cluster_type"],
+        creator_id=None if actor.id == env.NO_RECORD else actor.id,
         limit=ctx.settings.quotas.limit("clusters_per_user", actor),
     )
     ctx.store.record_audit(

@@ -10,7 +10,15 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ...clusters.permissions import PermissionStore
-from ...core.records import ClusterRecord, CredentialRecord, PermissionRecord, PlacementRecord, TokenRecord, UserRecord
+from ...core.records import (
+    ClusterRecord,
+    CredentialRecord,
+    GroupPermissionRecord,
+    PermissionRecord,
+    PlacementRecord,
+    TokenRecord,
+    UserRecord,
+)
 
 
 class ManagementStore(PermissionStore, Protocol):
@@ -67,5 +75,10 @@ class ManagementStore(PermissionStore, Protocol):
 
     def set_cluster_permission(self, cluster_id: str, user_id: int, permission: str | None, *,
                                keep_an_editor: bool = True, limit: int | None = None) -> str | None: ...
+
+    def list_group_permissions(self, cluster_id: str, group: str | None = None) -> list[GroupPermissionRecord]: ...
+
+    def set_group_permission(self, cluster_id: str, group: str, permission: str | None, *,
+                             limit: int | None = None) -> str | None: ...
 
     def record_audit(self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None) -> None: ...

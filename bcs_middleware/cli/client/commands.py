@@ -19,7 +19,7 @@ from urllib.parse import quote
 import yaml
 
 from ...core.printable import escape
-from . import kubeconfig, sessions, settings
+from . import kubeconfig, sessions, settings, signin
 from .output import FORMATS, emit
 from .rest import EXIT_USAGE, ClientError, GatewayClient
 
@@ -56,7 +56,8 @@ def _connection_options() -> argparse.ArgumentParser:
 def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            connection = settings.resolve(args.server, args.ca_file, args.token, args.timeout)
+            connection = settings.resolve(args.server, args.ca_file, args.token, args.timeout,
+                                          signed_in=signin.current_token)
             return handler(GatewayClient(connection), args)
         except ClientError as exc:
             print(f"bcs-middleware: error: {escape(exc)}", file=sys.stderr)  # the server's words: no escapes
@@ -344,6 +345,10 @@ def login(client: GatewayClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _login_dispatch(args: argparse.Namespace) -> int:
+    return signin.oidc_login_cmd(args) if args.issuer else _run(login)(args)
+
+
 def register(sub: Any) -> None:
     """Add the client subcommands to the ``bcs-middleware`` parser's subparsers."""
     common = _connection_options()
@@ -435,7 +440,29 @@ def register(sub: Any) -> None:
               "merge a context bcs-CLUSTER for one cluster into your kubeconfig", common)
     p.add_argument("cluster", help="the cluster id")
     p.add_argument("--kubeconfig", metavar="FILE", help=kube_help)
-    p = _leaf(sub, "login", login, "check and save the gateway, CA and token, and merge a kubeconfig context "
-              "bcs-CLUSTER for every Kubernetes cluster you may use", common)
+    p = _leaf(sub, "login", login, "check and save the gateway, CA and token (or, with --issuer, sign in at the "
+              "identity provider), and merge a kubeconfig context bcs-CLUSTER for every Kubernetes cluster you "
+              "may use", common)
+    p.set_defaults(func=_login_dispatch)
     p.add_argument("--kubeconfig", metavar="FILE", help=kube_help)
     p.add_argument("--no-kubeconfig", action="store_true", help="only save the gateway, CA and token")
+    sign_in = p.add_argument_group("sign in with the identity provider (OpenID Connect, PKCE)")
+    sign_in.add_argument("--issuer", metavar="URL", help="the provider's issuer URL (one of the gateway's "
+                         "authentication configuration); contexts then get tokens from 'bcs-middleware credential'")
+    sign_in.add_argument("--client-id", default="bcs-middleware", help="the client id registered at the provider "
+                         f"(an audience the gateway accepts); a secret, if any, from ${signin.ENV_CLIENT_SECRET}")
+    sign_in.add_argument("--issuer-ca-file", metavar="PEM", help="the CA of the provider's certificate")
+    sign_in.add_argument("--scopes", default="openid email profile offline_access",
+                         help="the scopes asked for (default: openid email profile offline_access)")
+    sign_in.add_argument("--no-browser", action="store_true", help="print the sign-in URL instead of opening it")
+    _leaf(sub, "whoami", signin.whoami,
+          "show who the gateway says you are: name, groups, how you signed in, until when", common)
+    p = sub.add_parser("logout", help="forget the identity-provider sign-in and remove the contexts login wrote",
+                       description="Forget the identity-provider sign-in and remove the contexts login wrote.")
+    p.add_argument("--kubeconfig", metavar="FILE", help=kube_help)
+    p.add_argument("-o", "--output", choices=FORMATS, default="table", help="table (default), json or yaml")
+    p.set_defaults(func=signin.logout_cmd)
+    p = sub.add_parser("credential", help="kubectl exec credential plugin: print the current sign-in's token",
+                       description="kubectl exec credential plugin (client.authentication.k8s.io/v1): print an "
+                                   "ExecCredential with the current ID token, refreshed when it is about to expire.")
+    p.set_defaults(func=signin.credential_cmd)

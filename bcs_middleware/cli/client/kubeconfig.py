@@ -72,3 +72,19 @@ def save(path: Path, document: dict[str, Any]) -> None:
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
     write_private(path, yaml.safe_dump(document, sort_keys=False))
+
+
+def remove_user(document: dict[str, Any], user: str) -> list[str]:
+    """Remove the user entry ``user`` and every context using it (and their clusters); the contexts removed."""
+    contexts = [c for c in document.get("contexts") or [] if isinstance(c, dict)]
+    gone = [c for c in contexts if (c.get("context") or {}).get("user") == user]
+    names = [str(c.get("name")) for c in gone]
+    clusters = {(c.get("context") or {}).get("cluster") for c in gone}
+    document["contexts"] = [c for c in contexts if c not in gone]
+    still_used = {(c.get("context") or {}).get("cluster") for c in document["contexts"]}
+    document["clusters"] = [c for c in document.get("clusters") or []
+                            if not isinstance(c, dict) or c.get("name") not in clusters - still_used]
+    document["users"] = [u for u in document.get("users") or [] if not isinstance(u, dict) or u.get("name") != user]
+    if document.get("current-context") in names:
+        document["current-context"] = ""
+    return names

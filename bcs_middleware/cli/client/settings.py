@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +52,27 @@ def write_private(path: Path, text: str) -> None:
         raise
 
 
-def write_config(path: Path, *, server: str, token: str, ca_file: str | None) -> None:
-    data = {"server": server, "ca_file": ca_file, "token": token}
+def write_config(path: Path, *, server: str, token: str, ca_file: str | None, auth: str = "token") -> None:
+    """``auth="oidc"``: no token is kept here; it is the identity-provider sign-in's (``login --issuer``)."""
+    data = {"server": server, "ca_file": ca_file, "token": token, "auth": auth}
     write_private(path, json.dumps(data, indent=2) + "\n")
 
 
-def resolve(server: str | None, ca_file: str | None, token: str | None, timeout: float) -> Connection:
-    """The connection the flags, environment and config file describe (first found wins)."""
+def resolve(server: str | None, ca_file: str | None, token: str | None, timeout: float,
+            signed_in: Callable[[], str] | None = None) -> Connection:
+    """The connection the flags, environment and config file describe (first found wins).
+
+    :param signed_in: the current token of an identity-provider sign-in (``login --issuer``), asked
+        when the saved gateway's config says it was signed in so.
+    """
     saved = read_config(config_path())
     server = server or os.environ.get(ENV_SERVER)
     if not server or server.rstrip("/") == str(saved.get("server", "")).rstrip("/"):
         # The saved token and CA belong to the saved gateway: never sent to another one.
         server = server or saved.get("server")
         token = token or os.environ.get(ENV_TOKEN) or saved.get("token")
+        if not token and saved.get("auth") == "oidc" and signed_in is not None:
+            token = signed_in()
         ca_file = ca_file or os.environ.get(ENV_CA_FILE) or saved.get("ca_file")
     else:
         token = token or os.environ.get(ENV_TOKEN)
