@@ -50,6 +50,7 @@ FLOORS: dict[str, int] = {
     "bcs_middleware.scheduler": 1,
     "bcs_middleware.audit": 1,
     "bcs_middleware.audit.sink": 2,
+    "bcs_middleware.audit.export": 2,
     "bcs_middleware.store": 2,
     "bcs_middleware.outbound": 2,
     "bcs_middleware.discovery": 2,

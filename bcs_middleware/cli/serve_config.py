@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..audit.export.settings import OPTIONS as _AUDIT_EXPORT_OPTIONS
 from ..core.errors import ConfigError
+
+# serve's audit export flags fill the ini's [DEFAULT] keys of the same names.
+AUDIT_EXPORT_KEYS = tuple(key for key in _AUDIT_EXPORT_OPTIONS if key != "audit_spool_dir")
 
 #: ``[server:main]`` keys ``serve`` takes (PasteDeploy's ``use`` and gunicorn's
 #: ``host``/``port`` included), with their converters.
@@ -83,6 +87,7 @@ APP_FLAGS = (
     AppFlag("upstream_allow", ("upstream_allow",), "upstream_allow"),
     AppFlag("upstream_deny", ("upstream_deny",), "upstream_deny"),
     AppFlag("no_access_log", ("access_log",), "access_log"),
+    *(AppFlag(dest, (dest,), dest) for dest in AUDIT_EXPORT_KEYS),
 )
 
 

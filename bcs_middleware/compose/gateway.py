@@ -40,6 +40,9 @@ from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
+from ..audit.export.settings import OPTIONS as AUDIT_EXPORT_OPTIONS
+from ..audit.export.settings import AuditExportSettings
+from ..audit.export.settings import settings_from_options as audit_export_settings
 from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer, ClusterCreators
 from ..clusters.reader import TunnelClusterReader
@@ -249,6 +252,8 @@ class GatewayConfig:
     # Kubernetes audit events for tunnel requests: a file path, or "-" for stdout.
     audit_log: str | None = None
     audit_policy_file: str | None = None
+    # Audit export: a webhook as kube-apiserver's, syslog, through a spool (audit/export/settings.py).
+    audit_export: AuditExportSettings = field(default_factory=AuditExportSettings)
     upgrade_idle_timeout: float = 3600.0
     upgrade_max_duration: float = 86400.0
     # Permission subscription (issue 9): grants turned into RBAC bindings in every cluster.
@@ -501,19 +506,41 @@ def build_gateway(
         dispatcher, authenticator=authenticator, public_paths=config.public_paths, peer_authenticator=peer,
         public_routes=("agent_report",),
     )
-    if config.audit_log:
+    sink = _audit_sink(config, transport, address_policy, background=bool(background))
+    if sink is not None:
         from ..audit.policy import DEFAULT_POLICY, load_policy
-        from ..layers.audit import AuditMiddleware, AuditSink
+        from ..layers.audit import AuditMiddleware
 
         # Outside token auth: a tunnel request refused for its token is audited too.
         policy = load_policy(config.audit_policy_file) if config.audit_policy_file else DEFAULT_POLICY
-        authed = AuditMiddleware(authed, sink=AuditSink.open(config.audit_log), policy=policy)
+        authed = AuditMiddleware(authed, sink=sink, policy=policy)
     elif config.audit_policy_file:
-        raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
+        raise ConfigError("audit_policy_file needs audit_log or an audit export (audit_webhook_config_file, "
+                          "audit_syslog_url)")
     # Outside user-token auth (and the audit of user requests): the agent authenticates
     # with its register token; its credential report is audited in the store.
     edge: Any = AgentTunnelMiddleware(authed, store=store, agents=agents, directory=directory)
     return RequestContextMiddleware(edge, access_log=config.access_log)
+
+
+def _audit_sink(config: GatewayConfig, transport: Transport, address_policy: AddressPolicy, *,
+                background: bool) -> Any:
+    """The audit log and exporters the configuration asks for, ``None`` when it asks for none.
+
+    A worker starts its exporters' spools and threads once it serves (the master that only
+    checks the configuration starts nothing)."""
+    from ..audit.export.assemble import build_exporters
+    from ..audit.sink import AuditSink
+    from ..core.worker_start import at_worker_start
+
+    exporters = build_exporters(config.audit_export, data_dir=config.data_dir, transport=transport,
+                                address_policy=address_policy)
+    if not config.audit_log and not exporters:
+        return None
+    sink = AuditSink.open(config.audit_log, exporters=exporters)
+    if exporters and background:
+        at_worker_start(sink.start)
+    return sink
 
 
 _OPTIONS: dict[str, conv.Converter] = {
@@ -568,6 +595,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "cluster_creators": ClusterCreators.parse,
     **{f"quota_{name}": limit_value for name in Quotas.names()},
     "metrics_token": conv.text,
+    **AUDIT_EXPORT_OPTIONS,
 }
 
 
@@ -611,6 +639,8 @@ def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayC
         values["webhook_address_map"] = tuple(values["webhook_address_map"].items())
     quotas = {key.removeprefix("quota_"): values.pop(key) for key in list(values) if key.startswith("quota_")}
     values["quotas"] = Quotas(**quotas)
+    export = {key: values.pop(key) for key in list(values) if key in AUDIT_EXPORT_OPTIONS}
+    values["audit_export"] = audit_export_settings(export, section=section, base=data_dir)
     return GatewayConfig(**values)
 
 
