@@ -76,6 +76,8 @@ class _Running:
     stopping: threading.Event = field(default_factory=threading.Event)
     acked: threading.Condition = field(default_factory=threading.Condition)
     append_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: batches of this process's spool that failed (a blocking request's event in one failed).
+    failures: int = 0
     threads: list[threading.Thread] = field(default_factory=list)
 
 
@@ -145,6 +147,7 @@ class Exporter:
         with running.append_lock:
             kept = running.spool.append([record])
             sequence = running.spool.appended
+            failures = running.failures
         self._count_appended(running, 1, kept)
         if not kept:
             return False
@@ -153,7 +156,9 @@ class Exporter:
         with running.acked:
             while running.spool.acked < sequence:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                # A failed attempt after this event was spooled: it stays spooled, to be sent
+                # on a later attempt; the request does not wait for that one.
+                if remaining <= 0 or running.failures > failures:
                     return False
                 running.acked.wait(remaining)
         return True
@@ -259,6 +264,10 @@ class Exporter:
             spool.rewind()
             left = len(records) - failure.outcome.done
             metrics.AUDIT_RETRIED.labels(self.name).inc(left)
+            if spool is running.spool:
+                with running.acked:
+                    running.failures += 1
+                    running.acked.notify_all()
             log.warning("audit %s: %s; %d events will be retried (%d waiting in the spool)", self.name,
                         failure, left, spool.pending)
             return False
@@ -299,7 +308,14 @@ class Exporter:
 
     def _pause(self, running: _Running, seconds: float) -> None:
         # Jitter (kube-apiserver's backoff has 0.2): instances recovering together spread out.
-        running.stopping.wait(seconds * (1 + 0.2 * random.random()))  # noqa: S311 - not a secret
+        seconds *= 1 + 0.2 * random.random()  # noqa: S311 - not a secret
+        if self.batch.mode == "batch":
+            running.stopping.wait(seconds)
+            return
+        # Blocking modes: a request waiting for its event cuts the backoff short, as each of
+        # kube-apiserver's blocking requests makes its own call.
+        running.wake.clear()
+        running.wake.wait(seconds)
 
     # -- leaving ------------------------------------------------------------------
 

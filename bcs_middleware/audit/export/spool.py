@@ -311,10 +311,16 @@ class Spool:
             self._write_cursor(cursor)
             for number in [n for n in self._segments if n < cursor[0]]:
                 self._drop_segment(number)
-            last = self._segments[-1] if self._segments else None
-            # The cursor at the end of a full segment: the segment is done as well.
-            if cursor[0] != last and self._sizes.get(cursor[0]) == cursor[1]:
+            if self._sizes.get(cursor[0]) == cursor[1]:
+                # Everything in the cursor's segment is done: the segment goes, and the
+                # cursor moves to the start of the next (made by the next append, if last).
+                if cursor[0] == self._segments[-1] and self._append_fd is not None:
+                    os.close(self._append_fd)
+                    self._append_fd = None
                 self._drop_segment(cursor[0])
+                self._cursor = cursor = (cursor[0] + 1, 0)
+                self._read_at = max(self._read_at, cursor)
+                self._write_cursor(cursor)
 
     def _drop_segment(self, number: int) -> None:
         self._segments.remove(number)
