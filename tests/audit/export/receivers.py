@@ -106,7 +106,6 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
 
 
 RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
-_GTLS = Path("/usr/lib/x86_64-linux-gnu/rsyslog/lmnsd_gtls.so")
 
 
 def need_rsyslog(tls: bool = False) -> None:
@@ -161,9 +160,10 @@ class Rsyslog:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [RSYSLOGD, "-n", "-f", str(self.conf), "-i", str(self.folder / "rsyslogd.pid"), "-C"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.folder / "rsyslogd.out", "ab") as log:
+            self.proc = subprocess.Popen(
+                [RSYSLOGD, "-n", "-f", str(self.conf), "-i", str(self.folder / "rsyslogd.pid")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for_port("127.0.0.1", self.port, 20, self.proc)  # type: ignore[arg-type]
         except Exception:
@@ -171,16 +171,20 @@ class Rsyslog:
             raise RuntimeError(f"rsyslogd did not start:\n{self.output()}") from None
 
     def output(self) -> str:
-        if self.proc is None or self.proc.stdout is None:
+        """What rsyslogd printed (its errors)."""
+        try:
+            return (self.folder / "rsyslogd.out").read_text(errors="replace")
+        except FileNotFoundError:
             return ""
-        if self.proc.poll() is None:
-            return "(running)"
-        return self.proc.stdout.read().decode(errors="replace")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(15)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
 
     def lines(self) -> list[str]:
         try:
