@@ -239,8 +239,8 @@ AUDIT_EXPORT_FLAGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (
     ("audit_webhook_mode", False, {
         "choices": ("batch", "blocking", "blocking-strict"),
         "help": "batch (default): sent in the background, a request never waits; blocking: a request waits "
-                "until its events are delivered (30 s at most); blocking-strict: and fails (503) when its "
-                "RequestReceived event could not be"}),
+                "until its events are delivered (30 s at most, or until an attempt failed; the events stay "
+                "spooled). blocking-strict is refused: see the README"}),
     ("audit_webhook_batch_buffer_size", False, {
         "metavar": "N", "help": "events waiting in memory for the spool before more are dropped (10000)"}),
     ("audit_webhook_batch_max_size", False, {"metavar": "N", "help": "events in one batch at most (400)"}),

@@ -182,6 +182,14 @@ def _webhook(options: Mapping[str, Any], config_file: Path | None, section: str)
             raise ConfigError(f"[{section}] the audit_webhook_* settings need audit_webhook_config_file")
         return None
     defaults = BatchOptions()
+    if options.get("audit_webhook_mode") == "blocking-strict":
+        # kube-apiserver fails a request whose RequestReceived event cannot be written before
+        # the request is served. The audit layer writes that event when the response starts
+        # (it waits for the user the layers below authenticate): by then the cluster has acted,
+        # and failing the answer would only hide that it did. Refused rather than pretended.
+        raise ConfigError(f"[{section}] audit_webhook_mode blocking-strict is not supported: the audit layer "
+                          "writes RequestReceived when the response starts, after the request was forwarded, "
+                          "so a failed export could no longer stop it; use blocking or batch")
     throttled = options.get("audit_webhook_batch_throttle_enable", True)
     batch = BatchOptions(
         mode=options.get("audit_webhook_mode", defaults.mode),

@@ -29,8 +29,8 @@ def event(number: int, *, level: str = "RequestResponse", body: int = 0) -> byte
 
 
 def backend(receiver: WebhookReceiver, truncate: TruncateLimits | None = None) -> WebhookBackend:
-    target = WebhookTarget(server=f"https://localhost:{receiver.port}/audit", ca_pem=receiver.ca.cert_pem.bytes().decode(),
-                           token=receiver.token)
+    target = WebhookTarget(server=f"https://localhost:{receiver.port}/audit",
+                           ca_pem=receiver.ca.cert_pem.bytes().decode(), token=receiver.token)
     return WebhookBackend(target, transport=PooledTransport(connect_timeout=2, read_timeout=5), timeout=5,
                           truncate=truncate)
 
@@ -115,7 +115,7 @@ def test_a_receiver_certificate_from_another_ca_is_refused() -> None:
     with webhook_receiver() as receiver:
         target = WebhookTarget(server=f"https://localhost:{receiver.port}/audit",
                                ca_pem=trustme.CA().cert_pem.bytes().decode(), token=receiver.token)
-        with pytest.raises(DeliveryFailed, match="(?i)certificate|tls"):
+        with pytest.raises(DeliveryFailed, match=r"(?i)certificate|tls"):
             WebhookBackend(target, transport=PooledTransport(), timeout=5).process([event(0)])
         assert receiver.posts == 0
 

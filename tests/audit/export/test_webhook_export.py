@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.audit.export.receivers import WebhookReceiver, webhook_receiver
-from tests.support.gateway import Gateway, served_gateway
+from tests.support.gateway import CLI, Gateway, served_gateway
 from tests.support.polling import wait_for, wait_until
-from tests.support.servers import TrapListener
+from tests.support.servers import TrapListener, free_port
 
 STAGES = ("RequestReceived", "ResponseComplete")
 
@@ -160,3 +161,29 @@ def test_batch_mode_never_holds_a_request_on_a_receiver_that_does_not_answer(tmp
         trap.close()
     # A request that waited for the export would wait out the connect timeout (5 s) each.
     assert took < 5, took
+
+
+def test_blocking_mode_answers_only_once_the_request_event_is_delivered(tmp_path: Path) -> None:
+    with webhook_receiver() as receiver:
+        args = export_args(receiver, tmp_path, "--audit-webhook-mode", "blocking")
+        with served_gateway(tmp_path / "data", args=args, workers=1) as gw:
+            for number in range(5):
+                audited(gw, range(number, number + 1))
+                # Its RequestReceived event was delivered before the answer was sent.
+                assert (number, "RequestReceived") in sequence(receiver.received())
+            receiver.down()
+            audited(gw, range(5, 6))  # blocking, not strict: the request goes on (the event is spooled)
+            receiver.up()
+            wait_for(lambda: len(receiver.received()) >= 12, 60, "the spooled events never arrived")
+    assert sequence(receiver.received()) == expected(range(6))
+
+
+def test_blocking_strict_is_refused_rather_than_pretended(tmp_path: Path) -> None:
+    """The audit layer writes RequestReceived when the response starts, after the cluster acted:
+    a strict failure could not stop the request, so serve refuses the mode with the reason."""
+    with webhook_receiver() as receiver:
+        args = export_args(receiver, tmp_path, "--audit-webhook-mode", "blocking-strict")
+        argv = [CLI, "serve", "--data-dir", str(tmp_path / "data"), "--bind", f"127.0.0.1:{free_port()}", *args]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "blocking-strict is not supported" in result.stderr
