@@ -109,6 +109,33 @@ def test_worker_restarts_lose_nothing_and_send_nothing_twice(tmp_path: Path) -> 
         assert stages == list(STAGES)
 
 
+def test_the_spool_of_a_worker_that_did_not_come_back_is_drained_by_another(tmp_path: Path) -> None:
+    """Two workers spool during an outage; the server comes back with one: it sends both spools."""
+    data = tmp_path / "data"
+    with webhook_receiver() as receiver:
+        args = export_args(receiver, tmp_path)
+        receiver.down()
+        sent = 0
+
+        def slots() -> set[str]:
+            return {p.parent.name for p in (data / "audit-spool" / "webhook").glob("*/*.seg")}
+
+        with served_gateway(data, args=args) as gw:
+            # Until both workers hold events (the kernel spreads connections over their sockets).
+            while sent < 200 and not wait_until(lambda: slots() == {"0", "1"}, 0.5):
+                audited(gw, range(sent, sent + 5))
+                sent += 5
+        assert slots() == {"0", "1"}
+        with served_gateway(data, args=args, workers=1) as gw:
+            receiver.up()
+            wait_for(lambda: len(receiver.received()) >= 2 * sent, 120, "a spool was not drained")
+            audited(gw, range(sent, sent + 1))
+            wait_for(lambda: len(receiver.received()) >= 2 * sent + 2, 60, "the last event never arrived")
+    events = receiver.received()
+    assert len({(e["auditID"], e["stage"]) for e in events}) == len(events) == 2 * sent + 2
+    assert sorted(sequence(events)) == expected(range(sent + 1))
+
+
 def _worker_pids(gw: Gateway) -> set[int]:
     import subprocess
 
