@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bcs_middleware.audit.events import AuditEvent  # noqa: E402
-from bcs_middleware.audit.export.exporter import Exporter  # noqa: E402
-from bcs_middleware.audit.export.settings import BatchOptions  # noqa: E402
-from bcs_middleware.audit.export.spool import Spool, SpoolLimits  # noqa: E402
-from bcs_middleware.audit.export.webhook import WebhookBackend, WebhookTarget  # noqa: E402
-from bcs_middleware.outbound.transport import PooledTransport  # noqa: E402
-from tests.audit.export.receivers import webhook_receiver  # noqa: E402
+from bcs_middleware.audit.events import AuditEvent
+from bcs_middleware.audit.export.exporter import Exporter
+from bcs_middleware.audit.export.settings import BatchOptions
+from bcs_middleware.audit.export.spool import Spool, SpoolLimits
+from bcs_middleware.audit.export.webhook import WebhookBackend, WebhookTarget
+from bcs_middleware.outbound.transport import PooledTransport
+from tests.audit.export.receivers import webhook_receiver
 
 
 def event(number: int, size: int) -> AuditEvent:

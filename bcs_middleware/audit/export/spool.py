@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -72,10 +73,22 @@ def _segment_name(number: int) -> str:
     return f"{number:012d}.seg"
 
 
+def _fsync(fd: int) -> None:
+    """``fsync`` without holding up the process: under the gevent worker it runs on gevent's
+    thread pool, so the other greenlets (requests) go on meanwhile; it takes milliseconds."""
+    monkey = sys.modules.get("gevent.monkey")  # a process gevent never patched never imported it
+    if monkey is not None and monkey.is_module_patched("threading"):
+        import gevent
+
+        gevent.get_hub().threadpool.apply(os.fsync, (fd,))
+    else:
+        os.fsync(fd)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _fsync(fd)
     finally:
         os.close(fd)
 
@@ -243,7 +256,7 @@ class Spool:
             written = os.write(self._append_fd, view)
             view = view[written:]
         if self.limits.fsync:
-            os.fsync(self._append_fd)
+            _fsync(self._append_fd)
         self._sizes[segment] += size
 
     # -- reading -----------------------------------------------------------------
@@ -334,7 +347,7 @@ class Spool:
         try:
             os.write(fd, f"{cursor[0]} {cursor[1]}\n".encode())
             if self.limits.fsync:
-                os.fsync(fd)
+                _fsync(fd)
         finally:
             os.close(fd)
         os.replace(temporary, self.directory / _CURSOR)

@@ -13,7 +13,7 @@ import trustme
 from tests.audit.export.receivers import Rsyslog, need_rsyslog
 from tests.audit.export.test_webhook_export import audited, expected, metric, sequence
 from tests.support.gateway import served_gateway
-from tests.support.polling import wait_for
+from tests.support.polling import wait_for, wait_until
 
 # RFC 5424 §6: PRI VERSION SP TIMESTAMP SP HOSTNAME SP APP-NAME SP PROCID SP MSGID SP SD SP MSG
 _MESSAGE = re.compile(r'<110>1 (\S+) (\S+) bcs-middleware (\d+) audit \[meta sequenceId="(\d+)"\] (\{.*\})')
@@ -50,7 +50,8 @@ def test_every_event_arrives_once_in_order_as_rfc5424(rsyslog: Rsyslog, tmp_path
     with served_gateway(tmp_path / "data", args=syslog_args(rsyslog), workers=1) as gw:
         audited(gw, range(10))
         messages = parsed(rsyslog.messages(20))
-        assert metric(gw, "bcs_audit_events_sent_total", backend="syslog") == 20
+        # Counted once the write returned (rsyslog may have written them to its file before).
+        assert wait_until(lambda: metric(gw, "bcs_audit_events_sent_total", backend="syslog") == 20, 30)
     events = [event for _, _, event in messages]
     assert sequence(events) == expected(range(10))
     assert [seq for _, seq, _ in messages] == list(range(1, 21))
