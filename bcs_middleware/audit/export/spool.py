@@ -138,7 +138,9 @@ class Spool:
     @classmethod
     def claim(cls, root: Path, limits: SpoolLimits) -> Spool:
         """The first slot under ``root`` whose lock is free (a new one when none is)."""
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The events name users and what they did: the folders are the owner's only.
+        root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, exist_ok=True)
         for number in range(MAX_SLOTS):
             directory = root / str(number)
             directory.mkdir(mode=0o700, exist_ok=True)
