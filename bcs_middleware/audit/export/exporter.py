@@ -195,16 +195,17 @@ class Exporter:
                 log.exception("audit %s: writing to the spool %s failed", self.name, running.spool.directory)
 
     def _write_buffer(self, running: _Running) -> None:
-        events: list[AuditEvent] = []
-        while running.buffer:
-            try:
-                events.append(running.buffer.popleft())
-            except IndexError:
-                break
-        if not events:
-            return
-        records = [str(event).encode() for event in events]
+        # Taken and appended under one lock: two callers (the writer, a leaving process) keep the order.
         with running.append_lock:
+            events: list[AuditEvent] = []
+            while running.buffer:
+                try:
+                    events.append(running.buffer.popleft())
+                except IndexError:
+                    break
+            if not events:
+                return
+            records = [str(event).encode() for event in events]
             kept = running.spool.append(records)
         self._count_appended(running, len(records), kept)
         running.wake.set()
@@ -327,12 +328,15 @@ class Exporter:
         running.stopping.set()
         running.wake.set()
         deadline = time.monotonic() + timeout
-        for thread in running.threads:
-            thread.join(max(deadline - time.monotonic(), 0.0))
+        writer, shipper = running.threads
+        writer.join(max(deadline - time.monotonic(), 0.0))
+        # The buffer first: gunicorn kills a worker that outlives its graceful timeout, and a
+        # batch being sent must not cost the events still in memory.
         try:
             self._write_buffer(running)
         except OSError:
             log.exception("audit %s: writing the last events to the spool failed", self.name)
+        shipper.join(max(deadline - time.monotonic(), 0.0))
         if any(thread.is_alive() for thread in running.threads):
             # A send still running (a receiver that does not answer): the slot stays held
             # until the process is gone, so no other process reads it meanwhile.
