@@ -97,3 +97,29 @@ def test_a_receiver_whose_certificate_another_ca_signed_gets_nothing(tmp_path: P
     finally:
         impostor.stop()
     assert impostor.lines() == []
+
+
+def test_a_client_cannot_forge_or_split_a_syslog_message(tmp_path: Path) -> None:
+    """Octet counting frames each message by its length, and the event's JSON escapes what the
+    client sent: a User-Agent dressed as a frame boundary and a message stays inside its event."""
+    need_rsyslog()
+    folder = tmp_path / "rsyslog"
+    folder.mkdir()
+    server = Rsyslog(folder, tls=False)
+    server.start()
+    forged = '" }\t 120 <14>1 2026-01-01T00:00:00Z evil forged - - - {"kind":"Event","user":"root"} 9'
+    try:
+        with served_gateway(tmp_path / "data", args=syslog_args(server), workers=1) as gw:
+            for number in range(3):
+                status, _ = gw.call("GET", f"/tunnels/clusters/BCS-K8S-AUDIT/api?seq={number}", token="",
+                                    headers={"User-Agent": forged})
+                assert status == 401
+            audited(gw, range(3, 4))
+            messages = parsed(server.messages(8))
+            assert wait_until(lambda: len(server.lines()) == 8, 5) and len(server.lines()) == 8
+    finally:
+        server.stop()
+    events = [event for _, _, event in messages]
+    assert sequence(events) == expected(range(4))
+    assert [e["userAgent"] for e in events[:6]] == [forged] * 6
+    assert not any("forged" in line.split("{", 1)[0] for line in server.lines())
