@@ -62,6 +62,7 @@ FLOORS: dict[str, int] = {
     # server's workers is a file they map (I/O).
     "bcs_middleware.limits": 1,
     "bcs_middleware.limits.table": 2,
+    "bcs_middleware.audit.export": 2,
     "bcs_middleware.store": 2,
     "bcs_middleware.outbound": 2,
     "bcs_middleware.discovery": 2,

@@ -1,4 +1,8 @@
-"""Where audit events go: a file (appended, 0600) or standard output, written off the request thread."""
+"""Where audit events go: a file (appended, 0600) or standard output, written off the request
+thread, and the export backends (:mod:`bcs_middleware.audit.export`), each through its spool.
+
+Every event goes everywhere from this one place (:meth:`AuditSink.emit`).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,14 @@ import io
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from ..core.errors import ConfigError
 from ..telemetry.logsetup import LineWriterHandler
 from .events import AuditEvent
+from .export.exporter import Exporter
 
 __all__ = ["AuditSink"]
 
@@ -19,20 +25,28 @@ log = logging.getLogger(__name__)
 
 
 class AuditSink:
-    """Where events go: a file (appended, 0600) or a stream, written by a background thread."""
+    """Where events go: a file (appended, 0600) or a stream, written by a background thread,
+    and each exporter (a webhook, syslog).
 
-    def __init__(self, stream: TextIO) -> None:
-        self._writer = LineWriterHandler(stream)
+    :param stream: the audit log, ``None``: none (events are only exported).
+    :param exporters: the export backends, in the order they are handed each event.
+    """
+
+    def __init__(self, stream: TextIO | None, *, exporters: Sequence[Exporter] = ()) -> None:
+        self._writer = LineWriterHandler(stream) if stream is not None else None
+        self.exporters = tuple(exporters)
 
     @classmethod
-    def open(cls, target: str) -> AuditSink:
-        """``-`` or ``stdout``: standard output; otherwise a file path.
+    def open(cls, target: str | None, *, exporters: Sequence[Exporter] = ()) -> AuditSink:
+        """``-`` or ``stdout``: standard output; ``None``: no audit log; otherwise a file path.
 
         A missing folder is created 0700 (as kube-apiserver's ``--audit-log-path`` does);
         one that cannot be is a :class:`ConfigError` naming the path.
         """
+        if target is None:
+            return cls(None, exporters=exporters)
         if target in ("-", "stdout"):
-            return cls(sys.stdout)
+            return cls(sys.stdout, exporters=exporters)
         path = Path(target)
         try:
             if not path.parent.is_dir():
@@ -41,16 +55,35 @@ class AuditSink:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         except OSError as exc:
             raise ConfigError(f"audit log {target}: {exc.strerror or exc}") from None
-        return cls(io.TextIOWrapper(io.FileIO(fd, "a", closefd=True), encoding="utf-8", line_buffering=False))
+        return cls(io.TextIOWrapper(io.FileIO(fd, "a", closefd=True), encoding="utf-8", line_buffering=False),
+                   exporters=exporters)
 
     def emit(self, event: AuditEvent) -> None:
-        self._writer.submit(event)
+        """Hand ``event`` to the log and every exporter.
+
+        :raises ~bcs_middleware.audit.export.exporter.AuditExportUnavailable: an exporter in
+            ``blocking-strict`` mode could not deliver a ``RequestReceived`` event.
+        """
+        if self._writer is not None:
+            self._writer.submit(event)
+        for exporter in self.exporters:
+            exporter.submit(event)
+
+    def start(self) -> None:
+        """Start the exporters' spools and threads in this process (a worker, once it serves)."""
+        for exporter in self.exporters:
+            exporter.start()
 
     def drain(self) -> None:
-        self._writer.drain()
+        if self._writer is not None:
+            self._writer.drain()
 
     def close(self) -> None:
-        """Write what is queued and close the file (standard output stays open)."""
+        """Write what is queued and close the file (standard output stays open); stop the exporters."""
+        for exporter in self.exporters:
+            exporter.stop()
+        if self._writer is None:
+            return
         self._writer.drain()
         if self._writer.stream is not sys.stdout:
             self._writer.stream.close()

@@ -14,6 +14,7 @@ from ..core.errors import ConfigError
 from ..serving.datadir import ADMIN_TOKEN_SOURCE
 from ..serving.hooks import build_in_master
 from . import serve_config
+from .serve_options import audit_export_options
 
 
 def ini_loader(config_path: Path, global_conf: Mapping[str, str]) -> Callable[[], Any]:
@@ -51,6 +52,7 @@ def gateway_options(args: argparse.Namespace, data_dir: Path, ca_file: str | Non
         ("superuser_groups", " ".join(args.superuser_group)),
     )
     options.update((key, value) for key, value in flags if value)
+    options.update(audit_export_options(args))
     for spec in args.quota:
         name, sep, limit = spec.partition("=")
         if not sep:

@@ -8,7 +8,7 @@ from .. import __version__
 from . import serve_config
 from .keygen import cmd_keygen
 from .serve import cmd_serve
-from .serve_options import DEFAULT_BIND, DEFAULT_WORKER_CONNECTIONS, KEEPALIVE_SLOTS
+from .serve_options import AUDIT_EXPORT_FLAGS, DEFAULT_BIND, DEFAULT_WORKER_CONNECTIONS, KEEPALIVE_SLOTS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +58,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "uses the same data directory.",
     )
     for add in (_add_server_flags, _add_data_and_tls_flags, _add_gateway_flags, _add_mesos_flags,
-                _add_operation_flags, _add_recording_flags):
+                _add_operation_flags, _add_recording_flags, _add_audit_export_flags):
         add(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -211,3 +211,10 @@ def _add_operation_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--audit-policy", metavar="FILE",
                        help="an audit.k8s.io/v1 Policy (YAML/JSON) choosing level and stages per user, verb, "
                             "resource, namespace (default: every request at Metadata level)")
+
+
+def _add_audit_export_flags(serve: argparse.ArgumentParser) -> None:
+    """``serve``: audit events exported to a webhook and to syslog (gateway)."""
+    group = serve.add_argument_group("audit export (gateway)")
+    for dest, _is_path, keywords in AUDIT_EXPORT_FLAGS:
+        group.add_argument("--" + dest.replace("_", "-"), dest=dest, **keywords)

@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..audit.export.settings import OPTIONS as _AUDIT_EXPORT_OPTIONS
 from ..core.errors import ConfigError
+
+# serve's audit export flags fill the ini's [DEFAULT] keys of the same names.
+AUDIT_EXPORT_KEYS = tuple(key for key in _AUDIT_EXPORT_OPTIONS if key != "audit_spool_dir")
 
 #: ``[server:main]`` keys ``serve`` takes (PasteDeploy's ``use`` and gunicorn's
 #: ``host``/``port`` included), with their converters.
@@ -93,6 +97,7 @@ APP_FLAGS = (
     AppFlag("recording_max_age", ("recording_max_age",), "recording_max_age"),
     AppFlag("recording_max_size", ("recording_max_size",), "recording_max_size"),
     AppFlag("limits_config", ("limits_config",), "limits_config"),
+    *(AppFlag(dest, (dest,), dest) for dest in AUDIT_EXPORT_KEYS),
 )
 
 

@@ -226,3 +226,65 @@ def _warn_if_few_descriptors(connections: int) -> None:
         log.warning("the open-file limit (%d) is below what %d connections per worker need (%d): "
                     "raise it (ulimit -n, LimitNOFILE=) or lower --worker-connections", soft,
                     connections, needed)
+
+
+#: ``serve``'s audit export flags: (flag destination = the gateway's ini key, is a file path,
+#: argparse keywords). kube-apiserver's names for the webhook (pkg/server/options/audit.go).
+AUDIT_EXPORT_FLAGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (
+    ("audit_webhook_config_file", True, {
+        "metavar": "KUBECONFIG",
+        "help": "export audit events to a webhook, as kube-apiserver: a kubeconfig file giving its server, "
+                "CA, and client certificate/key or token; events go through a durable spool in the data "
+                "directory, so an outage of the receiver loses nothing up to --audit-spool-max-size"}),
+    ("audit_webhook_mode", False, {
+        "choices": ("batch", "blocking", "blocking-strict"),
+        "help": "batch (default): sent in the background, a request never waits; blocking: a request waits "
+                "until its events are delivered (30 s at most, or until an attempt failed; the events stay "
+                "spooled). blocking-strict is refused: see the README"}),
+    ("audit_webhook_batch_buffer_size", False, {
+        "metavar": "N", "help": "events waiting in memory for the spool before more are dropped (10000)"}),
+    ("audit_webhook_batch_max_size", False, {"metavar": "N", "help": "events in one batch at most (400)"}),
+    ("audit_webhook_batch_max_wait", False, {
+        "metavar": "DURATION", "help": "how long a batch waits for more events before it is sent (30s)"}),
+    ("audit_webhook_batch_throttle_enable", False, {
+        "metavar": "true|false", "help": "throttle the batches sent (default true)"}),
+    ("audit_webhook_batch_throttle_qps", False, {"metavar": "QPS", "help": "batches a second at most (10)"}),
+    ("audit_webhook_batch_throttle_burst", False, {"metavar": "N", "help": "batches sent at once (15)"}),
+    ("audit_webhook_initial_backoff", False, {
+        "metavar": "DURATION", "help": "wait before the first retry of a failed batch; each next one 1.5 "
+                                       "times longer, up to 5m (10s)"}),
+    ("audit_webhook_truncate_enabled", False, {
+        "metavar": "true|false", "help": "truncate events and split batches as kube-apiserver (default false)"}),
+    ("audit_webhook_truncate_max_batch_size", False, {
+        "metavar": "BYTES", "help": "with truncation: a batch's size at most, else it is split (10Mi)"}),
+    ("audit_webhook_truncate_max_event_size", False, {
+        "metavar": "BYTES", "help": "with truncation: an event's size at most; a larger one loses its request "
+                                    "and response objects, and is dropped if still larger (100Ki)"}),
+    ("audit_syslog_url", False, {
+        "metavar": "tcp://HOST:PORT|tls://HOST:PORT",
+        "help": "export audit events as RFC 5424 syslog messages over TCP (RFC 6587 octet counting) or TLS "
+                "(RFC 5425, verified), through a durable spool in the data directory"}),
+    ("audit_syslog_ca_file", True, {"metavar": "FILE", "help": "the CA the syslog receiver's certificate "
+                                                                "chains to (default: the system's)"}),
+    ("audit_syslog_client_cert_file", True, {"metavar": "FILE", "help": "a client certificate for the syslog "
+                                                                         "receiver"}),
+    ("audit_syslog_client_key_file", True, {"metavar": "FILE", "help": "its key"}),
+    ("audit_syslog_server_name", False, {"metavar": "NAME", "help": "the name the syslog receiver's "
+                                                                     "certificate must carry (default: HOST)"}),
+    ("audit_spool_max_size", False, {
+        "metavar": "BYTES", "help": "each backend's spool per worker at most (256Mi); beyond it events are "
+                                    "dropped and counted (bcs_audit_events_dropped)"}),
+    ("audit_spool_fsync", False, {
+        "metavar": "true|false", "help": "fsync each spooled batch (default true: a machine crash loses "
+                                         "nothing spooled; false: a process crash still loses nothing)"}),
+)
+
+
+def audit_export_options(args: argparse.Namespace) -> dict[str, str]:
+    """The audit export flags given, as the gateway's ini options (file paths made absolute)."""
+    options = {}
+    for dest, is_path, _ in AUDIT_EXPORT_FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None:
+            options[dest] = str(Path(value).absolute()) if is_path else str(value)
+    return options

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..audit.export.settings import OPTIONS as AUDIT_EXPORT_OPTIONS
+from ..audit.export.settings import AuditExportSettings
+from ..audit.export.settings import settings_from_options as audit_export_settings
 from ..authn.settings import IdentitySettings
 from ..clusters.permissions import ClusterCreators
 from ..core.errors import ConfigError
@@ -257,14 +260,29 @@ class AgentTunnelSettings:
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """Kubernetes audit events for tunnel requests: a file path, or ``-`` for stdout; a policy file."""
+    """Kubernetes audit events for tunnel requests: the log (a file path, or ``-`` for stdout), a
+    policy file, and the export backends (a webhook as kube-apiserver's, syslog; each through a
+    spool — :mod:`bcs_middleware.audit.export`)."""
 
     log: str | None = None
     policy_file: str | None = None
+    export: AuditExportSettings = field(default_factory=AuditExportSettings)
 
     def __post_init__(self) -> None:
-        if self.policy_file and not self.log:
-            raise ConfigError("audit_policy_file needs audit_log (a file path, or - for stdout)")
+        if self.policy_file and not self.log and not self.exports:
+            raise ConfigError("audit_policy_file needs audit_log or an audit export (audit_webhook_config_file, "
+                              "audit_syslog_url)")
+
+    @property
+    def exports(self) -> bool:
+        return self.export.webhook is not None or self.export.syslog is not None
+
+    @classmethod
+    def from_ini(cls, values: dict[str, Any], context: IniContext) -> AuditSettings:
+        # The export keys (audit_webhook_*, audit_syslog_*, audit_spool_*) are read by the
+        # export settings themselves: relative paths are in the data directory.
+        export = {key: values.pop(key) for key in list(values) if key in AUDIT_EXPORT_OPTIONS}
+        return cls(export=audit_export_settings(export, section=context.section, base=context.data_dir), **values)
 
 
 @dataclass(frozen=True)

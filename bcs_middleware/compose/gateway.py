@@ -48,6 +48,7 @@ from ..apps.management.app import ManagementAPI
 from ..apps.management.calls import APISettings
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
+from ..audit.sink import AuditSink
 from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer
 from ..clusters.reader import TunnelClusterReader
@@ -130,7 +131,7 @@ def assemble(config: GatewayConfig, resources: GatewayResources) -> RequestConte
         rbac_status=RBACStatusApp(store, enabled=config.rbac.grants), mesos=mesos,
         discovery=resources.discovery, webconsole=webconsole, metrics_token=config.auth.metrics_token,
     )
-    authed = _audited(config, _authenticated(config, resources, dispatcher))
+    authed = _audited(config, resources.audit_sink, _authenticated(config, resources, dispatcher))
     # Outside user-token auth (and the audit of user requests): the agent authenticates
     # with its register token; its credential report is audited in the store.
     edge = AgentTunnelMiddleware(authed, store=store, agents=resources.agents, directory=directory)
@@ -302,15 +303,15 @@ def _discovery_cached(app: Any, limits: LimitSettings, agents: LocalAgents) -> A
     return cache
 
 
-def _audited(config: GatewayConfig, app: Any) -> Any:
+def _audited(config: GatewayConfig, sink: AuditSink | None, app: Any) -> Any:
     """Kubernetes audit events, outside token auth: a tunnel request refused for its token is audited too."""
-    if not config.audit.log:
+    if sink is None:
         return app
     from ..audit.policy import DEFAULT_POLICY, load_policy
-    from ..layers.audit import AuditMiddleware, AuditSink
+    from ..layers.audit import AuditMiddleware
 
     policy = load_policy(config.audit.policy_file) if config.audit.policy_file else DEFAULT_POLICY
-    return AuditMiddleware(app, sink=AuditSink.open(config.audit.log), policy=policy)
+    return AuditMiddleware(app, sink=sink, policy=policy)
 
 
 def config_from_options(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..audit.export.settings import OPTIONS as AUDIT_EXPORT_OPTIONS
 from ..clusters.permissions import ClusterCreators
 from ..core import converters as conv
 from ..core.errors import ConfigError
@@ -93,6 +94,8 @@ GATEWAY_KEYS: dict[str, Key] = {
     "peer_address": Key(_peer_address, "agent_tunnel", "peer_address"),
     "audit_log": Key(conv.text, "audit", "log"),
     "audit_policy_file": Key(conv.text, "audit", "policy_file"),
+    # The export keys are read by the audit section's from_ini (the export settings' own table).
+    **{name: Key(convert, "audit", name) for name, convert in AUDIT_EXPORT_OPTIONS.items()},
     "cluster_creators": Key(ClusterCreators.parse, "self_service", "cluster_creators"),
     **{f"quota_{name}": Key(limit_value, "self_service", f"quota_{name}") for name in Quotas.names()},
     "limits_config": Key(limit_settings.load, "", "limits"),

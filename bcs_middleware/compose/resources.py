@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..agent_tunnel.registry import LocalAgents, LocalOnlyDialer
 from ..agent_tunnel.router import peer_routing
+from ..audit.sink import AuditSink
 from ..core.errors import ConfigError
 from ..core.records import Holder
 from ..discovery.base import Discovery, Endpoint
@@ -67,6 +68,8 @@ class GatewayResources:
     :param certificates: the certificate files' contents.
     :param rbac: the permission subscription's runner, when one is configured (started by :mod:`.start`).
     :param peer_address: where this process's peer listener binds once started (``None``: no listener).
+    :param audit_sink: where audit events go — the log file and the export backends, whose spools
+        and threads :mod:`.start` starts (``None``: no audit log and no export configured).
     """
 
     store: SQLStore
@@ -78,6 +81,7 @@ class GatewayResources:
     certificates: Certificates = Certificates()
     rbac: RBACService | None = None
     peer_address: str | None = None
+    audit_sink: AuditSink | None = None
 
 
 def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
@@ -115,7 +119,19 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
         store=store, transport=transport, address_policy=policy, agents=agents, tunnels=tunnels,
         discovery=gateway_discovery(config.discovery), certificates=certificates,
         rbac=_rbac_service(config, store, transport, policy), peer_address=peer_address,
+        audit_sink=_audit_sink(config, transport, policy),
     )
+
+
+def _audit_sink(config: GatewayConfig, transport: Transport, policy: AddressPolicy) -> AuditSink | None:
+    """The audit log and the exporters the configuration asks for (not started), ``None`` for neither."""
+    from ..audit.export.assemble import build_exporters
+
+    exporters = build_exporters(config.audit.export, data_dir=config.store.data_dir, transport=transport,
+                                address_policy=policy)
+    if not config.audit.log and not exporters:
+        return None
+    return AuditSink.open(config.audit.log, exporters=exporters)
 
 
 def process_holder() -> Holder:

@@ -71,6 +71,8 @@ class Startup:
         start_discovery = getattr(resources.discovery, "start", None)
         if start_discovery is not None:
             start_discovery()  # watch ZooKeeper from the start, not from the first Mesos request
+        if resources.audit_sink is not None:
+            resources.audit_sink.start()  # the export backends' spools and shipping threads
         if resources.rbac is not None:
             resources.rbac.start()
             # Hand the lease over at exit, unless a pass is still running after RBAC_EXIT_WAIT

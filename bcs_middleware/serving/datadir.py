@@ -15,6 +15,9 @@ share and what each keeps for itself:
   ``tls/.lock`` (one certificate check or renewal at a time);
 * shared, appended — an audit log given as a relative path of the audit filter
   (``audited_gateway.ini``: ``audit.jsonl``): each server appends whole lines;
+* per worker — ``audit-spool/<backend>/<n>/`` the audit events a worker has not exported yet
+  (:mod:`bcs_middleware.audit.export.spool`): each worker holds one slot by a file lock; a
+  restarted worker, or any worker of any server here, takes over a slot no process holds;
 * per server — ``prometheus/<pid>/`` the metrics of one server's workers
   (:func:`server_metrics_dir`; ``<pid>`` is the server's master), removed by the next
   server that starts once its server is gone.

@@ -180,6 +180,36 @@ DISCOVERY_CACHE = Counter(
     "revalidated, refetched, invalidated, uncacheable).",
     ["result"],
 )
+# Audit export (bcs_middleware/audit/export/): labels are the backend (webhook, syslog) and,
+# for drops, a fixed reason — never configuration or anything from an event.
+AUDIT_SENT = Counter(
+    "bcs_audit_events_sent",
+    "Audit events the backend's receiver accepted, by backend.",
+    ["backend"],
+)
+AUDIT_RETRIED = Counter(
+    "bcs_audit_events_retried",
+    "Audit events whose delivery failed and will be tried again from the spool, by backend.",
+    ["backend"],
+)
+AUDIT_SPOOLED = Counter(
+    "bcs_audit_events_spooled",
+    "Audit events written to the backend's durable spool, by backend.",
+    ["backend"],
+)
+AUDIT_DROPPED = Counter(
+    "bcs_audit_events_dropped",
+    "Audit events not delivered, by backend and reason (buffer_full: the in-memory buffer before "
+    "the spool; spool_full: the spool at its size bound; rejected: over the event size even truncated, or "
+    "refused by the receiver for good; damaged: cut short by a crash while spooled).",
+    ["backend", "reason"],
+)
+AUDIT_SPOOL_BYTES = Gauge(
+    "bcs_audit_spool_bytes",
+    "Bytes in the audit spools' segment files, by backend.",
+    ["backend"],
+    multiprocess_mode="livesum",
+)
 
 # The item MetricBatch.request queues: both per-request metrics for one ``put``.
 _REQUEST = object()
