@@ -80,8 +80,14 @@ def main() -> int:
                                 "certificateAuthority": ca.cert_pem.bytes().decode()},
                      "claimMappings": {"username": {"claim": "sub", "prefix": "idp:"},
                                        "groups": {"claim": "groups", "prefix": ""}}}]}))
+        # Both users get limits they cannot reach (issue 29's per-user limits are on by default):
+        # the bench compares the cost of the two credentials, not who is refused first.
+        limits = tmp / "limits.yaml"
+        limits.write_text("users:\n" + "".join(f"  {user}: {{rate: 1000000, burst: 1000000, inflight: 100000}}\n"
+                                                for user in ("bench-token", "idp:bench-oidc")))
         data = tmp / "data"
-        ini = gateway_ini(tmp / "gateway.ini", data, authentication_config=str(auth), access_log="false")
+        ini = gateway_ini(tmp / "gateway.ini", data, authentication_config=str(auth), access_log="false",
+                          limits_config=str(limits))
         with served_gateway(data, args=["--config", str(ini)]) as gw:
             register_cluster(gw, CLUSTER, server_url=api.url, ca_pem=api.ca_pem)
             token_user = gw.user("bench-token")
