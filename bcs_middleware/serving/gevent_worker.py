@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 from typing import Any
 
@@ -47,6 +46,7 @@ from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
 from ..pki.reload import ServerContext, reloading_context
+from .worker_stop import StopWhileStarting
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
@@ -75,7 +75,7 @@ def _refusal(retry_after: int) -> bytes:
     return head.encode("latin-1") + body
 
 
-class GatewayGeventWorker(GeventWorker):
+class GatewayGeventWorker(StopWhileStarting, GeventWorker):
     """gunicorn's gevent worker with a head timeout, a body idle timeout and a hard connection limit."""
 
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
@@ -93,13 +93,6 @@ class GatewayGeventWorker(GeventWorker):
         self._refusal = _refusal(self.retry_after)
         # Per connection (by greenlet): the wait for its request heads.
         self._conns: dict[int, _HeadWait] = {}
-
-    def handle_exit(self, sig: Any, frame: Any) -> None:
-        if not self.booted:
-            # Told to stop while loading the application (seconds on a busy host): nothing
-            # has been served, nothing to finish; otherwise the stop would wait for the load.
-            sys.exit(0)
-        super().handle_exit(sig, frame)
 
     def run(self) -> None:
         # GeventWorker.run, except that TLS is done in handle() under the head timeout

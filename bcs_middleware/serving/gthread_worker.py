@@ -23,26 +23,22 @@ read then holds that thread, as a slow client does anyway) and counts every conn
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
+from .worker_stop import StopWhileStarting
+
 # handle()'s answer for a connection it has closed already (gracefully, in its own thread).
 _CLOSED = object()
 
 
-class GatewayThreadWorker(ThreadWorker):
+class GatewayThreadWorker(StopWhileStarting, ThreadWorker):
     """``gthread`` with each connection counted once and closed off the main thread; a stopping
     worker closes a kept-alive connection ``STOP_KEEPALIVE_LINGER`` after its last answer, at
     once if it has been idle that long (as :class:`~bcs_middleware.serving.gevent_worker.GatewayGeventWorker`)."""
-
-    def handle_exit(self, sig: Any, frame: Any) -> None:
-        if not self.booted:  # still loading the application: nothing to finish (as the gevent worker)
-            sys.exit(0)
-        super().handle_exit(sig, frame)
 
     def _cap_keepalive(self, deadline: float) -> None:
         # gunicorn caps every kept-alive connection at the same deadline (now + its linger):

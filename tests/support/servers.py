@@ -118,6 +118,7 @@ class ServerProcess:
     ) -> None:
         self.host, self.port, self.scheme = host, port, scheme
         self._log = tempfile.NamedTemporaryFile(prefix="server-", suffix=".log", delete=False)  # noqa: SIM115
+        self._final_output: str | None = None  # kept at stop(), when the file is removed
         full_env = {**os.environ, **(env or {})}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
@@ -144,6 +145,8 @@ class ServerProcess:
         return f"{self.scheme}://{host}:{self.port}"
 
     def output(self) -> str:
+        if self._final_output is not None:
+            return self._final_output
         return Path(self._log.name).read_text(errors="replace")
 
     def signal(self, signum: int) -> None:
@@ -161,7 +164,10 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
-        self._log.close()
+        if self._final_output is None and self.proc.poll() is not None:
+            self._final_output = self.output()
+            self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
         return self.proc.returncode
 
     def __enter__(self) -> ServerProcess:

@@ -8,9 +8,11 @@ sessions and nodes it had. ``tickTime`` is short so sessions expire quickly.
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
+from .polling import wait_until
 from .servers import ServerProcess, free_port
 
 CLASSPATH = "/usr/share/java/*:/usr/share/zookeeper/lib/*"
@@ -57,9 +59,25 @@ class ZookeeperServer:
              "-Dzookeeper.jmx.log4j.disable=true",
              "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.config)],
             port=self.port,
-            answering=False,  # ZooKeeper speaks its own protocol: its port is its readiness
+            answering=False,  # ZooKeeper speaks its own protocol: serving() below
             timeout=60.0,
         )
+        # It listens before it serves: a client connecting in between waits for its session
+        # until its own timeout (kazoo's start() raised KazooTimeoutError).
+        if not wait_until(self.serving, 60, step=0.1):
+            raise RuntimeError(f"ZooKeeper listens but does not serve:\n{self.output()}")
+
+    def serving(self) -> bool:
+        """ZooKeeper's ``srvr`` four-letter command names the server's mode once it serves."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+                sock.sendall(b"srvr")
+                answer = b""
+                while chunk := sock.recv(4096):
+                    answer += chunk
+        except OSError:
+            return False
+        return b"Mode:" in answer
 
     def stop(self) -> None:
         if self.process is not None:
