@@ -16,6 +16,9 @@ routes are exempt by default) it:
    waits in its user's line and users are served in turn (:mod:`bcs_middleware.limits.fair`),
    then ``429`` when the line is full or the wait is over.
 
+A refusal is answered ``queue.refusal_delay`` after the request arrived (under the gevent
+worker), so that a client asking again at once cannot make the refusals the load.
+
 The counts and buckets are shared by the instance's workers (:mod:`bcs_middleware.limits.table`);
 what is counted is released when the response is closed. A refusal is
 :class:`~bcs_middleware.core.errors.TooManyRequests`: a Kubernetes ``Status`` (reason
@@ -38,6 +41,7 @@ from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
 from ..core.errors import TooManyRequests
+from ..core.sockets import gevent_active
 from ..limits.fair import FairQueue
 from ..limits.settings import LimitSettings, UserLimits, load
 from ..limits.table import BUCKET, INFLIGHT, LONG_RUNNING, OK, CounterTable, key_digest
@@ -93,11 +97,14 @@ class LimitsMiddleware:
     """
 
     def __init__(self, app: Any, *, settings: LimitSettings, table: CounterTable | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 delay_refusals: Callable[[], bool] = gevent_active) -> None:
         self.app = app
         self.settings = settings
         self.table = table if table is not None else CounterTable(shared_table_path())
         self.clock = clock
+        self.sleep = sleep
+        self.delay_refusals = delay_refusals
         queue = settings.queue
         self.queue = FairQueue(queue.seats_per_worker, length=queue.length, wait=queue.wait, clock=clock)
         self.group_caps = dict(settings.groups)
@@ -120,10 +127,12 @@ class LimitsMiddleware:
             return self.app(environ, start_response)
         limits = self.settings.for_user(user.name)
         long_running = facts.long_running or facts.upgrade is not None
+        arrived = self.clock()
         try:
             release = self._admit(user, limits, facts.cluster_id, long_running)
         except TooManyRequests as exc:
             metrics.LIMIT_REFUSED.labels(exc.limit).inc()
+            self._hold_refusal(arrived)
             return exc(environ, start_response)
         finally:
             self._note_overflows()
@@ -197,6 +206,15 @@ class LimitsMiddleware:
                 retry_after=1, limit=limit)
         metrics.LIMIT_ADMITTED.labels("ordinary", "true" if waited.limit else "false").inc()
         return release
+
+    def _hold_refusal(self, arrived: float) -> None:
+        """Answer a refusal no sooner than ``queue.refusal_delay`` after its request arrived
+        (a request that waited in line for a seat has waited already)."""
+        delay = self.settings.queue.refusal_delay
+        if delay > 0 and self.delay_refusals():
+            remaining = delay - (self.clock() - arrived)
+            if remaining > 0:
+                self.sleep(remaining)
 
     @staticmethod
     def _refusal(verdict: int, wait: float, names: list[str]) -> TooManyRequests:

@@ -21,6 +21,7 @@ start, naming the key::
       seats_per_worker: 32     # ordinary requests one worker serves at once; beyond, users take turns
       length: 64               # requests one user may have waiting in one worker
       wait: 5s                 # then 429
+      refusal_delay: 1s        # a 429 is answered no sooner (gevent workers; 0: at once)
     exempt:
       superusers: true
       users: [prometheus]
@@ -97,11 +98,18 @@ class QueueSettings:
         requests wait in per-user queues and users are served in turn.
     :param length: requests one user may have waiting in one worker (more: 429 at once).
     :param wait: seconds a request waits for a seat before it is refused (429).
+    :param refusal_delay: seconds after its arrival before a refused request gets its
+        ``429``, under the gevent worker (a waiting greenlet costs no CPU). A client that
+        ignores ``Retry-After`` and asks again at once, on many connections, would otherwise
+        turn the refusals themselves into the load that the limits keep off the light
+        users: each of its connections now asks at most once per delay. Under gthread a
+        waiting refusal would hold one of the worker's threads, so refusals go at once there.
     """
 
     seats_per_worker: int | None = 32
     length: int = 64
     wait: float = 5.0
+    refusal_delay: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,13 @@ def _duration(value: Any) -> float:
     return seconds
 
 
+def _delay(value: Any) -> float:
+    seconds = conv.seconds(value if isinstance(value, int | float) else str(value))
+    if seconds < 0:
+        raise ValueError(f"must not be negative: {value!r}")
+    return seconds
+
+
 def _size(value: Any) -> int:
     return conv.size(value if isinstance(value, int) else str(value))
 
@@ -209,7 +224,8 @@ def _section(cls: type, raw: Any, where: str, converters: Mapping[str, Callable[
 
 _USER = {"rate": _rate, "burst": _required(_count), "inflight": _count, "long_running": _count}
 _CLUSTER = {"inflight": _count, "long_running": _count}
-_QUEUE = {"seats_per_worker": _count, "length": _required(_count), "wait": _duration}
+_QUEUE = {"seats_per_worker": _count, "length": _required(_count), "wait": _duration,
+          "refusal_delay": _delay}
 _CACHE = {"enabled": conv.asbool, "ttl": _duration, "max_entry_bytes": _size, "max_bytes": _size}
 _CLIENTS = {"upstream_idle_per_cluster": _required(_count), "upstream_identities": _required(_count),
             "rbac_sync_workers": _required(_count)}

@@ -99,8 +99,23 @@ class ServerContext:
         self._conf = conf
         self._factory = factory
         self._current: tuple[tuple[int, ...], ssl.SSLContext] | None = None
+        self._socket_class: type[ssl.SSLSocket] | None = None
         if first is not None:
             self._current = (self._version(), first)
+
+    def use_socket_class(self, socket_class: type[Any]) -> None:
+        """Make every connection from now on a ``socket_class`` (the context's public
+        ``sslsocket_class``), in the current context and in every one rebuilt later."""
+        self._socket_class = socket_class
+        if self._current is not None:
+            self._apply_socket_class(self._current[1])
+
+    def _apply_socket_class(self, context: ssl.SSLContext) -> None:
+        # Only a subclass of the socket this context makes (gevent's context makes gevent's
+        # sockets; a context built before gevent patched the process makes the stdlib's).
+        chosen = self._socket_class
+        if chosen is not None and issubclass(chosen, type(context).sslsocket_class):
+            context.sslsocket_class = chosen
 
     def _version(self) -> tuple[int, ...]:
         conf = self._conf
@@ -120,6 +135,7 @@ class ServerContext:
                 # next connection tries again.
                 log.warning("reloading the TLS certificate failed (%s); retrying", type(exc).__name__)
                 return current[1]
+            self._apply_socket_class(built)
             # Two threads may build it at once after a change; either result is right.
             current = self._current = (version, built)
         return current[1]

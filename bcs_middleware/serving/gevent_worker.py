@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 import gevent
+import gevent.ssl
 from gevent import Timeout
 from gevent.pool import Pool
 from gevent.server import StreamServer
@@ -45,6 +46,7 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
+from ..core.sockets import send_all
 from ..pki.reload import ServerContext, reloading_context
 from .worker_stop import StopWhileStarting
 
@@ -75,6 +77,22 @@ def _refusal(retry_after: int) -> bytes:
     return head.encode("latin-1") + body
 
 
+class ClientTLSSocket(gevent.ssl.SSLSocket):
+    """A client's TLS connection whose ``sendall`` writes through ``send()``
+    (:func:`~bcs_middleware.core.sockets.send_all`).
+
+    gunicorn writes every response head and body piece with ``sendall``; gevent's asks the
+    kernel for the send buffer's size (a ``getsockopt`` call) and slices the data in Python
+    on every call, where one TLS ``send()`` writes a head or a 64 KiB piece whole.
+    """
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if flags:
+            super().sendall(data, flags)
+        else:
+            send_all(self, data)
+
+
 class GatewayGeventWorker(StopWhileStarting, GeventWorker):
     """gunicorn's gevent worker with a head timeout, a body idle timeout and a hard connection limit."""
 
@@ -102,6 +120,7 @@ class GatewayGeventWorker(StopWhileStarting, GeventWorker):
             # The one reloading context (pki/reload.py): a renewed certificate is served from
             # the next connection on, as under the gthread worker.
             self._ssl = reloading_context(self.cfg, lambda: ssl_context(self.cfg))
+            self._ssl.use_socket_class(ClientTLSSocket)
         servers = []
         for s in self.sockets:
             s.setblocking(1)

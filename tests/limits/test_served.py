@@ -30,12 +30,13 @@ from tests.support.polling import wait_until
 CLUSTER = "limits-c1"
 TUNNEL = f"/tunnels/clusters/{CLUSTER}"
 PODS = f"{TUNNEL}/api/v1/namespaces/default/pods"
-USERS = ("rated", "kubectl-user", "pyclient", "watcher", "heavy", "light", "spread")
+USERS = ("rated", "kubectl-user", "pyclient", "watcher", "heavy", "light", "spread", "hammer")
 LIMITS = """
 user: {rate: 1000, burst: 1000, inflight: 64, long_running: 100}
 users:
   rated: {rate: 0.05, burst: 5}
   spread: {rate: 0.05, burst: 6}
+  hammer: {rate: 0.05, burst: 1}
   kubectl-user: {rate: 2, burst: 2}
   pyclient: {rate: 0.5, burst: 1}
   watcher: {long_running: 3}
@@ -108,6 +109,27 @@ def test_over_its_rate_a_user_gets_429_with_retry_after_and_a_kubernetes_status(
     before = len(world.api.requests.matching("/api/v1/namespaces/default/pods"))
     assert _get(world, "rated", PODS).status_code == 429
     assert len(world.api.requests.matching("/api/v1/namespaces/default/pods")) == before
+
+
+def test_a_client_that_ignores_retry_after_cannot_make_the_refusals_the_load(world: World) -> None:
+    """Asking again at once after each 429, on one keep-alive connection: each refusal is
+    answered a second (``queue.refusal_delay``, the default) after its request arrived, so the
+    connection asks about once a second instead of as fast as the gateway can refuse."""
+    session = requests.Session()
+    headers = {"Authorization": f"Bearer {world.tokens['hammer']}"}
+    statuses: list[int] = []
+    refused_took: list[float] = []
+    began = time.monotonic()
+    while time.monotonic() - began < 3.0 and len(statuses) < 1000:
+        sent = time.monotonic()
+        status = session.get(world.gw.url + PODS, headers=headers, verify=world.gw.ca_file, timeout=30).status_code
+        statuses.append(status)
+        if status == 429:
+            refused_took.append(time.monotonic() - sent)
+    session.close()
+    assert statuses[0] == 200 and set(statuses[1:]) == {429}, statuses
+    assert len(statuses) <= 5, f"{len(statuses)} requests in 3 s"  # one admitted, then about one a second
+    assert min(refused_took) >= 0.9, refused_took
 
 
 def test_the_bucket_holds_across_both_workers(world: World) -> None:

@@ -28,6 +28,9 @@ def test_overrides_inherit_the_user_defaults_of_the_file() -> None:
     assert settings.groups == (("bots", 8),)
     assert settings.exempt_users == {"prom"} and settings.exempt_routes == {"health"}
     assert settings.queue.wait == 0.5 and settings.cluster.inflight is None
+    assert settings.queue.refusal_delay == 1.0  # the default
+    assert parse({"queue": {"refusal_delay": 0}}).queue.refusal_delay == 0.0  # refusals at once
+    assert parse({"queue": {"refusal_delay": "250ms"}}).queue.refusal_delay == 0.25
 
 
 @pytest.mark.parametrize("document, message", [
@@ -36,6 +39,7 @@ def test_overrides_inherit_the_user_defaults_of_the_file() -> None:
     pytest.param({"user": {"burst": None}}, "user.burst: cannot be null", id="null-burst"),
     pytest.param({"user": {"rate": True}}, "user.rate: not a number", id="bool"),
     pytest.param({"queue": {"wait": "soon"}}, "queue.wait: not a duration", id="duration"),
+    pytest.param({"queue": {"refusal_delay": -1}}, "queue.refusal_delay: must not be negative", id="delay"),
     pytest.param({"exempt": {"routes": ["kubernetes", "helth"]}}, "unknown route kind 'helth'", id="route"),
     pytest.param({"groups": {"ops": -1}}, "groups.ops: must be at least 1", id="group"),
     pytest.param({"limits": {}}, "unknown key 'limits'", id="top"),
