@@ -281,6 +281,8 @@ def _limited(app: Any, limits: LimitSettings) -> Any:
     for bound, value in (("upstream_idle_per_cluster", clients.upstream_idle_per_cluster),
                          ("upstream_identities", clients.upstream_identities),
                          ("rbac_sync_workers", clients.rbac_sync_workers),
+                         ("database_connections", clients.database_connections),
+                         ("database_overflow", clients.database_overflow),
                          ("agent_concurrent_dials", MAX_CONCURRENT_DIALS), ("agent_streams", MAX_STREAMS)):
         LIMIT_CAPACITY.labels(bound).set(value)
     return LimitsMiddleware(app, settings=limits) if limits.enabled else app

@@ -94,6 +94,8 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
     if store is None:
         store = open_store(config.store.database_url, data_dir=config.store.data_dir,
                            secret_key=config.store.secret_key)
+    clients = config.limits.clients
+    store.db.size_pool(clients.database_connections, clients.database_overflow)
     certificates = Certificates(
         gateway_ca=_read_text(config.server.gateway_ca_file, "gateway_ca_file"),
         gateway_cert=_read_text(config.server.gateway_cert_file, "gateway_cert_file"),

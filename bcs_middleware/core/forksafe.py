@@ -55,6 +55,13 @@ class PerProcess(Generic[T]):
         """The value if this process built one already, else ``None`` (builds nothing)."""
         return self._value
 
+    def take(self) -> T | None:
+        """Forget this process's value and return it (``None`` if none): the next
+        :meth:`get` builds a new one."""
+        with self._lock:
+            value, self._value = self._value, None
+        return value
+
     def _forget_in_child(self) -> None:
         self._lock = threading.Lock()  # the parent's may have been held by a thread that is gone
         inherited, self._value = self._value, None

@@ -30,6 +30,8 @@ start, naming the key::
       upstream_idle_per_cluster: 32
       upstream_identities: 512
       rbac_sync_workers: 8
+      database_connections: 5  # the database pool: connections kept open
+      database_overflow: 10    # and opened beyond them under a burst (then closed)
     discovery_cache:
       enabled: true
       ttl: 30s                 # served without asking the apiserver; then revalidated (ETag)
@@ -132,11 +134,18 @@ class ClientSettings:
     :param upstream_identities: apiserver identities (address, CA, credential) whose idle
         connections and TLS contexts are kept.
     :param rbac_sync_workers: clusters the RBAC subscription writes bindings to at once.
+    :param database_connections: connections to the database each worker keeps open (the
+        store's reads of tokens, credentials, permissions and admission definitions; most are
+        cached, so a few serve thousands of requests a second).
+    :param database_overflow: connections opened beyond those under a burst, then closed; a
+        request that finds all of them busy waits for one (SQLAlchemy's pool timeout, 30 s).
     """
 
     upstream_idle_per_cluster: int = 32
     upstream_identities: int = 512
     rbac_sync_workers: int = 8
+    database_connections: int = 5
+    database_overflow: int = 10
 
 
 @dataclass(frozen=True)
@@ -228,7 +237,8 @@ _QUEUE = {"seats_per_worker": _count, "length": _required(_count), "wait": _dura
           "refusal_delay": _delay}
 _CACHE = {"enabled": conv.asbool, "ttl": _duration, "max_entry_bytes": _size, "max_bytes": _size}
 _CLIENTS = {"upstream_idle_per_cluster": _required(_count), "upstream_identities": _required(_count),
-            "rbac_sync_workers": _required(_count)}
+            "rbac_sync_workers": _required(_count), "database_connections": _required(_count),
+            "database_overflow": _required(_number(int, 0))}
 _TOP = frozenset(item.name for item in fields(LimitSettings)) - {"exempt_superusers", "exempt_users",
                                                                "exempt_routes"} | {"exempt"}
 

@@ -92,16 +92,25 @@ def _private_sqlite_files(database: str) -> None:
             log.warning("%s is readable by other users and not ours to chmod", path)
 
 
-def _create_engine(url: str) -> Engine:
+#: SQLAlchemy's own pool defaults: connections kept, and opened beyond them under a burst.
+DEFAULT_POOL = (5, 10)
+
+
+def _create_engine(url: str, pool: tuple[int, int] = DEFAULT_POOL) -> Engine:
+    size, overflow = pool
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
             _private_sqlite_files(parsed.database)
+        database = parsed.database or ""
+        in_memory = database in ("", ":memory:") or "mode=memory" in database
         engine = create_engine(
             url,
             # Several gunicorn workers share the file: wait for the lock instead of
             # failing at once, and let readers run beside a writer (WAL).
             connect_args={"timeout": 30, "check_same_thread": False},
+            # A file gets SQLAlchemy's queue pool; a memory database one connection per thread.
+            **({} if in_memory else {"pool_size": size, "max_overflow": overflow}),
         )
 
         @event.listens_for(engine, "connect")
@@ -124,7 +133,7 @@ def _create_engine(url: str) -> Engine:
                 conn.exec_driver_sql("BEGIN")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_recycle=1800)
+    return create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=overflow, pool_recycle=1800)
 
 
 def _drop_inherited(engine: Engine) -> None:
@@ -149,7 +158,18 @@ class Database:
                               "postgresql://user@host/db or sqlite:///path)") from None
         _require_driver(self.url)
         self.secrets = secrets
-        self._engine = PerProcess(lambda: _create_engine(self.url), on_fork=_drop_inherited)
+        self.pool = DEFAULT_POOL
+        self._engine = PerProcess(lambda: _create_engine(self.url, self.pool), on_fork=_drop_inherited)
+
+    def size_pool(self, connections: int, overflow: int) -> None:
+        """Keep ``connections`` open per process and open up to ``overflow`` more under a burst
+        (``clients.database_*`` of the limits file); an engine this process already made is
+        remade with them (workers make their own after the fork)."""
+        if (connections, overflow) != self.pool:
+            self.pool = (connections, overflow)
+            engine = self._engine.take()
+            if engine is not None:
+                engine.dispose()
 
     @property
     def engine(self) -> Engine:

@@ -42,7 +42,7 @@ users:
   watcher: {long_running: 3}
   heavy: {inflight: 4}
 queue: {seats_per_worker: 8, length: 200, wait: 30s}
-clients: {upstream_idle_per_cluster: 48}
+clients: {upstream_idle_per_cluster: 48, database_connections: 3, database_overflow: 2}
 """
 
 
@@ -243,6 +243,8 @@ def test_refusals_are_counted_per_limit_without_user_labels(world: World) -> Non
     assert 'bcs_limits_capacity{bound="worker_seats"} 8.0' in text
     # The gateway's own clients' bounds are configured in the same file and shown.
     assert 'bcs_limits_capacity{bound="upstream_idle_per_cluster"} 48.0' in text
+    assert 'bcs_limits_capacity{bound="database_connections"} 3.0' in text
+    assert 'bcs_limits_capacity{bound="database_overflow"} 2.0' in text
     assert 'bcs_limits_capacity{bound="agent_concurrent_dials"}' in text
 
 

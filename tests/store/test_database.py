@@ -29,8 +29,8 @@ def engines_made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Engine]]:
     made: list[Engine] = []
     create = database_module._create_engine
 
-    def counting(url: str) -> Engine:
-        engine = create(url)
+    def counting(url: str, *args: Any) -> Engine:
+        engine = create(url, *args)
         made.append(engine)
         return engine
 
@@ -167,3 +167,29 @@ def test_a_forked_child_never_uses_the_parents_engine(database_url: str) -> None
     assert backend() == parent_backend
     assert [u.name for u in store.list_users()] == ["parent"]
     db.dispose()
+
+
+def test_the_pool_is_sized_by_the_limits_file_and_holds_no_more(database_url: str) -> None:
+    """``clients.database_connections``/``database_overflow``: an engine made before the sizing
+    is remade with it; with no overflow, two connections are all the database ever sees."""
+    database = Database(database_url, secrets=SecretBox([KEY]))
+    database.migrate()
+    before = database.engine
+    database.size_pool(2, 0)
+    engine = database.engine
+    assert engine is not before
+    assert engine.pool.size() == 2 and engine.pool._max_overflow == 0  # type: ignore[attr-defined]
+    held = [engine.connect() for _ in range(2)]
+    try:
+        for conn in held:
+            conn.execute(text("SELECT 1"))
+        if database.backend == "postgresql":
+            assert _backends(database_url) == 2
+        engine.pool._timeout = 0.2  # type: ignore[attr-defined]
+        from sqlalchemy.exc import TimeoutError as PoolTimeout
+        with pytest.raises(PoolTimeout):
+            engine.connect()  # a third waits for one of the two, then gives up
+    finally:
+        for conn in held:
+            conn.close()
+        database.dispose()
