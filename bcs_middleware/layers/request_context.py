@@ -165,71 +165,81 @@ class RequestContextMiddleware:
         request_id = (incoming if incoming and len(incoming) <= 128 and incoming.isprintable()
                       else _new_request_id())
         environ[env.REQUEST_ID] = request_id
-        path = environ.get("PATH_INFO", "")
         # Classified once, before anything is looked up; every layer inside reads these facts.
         facts = environ[env.FACTS] = request_facts.classify(environ)
-        kind = facts.label
-        if kind == "tunnel":
-            environ[env.ERROR_STYLE] = "kubernetes"
-        elif kind == "mesos":
-            environ[env.ERROR_STYLE] = "bcs"  # bcs clients parse the envelope, even of a 401
-        started = monotonic()
-        method = environ.get("REQUEST_METHOD", "GET")
-        status_code = 0
-
-        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            nonlocal status_code
-            headers.append(("X-Request-Id", request_id))
-            code = status[:3]
-            status_code = int(code)
-            cluster = environ.get(env.CLUSTER)
-            BATCH.request(kind, cluster.id if type(cluster) is env.Cluster else "", method, code,
-                          monotonic() - started)
-            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
-
-        if not self.access_log:
-            try:
-                return self.app(environ, _start_response)
-            except OSError:
-                raise  # the client's connection (or a handed-over socket): the server closes it
-            except Exception:
-                if status_code:
-                    raise  # the answer has begun: only the server can end it (it closes the connection)
-                return answer_unexpected(environ, _start_response)
-
-        def _log(sent: int) -> None:
-            if not access_log.isEnabledFor(logging.INFO):
-                return
-            line = AccessLine(
-                when=time.time(), request_id=request_id, remote_addr=environ.get("REMOTE_ADDR", ""),
-                user=environ.get(env.USER), agent=environ.get(env.AGENT),
-                cluster=environ.get(env.CLUSTER), admission=environ.get(env.ADMISSION),
-                method=method, path=path, status=status_code, sent=sent,
-                seconds=monotonic() - started, kind=kind,
-            )
-            writer = LineWriterHandler.sole_handler(access_log, logging.INFO)
-            if writer is not None:
-                writer.submit(line)
-                return
-            # Logger.info would walk the stack to find the caller (findCaller) for
-            # every line; the record is built directly instead, then handled
-            # exactly as info() would (filters, handlers, propagation).
-            access_log.handle(
-                access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, line, (),
-                                      None, "_log")
-            )
-
+        style = _ERROR_STYLES.get(facts.label)
+        if style is not None:
+            environ[env.ERROR_STYLE] = style
+        exchange = _Exchange(environ, request_id, facts.label, start_response)
         try:
-            body = self.app(environ, _start_response)
+            body = self.app(environ, exchange.start_response)
         except OSError:
-            raise
+            raise  # the client's connection (or a handed-over socket): the server closes it
         except Exception:
-            if status_code:
-                raise
-            body = answer_unexpected(environ, _start_response)
+            if exchange.status_code:
+                raise  # the answer has begun: only the server can end it (it closes the connection)
+            body = answer_unexpected(environ, exchange.start_response)
+        if not self.access_log:
+            return body
         if type(body) is list:
-            return _FinishedList(body, _log)
-        return _Finished(body, _log)
+            return _FinishedList(body, exchange.log)
+        return _Finished(body, exchange.log)
+
+
+#: The error style of a route kind whose clients parse their own envelope (else the default).
+_ERROR_STYLES = {
+    "tunnel": "kubernetes",
+    "mesos": "bcs",  # bcs clients parse the envelope, even of a 401
+}
+
+
+class _Exchange:
+    """One request as this layer sees it: the answer's status once it begins (counted in the
+    request metrics, the request id added) and, at the end, its access-log line."""
+
+    __slots__ = ("_start_response", "environ", "kind", "method", "path", "request_id", "started", "status_code")
+
+    def __init__(self, environ: dict[str, Any], request_id: str, kind: str, start_response: Any) -> None:
+        self.environ = environ
+        self.request_id = request_id
+        self.kind = kind
+        self.method = environ.get("REQUEST_METHOD", "GET")
+        self.path = environ.get("PATH_INFO", "")
+        self.started = monotonic()
+        self.status_code = 0
+        self._start_response = start_response
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        headers.append(("X-Request-Id", self.request_id))
+        code = status[:3]
+        self.status_code = int(code)
+        cluster = self.environ.get(env.CLUSTER)
+        BATCH.request(self.kind, cluster.id if type(cluster) is env.Cluster else "", self.method, code,
+                      monotonic() - self.started)
+        if exc_info:
+            return self._start_response(status, headers, exc_info)
+        return self._start_response(status, headers)
+
+    def log(self, sent: int) -> None:
+        """Write the access line (``sent``: the body's bytes), when the access log is on."""
+        if not access_log.isEnabledFor(logging.INFO):
+            return
+        environ = self.environ
+        line = AccessLine(
+            when=time.time(), request_id=self.request_id, remote_addr=environ.get("REMOTE_ADDR", ""),
+            user=environ.get(env.USER), agent=environ.get(env.AGENT),
+            cluster=environ.get(env.CLUSTER), admission=environ.get(env.ADMISSION),
+            method=self.method, path=self.path, status=self.status_code, sent=sent,
+            seconds=monotonic() - self.started, kind=self.kind,
+        )
+        writer = LineWriterHandler.sole_handler(access_log, logging.INFO)
+        if writer is not None:
+            writer.submit(line)
+            return
+        # Logger.info would walk the stack to find the caller (findCaller) for every line; the
+        # record is built directly instead, then handled exactly as info() would (filters,
+        # handlers, propagation).
+        access_log.handle(access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, line, (), None, "_log"))
 
 
 _OPTIONS: dict[str, conv.Converter] = {"access_log": conv.asbool}
