@@ -25,6 +25,13 @@ Three uses, one class:
 Every method is safe to call from any thread. The loader runs outside the lock: two threads
 missing the same key at once both load it (the second answer is kept), and a slow load never
 holds up the hits of other keys.
+
+A hit of :meth:`load` takes no lock: it reads the table once (one ``dict`` lookup, atomic in
+CPython) and changes nothing of the table's order. Under gevent the lock is a greenlet lock
+written in Python, and these lookups come several times per request. So a remembered function's
+recency is kept the CLOCK way (a "referenced" mark set on a hit; an entry due for eviction that
+carries the mark is spared once and moved to the back) — the usual approximation of least
+recently used that needs nothing from the reader but a flag.
 """
 
 from __future__ import annotations
@@ -44,18 +51,20 @@ _PRUNE_EVERY = 1.0
 
 
 class _Entry(Generic[V]):
-    __slots__ = ("put_at", "used_at", "value")
+    __slots__ = ("put_at", "referenced", "used_at", "value")
 
     def __init__(self, value: V, now: float) -> None:
         self.value = value
         self.used_at = now
         self.put_at = now
+        self.referenced = False
 
 
 class Cache(Generic[K, V]):
     """A least-recently-used table (see the module docs).
 
-    :param max_entries: entries kept at most; the least recently used go first.
+    :param max_entries: entries kept at most; the least recently used go first (for the hits
+        of :meth:`load`, nearly: see the module docs).
     :param ttl: seconds an entry may go unused before it is dropped; ``None``: never.
     :param max_age: seconds after it was put that an entry is dropped however it is used;
         ``None``: never; ``0``: nothing is kept (every :meth:`load` loads).
@@ -105,15 +114,14 @@ class Cache(Generic[K, V]):
     def load(self, key: K, loader: Callable[[K], V] | None = None) -> V:
         """The value for ``key``; on a miss ``loader(key)`` (default: the cache's), remembered
         unless ``admit`` refuses the key or ``max_age`` is 0."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                if not self._timed:
-                    self._entries.move_to_end(key)
-                    return entry.value
-                # Kept max_age after it was loaded however often it is used: recency untouched.
-                if self.max_age is None or self._clock() - entry.put_at <= self.max_age:
-                    return entry.value
+        entry = self._entries.get(key)  # no lock (module docs)
+        if entry is not None:
+            if not self._timed:
+                entry.referenced = True
+                return entry.value
+            # Kept max_age after it was loaded however often it is used: recency untouched.
+            if self.max_age is None or self._clock() - entry.put_at <= self.max_age:
+                return entry.value
         load = loader or self._loader
         if load is None:
             raise TypeError("Cache.load needs a loader")
@@ -202,6 +210,10 @@ class Cache(Generic[K, V]):
             key, entry = next(iter(entries.items()))
             if len(entries) <= self.max_entries and not self._expired(entry, now):
                 break
+            if entry.referenced and not self._timed:
+                entry.referenced = False  # used since it last came to the front: spared once
+                entries.move_to_end(key)
+                continue
             self._evict(key)
         self._next_prune = now + _PRUNE_EVERY
 

@@ -168,3 +168,39 @@ def test_threads_hitting_loading_and_evicting_together_never_corrupt_it() -> Non
         thread.join(timeout=60)
     assert not errors and all(not thread.is_alive() for thread in threads)
     assert len(cache) <= 16 and evicted
+
+
+def test_a_remembered_function_keeps_what_is_used_and_drops_what_is_not() -> None:
+    """Hits take no lock and leave the order alone; the entry due for eviction that was used
+    since is spared once (CLOCK), so a hot key survives a stream of cold ones."""
+    loads: list[str] = []
+    cache: Cache[str, str] = Cache(max_entries=3, loader=lambda key: loads.append(key) or key.upper())
+    cache("hot")
+    for number in range(20):
+        assert cache("hot") == "HOT"  # used between every two cold keys
+        cache(f"cold-{number}")
+    assert loads.count("hot") == 1
+    assert len(cache.held_keys()) == 3 and "cold-0" not in cache.held_keys()
+
+
+def test_lock_free_hits_beside_puts_and_evictions_in_threads() -> None:
+    cache: Cache[int, int] = Cache(max_entries=8, loader=lambda key: key * 2)
+    errors: list[BaseException] = []
+
+    def hammer(offset: int) -> None:
+        try:
+            for number in range(20000):
+                assert cache((number + offset) % 24) == ((number + offset) % 24) * 2
+                if number % 97 == 0:
+                    cache.values()
+                    cache.held_keys()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors[:3]
+    assert len(cache.held_keys()) <= 8
