@@ -36,7 +36,7 @@ from ..authn.settings import IdentitySettings
 from ..clusters.permissions import ClusterCreators
 from ..core.errors import ConfigError
 from ..core.quotas import Quotas
-from ..discovery.base import DEFAULT_ROOT, Endpoint
+from ..discovery.settings import DiscoverySettings
 from ..limits.settings import LimitSettings
 from ..recording.settings import RecordingSettings
 from .bootstrap import BootstrapUser, parse_bootstrap_users, scraper_token_digest
@@ -209,29 +209,6 @@ class RBACSettings:
     def grants(self) -> bool:
         """Whether the subscription runs here — its grants give view only where it does."""
         return self.enabled and bool(self.source_file or self.source_url)
-
-
-@dataclass(frozen=True)
-class DiscoverySettings:
-    """Where Mesos drivers (gateway) or the scheduler master (driver) are: ZooKeeper, or a
-    fixed list — cluster → driver URLs for the gateway, scheduler URLs (first = master) for a driver."""
-
-    zookeeper_hosts: str | None = None
-    zookeeper_root: str = DEFAULT_ROOT
-    zookeeper_timeout: float = 10.0
-    static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    static_schedulers: tuple[Endpoint, ...] = ()
-
-    @classmethod
-    def from_ini(cls, values: dict[str, Any], context: IniContext) -> DiscoverySettings:
-        from ..core.converters import aslist
-
-        if "static_drivers" in values:
-            values["static_drivers"] = tuple(
-                (cluster, tuple(aslist(urls))) for cluster, urls in values["static_drivers"].items())
-        if "static_schedulers" in values:
-            values["static_schedulers"] = tuple(values["static_schedulers"])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
