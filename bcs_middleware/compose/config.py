@@ -303,6 +303,16 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True)
+class ManagementConfig:
+    """The management API served on its own (paste app ``management_api``): the gateway's store,
+    server and self-service sections, read from the same ini keys."""
+
+    store: StoreSettings = field(default_factory=StoreSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    self_service: SelfServiceSettings = field(default_factory=SelfServiceSettings)
+
+
+@dataclass(frozen=True)
 class SchedulerSettings:
     """The driver's scheduler route: path prefix, TLS towards the scheduler, the protocol
     conversion, and who manages admission definitions through the driver."""

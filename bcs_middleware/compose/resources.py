@@ -38,7 +38,7 @@ from ..outbound.transport import PooledTransport, Transport
 from ..rbac.service import RBACService, build_service
 from ..store.sql import SQLStore, open_store
 from .bootstrap import apply_bootstrap
-from .config import GatewayConfig
+from .config import GatewayConfig, ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,15 @@ class Certificates:
     gateway_ca: str | None = None
     gateway_cert: str | None = None
     driver_ca: str | None = None
+
+
+def read_certificates(server: ServerSettings, *, driver_ca_file: Path | None = None) -> Certificates:
+    """The contents of the certificate files the configuration names."""
+    return Certificates(
+        gateway_ca=_read_text(server.gateway_ca_file, "gateway_ca_file"),
+        gateway_cert=_read_text(server.gateway_cert_file, "gateway_cert_file"),
+        driver_ca=_read_text(driver_ca_file, "driver_ca_file"),
+    )
 
 
 @dataclass(frozen=True)
@@ -94,11 +103,7 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
     if store is None:
         store = open_store(config.store.database_url, data_dir=config.store.data_dir,
                            secret_key=config.store.secret_key)
-    certificates = Certificates(
-        gateway_ca=_read_text(config.server.gateway_ca_file, "gateway_ca_file"),
-        gateway_cert=_read_text(config.server.gateway_cert_file, "gateway_cert_file"),
-        driver_ca=_read_text(config.mesos.driver_ca_file, "driver_ca_file"),
-    )
+    certificates = read_certificates(config.server, driver_ca_file=config.mesos.driver_ca_file)
     prepare_database(store, config, certificates)
     policy = AddressPolicy(allow=config.outbound.allow, deny=config.outbound.deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
