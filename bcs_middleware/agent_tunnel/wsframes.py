@@ -111,6 +111,8 @@ class Frames:
             opcode = first & 0x0F
             if opcode >= OP_CLOSE:
                 return opcode, payload
+            if first & 0x80 and opcode and self._fragments is None:  # a whole message in one frame
+                return opcode, payload
             message = self._assemble(first & 0x80, opcode, payload)
             if message is not None:
                 return message
