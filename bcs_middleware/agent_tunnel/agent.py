@@ -90,6 +90,16 @@ MAX_CONNECTIONS = 16
 DUPLICATE_BACKOFF = 0.1
 
 
+class _Tries:
+    """One connection slot's count of failures and of landings on a worker holding one already, in a row."""
+
+    __slots__ = ("duplicates", "failures")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.duplicates = 0
+
+
 class ConnectNotAllowed(PermissionError):
     """The gateway named an address that is not this cluster's apiserver."""
 
@@ -233,72 +243,82 @@ class TunnelAgent:
 
     def _run_slot(self, slot: int) -> None:
         """One connection's loop: connect, serve, reconnect with backoff."""
-        failures = 0
-        duplicates = 0
+        tries = _Tries()
         while not self._stop.is_set():
             if slot >= self.wanted:  # the gateway runs fewer workers now: this connection is not wanted
                 with self._lock:
                     self._slots.pop(slot, None)
                 return
-            started = time.monotonic()
-            try:
-                params = self.gather()
-            except Exception as exc:  # the gatherer's own error type; it retries like a failed connect
-                failures += 1
-                log.error("cannot gather the cluster access: %s", exc)
-                self._stop.wait(self.backoff(failures))
-                continue
-            try:
-                session = self.connect(params)
-            except HandshakeRejected as exc:
-                if exc.status != 409:
-                    failures += 1
-                    self._log_failure(exc)
-                else:  # landed on a worker that holds one of ours already: dial again, soon
-                    duplicates += 1
-                    self.duplicates += 1
-                    log.debug("connection %d landed on a gateway worker that holds another; dialling again", slot)
-                    self._stop.wait(self.backoff(duplicates, DUPLICATE_BACKOFF))
-                    continue
-            except (ChannelError, OSError, ValueError) as exc:
-                failures += 1
+            delay = self._attempt(slot, tries)
+            if delay:
+                self._stop.wait(delay)
+
+    def _attempt(self, slot: int, tries: _Tries) -> float:
+        """Gather, connect and serve once; how long to wait before the next attempt."""
+        started = time.monotonic()
+        try:
+            params = self.gather()
+        except Exception as exc:  # the gatherer's own error type; it retries like a failed connect
+            tries.failures += 1
+            log.error("cannot gather the cluster access: %s", exc)
+            return self.backoff(tries.failures)
+        try:
+            session = self.connect(params)
+        except HandshakeRejected as exc:
+            if exc.status != 409:
+                tries.failures += 1
                 self._log_failure(exc)
-            else:
-                duplicates = 0
-                with self._lock:
-                    self.connections += 1
-                log.info("tunnel to %s:%d open for cluster %s%s", self.target.host, self.target.port, self.cluster_id,
-                         f" (connection {slot + 1})" if slot else "")
-                self._want(session.channel.handshake_headers.get(HEADER_WORKERS.lower()))
-                try:
-                    reason = self._serve(session, params)
-                finally:
-                    with self._lock:
-                        self._sessions.discard(session)
-                code = session.channel.peer_close_code
-                if code == CLOSE_REPLACED and not self._stop.is_set():
-                    self.replaced += 1
-                    failures = 0
-                    delay = self.replaced_backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-                    log.warning("another kube-agent of cluster %s connected to the gateway and replaced this one: "
-                                "two agents serve one cluster and take turns (run one replica); reconnecting in "
-                                "%.0fs", self.cluster_id, delay)
-                    self._stop.wait(delay)
-                    continue
-                if code == CLOSE_DUPLICATE and not self._stop.is_set():
-                    duplicates += 1
-                    self._stop.wait(self.backoff(duplicates, DUPLICATE_BACKOFF))
-                    continue
-                log.warning("tunnel closed: %s", reason)
-                failures = 0 if time.monotonic() - started > STABLE_AFTER else failures + 1
-                if reason == "cluster access changed":
-                    failures = 0
-                    continue
-            if self._stop.is_set():
-                break
-            delay = self.backoff(failures)
-            log.info("reconnecting in %.1fs", delay)
-            self._stop.wait(delay)
+                return self._failed(tries)
+            # Landed on a worker that holds one of ours already: dial again, soon.
+            tries.duplicates += 1
+            self.duplicates += 1
+            log.debug("connection %d landed on a gateway worker that holds another; dialling again", slot)
+            return self.backoff(tries.duplicates, DUPLICATE_BACKOFF)
+        except (ChannelError, OSError, ValueError) as exc:
+            tries.failures += 1
+            self._log_failure(exc)
+            return self._failed(tries)
+        tries.duplicates = 0
+        with self._lock:
+            self.connections += 1
+        log.info("tunnel to %s:%d open for cluster %s%s", self.target.host, self.target.port, self.cluster_id,
+                 f" (connection {slot + 1})" if slot else "")
+        self._want(session.channel.handshake_headers.get(HEADER_WORKERS.lower()))
+        return self._hold(session, params, started, tries)
+
+    def _hold(self, session: Session, params: TunnelParams, started: float, tries: _Tries) -> float:
+        """Serve an open session until it ends; the wait before the next attempt, as :meth:`_attempt`."""
+        try:
+            reason = self._serve(session, params)
+        finally:
+            with self._lock:
+                self._sessions.discard(session)
+        code = session.channel.peer_close_code
+        if code == CLOSE_REPLACED and not self._stop.is_set():
+            self.replaced += 1
+            tries.failures = 0
+            delay = self.replaced_backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
+            log.warning("another kube-agent of cluster %s connected to the gateway and replaced this one: "
+                        "two agents serve one cluster and take turns (run one replica); reconnecting in "
+                        "%.0fs", self.cluster_id, delay)
+            return delay
+        if code == CLOSE_DUPLICATE and not self._stop.is_set():
+            tries.duplicates += 1
+            return self.backoff(tries.duplicates, DUPLICATE_BACKOFF)
+        log.warning("tunnel closed: %s", reason)
+        tries.failures = 0 if time.monotonic() - started > STABLE_AFTER else tries.failures + 1
+        if reason == "cluster access changed":  # dial again at once, with the new access
+            tries.failures = 0
+            return 0.0
+        return self._failed(tries)
+
+    def _failed(self, tries: _Tries) -> float:
+        """The backoff before dialling again after ``tries.failures`` failures (none when stopping)."""
+        if self._stop.is_set():
+            return 0.0
+        delay = self.backoff(tries.failures)
+        log.info("reconnecting in %.1fs", delay)
+        return delay
 
     def backoff(self, failures: int, base: float | None = None) -> float:
         """Exponential from ``base`` (default ``backoff_base``), capped, with jitter in the upper half:

@@ -52,45 +52,9 @@ def client_handshake(sock: socket.socket, *, host: str, path: str, headers: Sequ
     sock.settimeout(timeout)
     try:
         sock.sendall(ws.send(Request(host=host, target=path, extra_headers=extra)))
-        received = 0
-        reject: RejectConnection | None = None
-        body = bytearray()
-        head = bytearray()
-        while True:
-            # The head a byte at a time (once per connection): what the server sends after
-            # its 101 stays in the socket for the channel, not in wsproto's buffer.
-            data = sock.recv(RECV_SIZE if reject is not None else 1)
-            if not data:
-                if reject is not None:
-                    raise HandshakeRejected(reject.status_code, bytes(body))
-                raise ChannelError("the server closed the connection during the WebSocket handshake")
-            received += len(data)
-            if received > MAX_HANDSHAKE + MAX_REJECT_BODY:
-                if reject is not None:  # a refusal with a long body: its start says enough
-                    raise HandshakeRejected(reject.status_code, bytes(body))
-                raise ChannelError("the WebSocket handshake answer is too large")
-            if reject is None:
-                head += data
-                if not head.endswith(b"\r\n\r\n"):
-                    continue
-                data = bytes(head)
-            try:
-                ws.receive_data(data)
-                for event in ws.events():
-                    if isinstance(event, AcceptConnection):
-                        sock.settimeout(previous)
-                        return {bytes(name).decode("latin-1").lower(): bytes(value).decode("latin-1")
-                                for name, value in event.extra_headers}
-                    if isinstance(event, RejectConnection):
-                        reject = event
-                        if not event.has_body:
-                            raise HandshakeRejected(event.status_code, b"")
-                    elif isinstance(event, RejectData):
-                        body += event.data[: MAX_REJECT_BODY - len(body)]
-                        if event.body_finished and reject is not None:
-                            raise HandshakeRejected(reject.status_code, bytes(body))
-            except RemoteProtocolError as exc:
-                raise ChannelError(f"malformed WebSocket handshake answer: {exc}") from None
+        accepted = _Answer(ws).read(sock)
+        sock.settimeout(previous)
+        return accepted
     except TimeoutError:
         raise ChannelError(f"no WebSocket handshake answer within {timeout:g}s") from None
     except OSError as exc:
@@ -98,6 +62,62 @@ def client_handshake(sock: socket.socket, *, host: str, path: str, headers: Sequ
             raise
         raise ChannelError(f"the connection failed during the WebSocket handshake: "
                            f"{type(exc).__name__}") from None
+
+
+class _Answer:
+    """The server's answer to the opening handshake, read off the socket into ``wsproto``."""
+
+    def __init__(self, ws: WSConnection) -> None:
+        self.ws = ws
+        self.reject: RejectConnection | None = None
+        self.body = bytearray()
+
+    def read(self, sock: socket.socket) -> dict[str, str]:
+        """The ``101``'s headers; raises as :func:`client_handshake` says."""
+        received = 0
+        head = bytearray()
+        while True:
+            # The head a byte at a time (once per connection): what the server sends after
+            # its 101 stays in the socket for the channel, not in wsproto's buffer.
+            data = sock.recv(RECV_SIZE if self.reject is not None else 1)
+            if not data:
+                if self.reject is not None:
+                    raise HandshakeRejected(self.reject.status_code, bytes(self.body))
+                raise ChannelError("the server closed the connection during the WebSocket handshake")
+            received += len(data)
+            if received > MAX_HANDSHAKE + MAX_REJECT_BODY:
+                if self.reject is not None:  # a refusal with a long body: its start says enough
+                    raise HandshakeRejected(self.reject.status_code, bytes(self.body))
+                raise ChannelError("the WebSocket handshake answer is too large")
+            if self.reject is None:
+                head += data
+                if not head.endswith(b"\r\n\r\n"):
+                    continue
+                data = bytes(head)
+            try:
+                accepted = self._receive(data)
+            except RemoteProtocolError as exc:
+                raise ChannelError(f"malformed WebSocket handshake answer: {exc}") from None
+            if accepted is not None:
+                return accepted
+
+    def _receive(self, data: bytes) -> dict[str, str] | None:
+        """Hand ``data`` to wsproto: the headers of its ``101``, ``None`` for more (a refusal's body),
+        :class:`HandshakeRejected` once a refusal is whole."""
+        self.ws.receive_data(data)
+        for event in self.ws.events():
+            if isinstance(event, AcceptConnection):
+                return {bytes(name).decode("latin-1").lower(): bytes(value).decode("latin-1")
+                        for name, value in event.extra_headers}
+            if isinstance(event, RejectConnection):
+                self.reject = event
+                if not event.has_body:
+                    raise HandshakeRejected(event.status_code, b"")
+            elif isinstance(event, RejectData):
+                self.body += event.data[: MAX_REJECT_BODY - len(self.body)]
+                if event.body_finished and self.reject is not None:
+                    raise HandshakeRejected(self.reject.status_code, bytes(self.body))
+        return None
 
 
 def server_handshake(sock: socket.socket, request_head: bytes, extra_headers: Sequence[tuple[str, str]]) -> None:

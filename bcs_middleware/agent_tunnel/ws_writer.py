@@ -157,63 +157,81 @@ class ChannelWriter:
         try:
             selector.register(self._sock, selectors.EVENT_WRITE)
             while True:
-                with self._cond:
-                    while (not self._queue and not self._urgent and self._pong is None and not self._closing
-                           and not self._ended):
-                        self._writer_waiting = True
-                        try:
-                            self._cond.wait()
-                        finally:
-                            self._writer_waiting = False
+                self._wait_for_frames()
                 # Let the senders that are ready now queue theirs first: one TLS write for all of
                 # them, not one each (under gevent each sender wakes the writer on its own).
                 time.sleep(0)
                 with self._cond:
                     if self._ended:
                         return
-                    if not self._queue and not self._urgent and self._pong is None:  # closing and flushed
+                    if not self._has_frames_locked():  # closing and flushed
                         break
-                    chunks: list[bytes] = []
-                    size = 0
-                    if self._pong is not None:
-                        chunks.append(self._pong)
-                        size += len(self._pong)
-                        self._pong = None
-                        self._pongs_owed = 0
-                    while self._urgent:
-                        chunk = self._urgent.popleft()
-                        chunks.append(chunk)
-                        size += len(chunk)
-                    while self._queue and size < RECV_SIZE * 4:
-                        chunk = self._queue.popleft()
-                        chunks.append(chunk)
-                        size += len(chunk)
-                try:
-                    self._sendall(b"".join(chunks), selector)
-                except TimeoutError:
-                    self._end("the peer took nothing within the idle timeout")
-                    return
-                except OSError as exc:
-                    self._end(f"connection lost while sending: {type(exc).__name__}")
-                    return
-                except Exception:
-                    log.exception("the WebSocket writer failed")
-                    self._end("internal error while sending")
+                    chunks, size = self._take_batch_locked()
+                if not self._send_batch(chunks, selector):
                     return
                 with self._cond:
                     self._queued -= size
                     self.bytes_sent += size
                     if self._senders_waiting:
                         self._cond.notify_all()
-                    if (self._closing and time.monotonic() > self._close_deadline
-                            and (self._queue or self._urgent or self._pong is not None)):
-                        break
+                    if self._closing and time.monotonic() > self._close_deadline and self._has_frames_locked():
+                        break  # the flush of a closing channel is bounded
             self._end(self.close_reason or "closed")
         finally:
             selector.close()
             with self._cond:
                 self._writer_done = True
             self._release()
+
+    def _has_frames_locked(self) -> bool:
+        return bool(self._queue or self._urgent or self._pong is not None)
+
+    def _wait_for_frames(self) -> None:
+        """Until there is something to write, or the channel is closing or has ended."""
+        with self._cond:
+            while not self._has_frames_locked() and not self._closing and not self._ended:
+                self._writer_waiting = True
+                try:
+                    self._cond.wait()
+                finally:
+                    self._writer_waiting = False
+
+    def _take_batch_locked(self) -> tuple[list[bytes], int]:
+        """What one write carries, and its size: the owed pong, then every urgent frame (RFC 6455
+        §5.5.3: a pong answers the most recent ping, so one is kept), then queued data up to a
+        few reads' worth."""
+        chunks: list[bytes] = []
+        size = 0
+        if self._pong is not None:
+            chunks.append(self._pong)
+            size += len(self._pong)
+            self._pong = None
+            self._pongs_owed = 0
+        while self._urgent:
+            chunk = self._urgent.popleft()
+            chunks.append(chunk)
+            size += len(chunk)
+        while self._queue and size < RECV_SIZE * 4:
+            chunk = self._queue.popleft()
+            chunks.append(chunk)
+            size += len(chunk)
+        return chunks, size
+
+    def _send_batch(self, chunks: list[bytes], selector: selectors.BaseSelector) -> bool:
+        """Write ``chunks`` as one; False once the channel has ended for a failure of it."""
+        try:
+            self._sendall(b"".join(chunks), selector)
+        except TimeoutError:
+            self._end("the peer took nothing within the idle timeout")
+            return False
+        except OSError as exc:
+            self._end(f"connection lost while sending: {type(exc).__name__}")
+            return False
+        except Exception:
+            log.exception("the WebSocket writer failed")
+            self._end("internal error while sending")
+            return False
+        return True
 
     def _sendall(self, data: bytes, selector: selectors.BaseSelector) -> None:
         view = memoryview(data)

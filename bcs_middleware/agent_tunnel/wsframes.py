@@ -93,74 +93,98 @@ class Frames:
         """
         buffer = self._buffer
         while True:
-            available = len(buffer)
-            if available < 2:
+            head = self._head(buffer)
+            if head is None:
                 return None
-            first, second = buffer[0], buffer[1]
-            fin = first & 0x80
-            opcode = first & 0x0F
-            length = second & 0x7F
-            if first & 0x70:
-                raise FrameError(1002, "reserved bits set without an extension")
-            if opcode not in _DATA_OPCODES and opcode not in _CONTROL_OPCODES:
-                raise FrameError(1002, f"unknown opcode {opcode}")
-            if bool(second & 0x80) == self.client:
-                raise FrameError(1002, "a masked frame from the server" if self.client
-                                 else "an unmasked frame from the client")
-            offset = 2
-            if length == 126:
-                if available < 4:
-                    return None
-                length = int.from_bytes(buffer[2:4], "big")
-                offset = 4
-                if length < 126:
-                    raise FrameError(1002, "a length not in its shortest form")
-            elif length == 127:
-                if available < 10:
-                    return None
-                length = int.from_bytes(buffer[2:10], "big")
-                offset = 10
-                if length < 1 << 16 or length >> 63:
-                    raise FrameError(1002, "a length not in its shortest form, or over 63 bits")
-            if opcode >= OP_CLOSE:
-                if not fin or length > _MAX_CONTROL:
-                    raise FrameError(1002, "a control frame fragmented or over 125 bytes")
-            elif length + (len(self._fragments) if self._fragments is not None else 0) > self.max_message:
-                raise FrameError(MESSAGE_TOO_BIG, f"a message over {self.max_message} bytes", "message_size")
+            first, offset, length = head
             key = b""
-            if not self.client:
+            if not self.client:  # RFC 6455 §5.3: a client masks every frame, a server none
                 key = bytes(buffer[offset:offset + 4])
                 offset += 4
             end = offset + length
-            if available < end:
+            if len(buffer) < end:
                 return None
             payload = bytes(buffer[offset:end])
             del buffer[:end]
             if key:
                 payload = mask(payload, key)
+            opcode = first & 0x0F
             if opcode >= OP_CLOSE:
                 return opcode, payload
-            if opcode == OP_CONTINUATION:
-                if self._fragments is None:
-                    raise FrameError(1002, "a continuation frame without a message to continue")
-                self._fragments += payload
-                self._fragments_count += 1
-                if not fin:
-                    if self._fragments_count >= self.max_fragments:
-                        raise FrameError(MESSAGE_TOO_BIG, f"a message in more than {self.max_fragments} fragments",
-                                         "fragments")
-                    continue
-                message = bytes(self._fragments)
-                opcode = self._fragments_opcode
-                self._fragments = None
-                return opcode, message
-            if self._fragments is not None:
-                raise FrameError(1002, "a new message inside a fragmented one")
-            if fin:
+            if first & 0x80 and opcode and self._fragments is None:  # a whole message in one frame
                 return opcode, payload
-            self._fragments = bytearray(payload)
-            self._fragments_count = 1
-            self._fragments_opcode = opcode
+            message = self._assemble(first & 0x80, opcode, payload)
+            if message is not None:
+                return message
+
+    def _head(self, buffer: bytearray) -> tuple[int, int, int] | None:
+        """The frame head at the start of ``buffer`` checked against the rules and bounds (see the
+        module docs): ``(first byte, offset of the masking key or payload, payload length)``, or
+        ``None`` until the whole head is there."""
+        available = len(buffer)
+        if available < 2:
+            return None
+        first, second = buffer[0], buffer[1]
+        opcode = first & 0x0F
+        length = second & 0x7F
+        if first & 0x70:
+            raise FrameError(1002, "reserved bits set without an extension")
+        if opcode not in _DATA_OPCODES and opcode not in _CONTROL_OPCODES:
+            raise FrameError(1002, f"unknown opcode {opcode}")
+        if bool(second & 0x80) == self.client:
+            raise FrameError(1002, "a masked frame from the server" if self.client
+                             else "an unmasked frame from the client")
+        offset = 2
+        # RFC 6455 §5.2: 126 and 127 announce a 16- and a 64-bit length, "the minimal number of
+        # bytes MUST be used", and the 64-bit one has its most significant bit clear.
+        if length == 126:
+            if available < 4:
+                return None
+            length = int.from_bytes(buffer[2:4], "big")
+            offset = 4
+            if length < 126:
+                raise FrameError(1002, "a length not in its shortest form")
+        elif length == 127:
+            if available < 10:
+                return None
+            length = int.from_bytes(buffer[2:10], "big")
+            offset = 10
+            if length < 1 << 16 or length >> 63:
+                raise FrameError(1002, "a length not in its shortest form, or over 63 bits")
+        if opcode >= OP_CLOSE:
+            # RFC 6455 §5.5: control frames are never fragmented and carry at most 125 bytes.
+            if not first & 0x80 or length > _MAX_CONTROL:
+                raise FrameError(1002, "a control frame fragmented or over 125 bytes")
+        elif length + (len(self._fragments) if self._fragments is not None else 0) > self.max_message:
+            # Refused on the declared size, before any of the payload is buffered.
+            raise FrameError(MESSAGE_TOO_BIG, f"a message over {self.max_message} bytes", "message_size")
+        return first, offset, length
+
+    def _assemble(self, fin: int, opcode: int, payload: bytes) -> tuple[int, bytes] | None:
+        """A data frame's part in its message (RFC 6455 §5.4): the whole message once its last
+        fragment is in, else ``None``."""
+        if opcode == OP_CONTINUATION:
+            if self._fragments is None:
+                raise FrameError(1002, "a continuation frame without a message to continue")
+            self._fragments += payload
+            self._fragments_count += 1
+            if not fin:
+                if self._fragments_count >= self.max_fragments:
+                    raise FrameError(MESSAGE_TOO_BIG, f"a message in more than {self.max_fragments} fragments",
+                                     "fragments")
+                return None
+            message = bytes(self._fragments)
+            opcode = self._fragments_opcode
+            self._fragments = None
+            return opcode, message
+        if self._fragments is not None:
+            raise FrameError(1002, "a new message inside a fragmented one")
+        if fin:
+            return opcode, payload
+        self._fragments = bytearray(payload)
+        self._fragments_count = 1
+        self._fragments_opcode = opcode
+        return None
 
     def frame(self, opcode: int, payload: bytes = b"") -> bytes:
         """One whole frame (FIN set) carrying ``payload``, masked when this is the client."""

@@ -36,7 +36,7 @@ from ..authn.settings import IdentitySettings
 from ..clusters.permissions import ClusterCreators
 from ..core.errors import ConfigError
 from ..core.quotas import Quotas
-from ..discovery.base import DEFAULT_ROOT, Endpoint
+from ..discovery.settings import DiscoverySettings
 from ..limits.settings import LimitSettings
 from ..recording.settings import RecordingSettings
 from .bootstrap import BootstrapUser, parse_bootstrap_users, scraper_token_digest
@@ -212,29 +212,6 @@ class RBACSettings:
 
 
 @dataclass(frozen=True)
-class DiscoverySettings:
-    """Where Mesos drivers (gateway) or the scheduler master (driver) are: ZooKeeper, or a
-    fixed list — cluster → driver URLs for the gateway, scheduler URLs (first = master) for a driver."""
-
-    zookeeper_hosts: str | None = None
-    zookeeper_root: str = DEFAULT_ROOT
-    zookeeper_timeout: float = 10.0
-    static_drivers: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    static_schedulers: tuple[Endpoint, ...] = ()
-
-    @classmethod
-    def from_ini(cls, values: dict[str, Any], context: IniContext) -> DiscoverySettings:
-        from ..core.converters import aslist
-
-        if "static_drivers" in values:
-            values["static_drivers"] = tuple(
-                (cluster, tuple(aslist(urls))) for cluster, urls in values["static_drivers"].items())
-        if "static_schedulers" in values:
-            values["static_schedulers"] = tuple(values["static_schedulers"])
-        return cls(**values)
-
-
-@dataclass(frozen=True)
 class MesosSettings:
     """The gateway's Mesos route: how drivers are verified and addressed, the YAML body bound."""
 
@@ -323,6 +300,16 @@ class GatewayConfig:
     # Sign-in with identity providers (issue 27): kube-apiserver's AuthenticationConfiguration
     # file and the groups whose members are superusers (bcs_middleware/authn/).
     identity: IdentitySettings = field(default_factory=IdentitySettings)
+
+
+@dataclass(frozen=True)
+class ManagementConfig:
+    """The management API served on its own (paste app ``management_api``): the gateway's store,
+    server and self-service sections, read from the same ini keys."""
+
+    store: StoreSettings = field(default_factory=StoreSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    self_service: SelfServiceSettings = field(default_factory=SelfServiceSettings)
 
 
 @dataclass(frozen=True)

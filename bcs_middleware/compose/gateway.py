@@ -45,7 +45,6 @@ from ..agent_tunnel.registry import LocalAgents
 from ..agent_tunnel.session_state import MAX_CONCURRENT_DIALS, MAX_STREAMS
 from ..apps.dispatcher import GatewayDispatcher
 from ..apps.management.app import ManagementAPI
-from ..apps.management.calls import APISettings
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
 from ..audit.sink import AuditSink
@@ -71,6 +70,7 @@ from ..store.sql import SQLStore
 from ..telemetry.metrics import LIMIT_CAPACITY
 from .config import GatewayConfig
 from .ini import gateway_config
+from .management import api_settings
 from .resources import GatewayResources, open_resources
 from .start import start_when_serving
 
@@ -172,14 +172,9 @@ def _management(config: GatewayConfig, resources: GatewayResources, access: Clus
     """``/rest/…``: the management API, and the admission definitions API behind it."""
     from ..apps.admission_api import AdmissionWebhookAPI
 
-    server, quotas = config.server, config.self_service.quotas
-    certificates = resources.certificates
-    settings = APISettings(
-        gateway_ca_pem=certificates.gateway_ca,
-        gateway_cert_pem=certificates.gateway_cert.encode() if certificates.gateway_cert is not None else None,
-        public_url=server.public_url, max_body=server.max_body, address_policy=resources.address_policy,
-        quotas=quotas, cluster_creators=config.self_service.cluster_creators,
-    )
+    quotas = config.self_service.quotas
+    settings = api_settings(config.server, config.self_service, resources.certificates,
+                            address_policy=resources.address_policy)
     return ManagementAPI(
         resources.store, settings=settings, access=access,
         fallback=AdmissionWebhookAPI(definitions, engine=engine, require_superuser=True, cluster_access=access,

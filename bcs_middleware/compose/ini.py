@@ -25,7 +25,7 @@ from ..discovery.base import Endpoint
 from ..layers.client_cert import parse_subject_map
 from ..limits import settings as limit_settings
 from ..recording import settings as recording_options
-from .config import DriverConfig, GatewayConfig, IniContext, section_types
+from .config import DriverConfig, GatewayConfig, IniContext, ManagementConfig, section_types
 
 C = TypeVar("C")
 
@@ -109,6 +109,14 @@ GATEWAY_KEYS: dict[str, Key] = {
 _EMPTY_IS_UNSET = ("gateway_ca_file", "gateway_cert_file", "peer_address")
 
 
+#: The management API on its own takes the gateway's keys of the sections it has.
+MANAGEMENT_KEYS: dict[str, Key] = {
+    name: key for name, key in GATEWAY_KEYS.items()
+    if key.section in ("store", "self_service")
+    or name in ("gateway_ca_file", "gateway_cert_file", "public_url", "max_body")
+}
+
+
 def _schedulers(value: str) -> list[Endpoint]:
     return [Endpoint.from_url(item) for item in conv.aslist(value)]
 
@@ -177,6 +185,14 @@ def build_config(config_type: type[C], section: str, local_conf: Mapping[str, An
 def gateway_config(section: str, local_conf: Mapping[str, Any]) -> GatewayConfig:
     """The gateway's configuration from an ini section (``[app:main]``, ``serve``'s options)."""
     config = build_config(GatewayConfig, section, local_conf, GATEWAY_KEYS, drop_empty=_EMPTY_IS_UNSET)
+    if not config.store.database_url and not config.store.data_dir:
+        raise ConfigError(f"[{section}] needs database_url or data_dir")
+    return config
+
+
+def management_config(section: str, local_conf: Mapping[str, Any]) -> ManagementConfig:
+    """The management API's configuration from an ini section (``[app:management_api]``)."""
+    config = build_config(ManagementConfig, section, local_conf, MANAGEMENT_KEYS)
     if not config.store.database_url and not config.store.data_dir:
         raise ConfigError(f"[{section}] needs database_url or data_dir")
     return config

@@ -30,15 +30,15 @@ from ..agent_tunnel.router import peer_routing
 from ..audit.sink import AuditSink
 from ..core.errors import ConfigError
 from ..core.records import Holder
-from ..discovery.base import Discovery, Endpoint
-from ..discovery.static import StaticDiscovery
+from ..discovery.base import Discovery
+from ..discovery.settings import drivers_discovery
 from ..outbound.addresses import AddressPolicy
 from ..outbound.backend import TunnelDialer
 from ..outbound.transport import PooledTransport, Transport
 from ..rbac.service import RBACService, build_service
 from ..store.sql import SQLStore, open_store
 from .bootstrap import apply_bootstrap
-from .config import DiscoverySettings, GatewayConfig
+from .config import GatewayConfig, ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,15 @@ class Certificates:
     gateway_ca: str | None = None
     gateway_cert: str | None = None
     driver_ca: str | None = None
+
+
+def read_certificates(server: ServerSettings, *, driver_ca_file: Path | None = None) -> Certificates:
+    """The contents of the certificate files the configuration names."""
+    return Certificates(
+        gateway_ca=_read_text(server.gateway_ca_file, "gateway_ca_file"),
+        gateway_cert=_read_text(server.gateway_cert_file, "gateway_cert_file"),
+        driver_ca=_read_text(driver_ca_file, "driver_ca_file"),
+    )
 
 
 @dataclass(frozen=True)
@@ -96,11 +105,7 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
                            secret_key=config.store.secret_key)
     clients = config.limits.clients
     store.db.size_pool(clients.database_connections, clients.database_overflow)
-    certificates = Certificates(
-        gateway_ca=_read_text(config.server.gateway_ca_file, "gateway_ca_file"),
-        gateway_cert=_read_text(config.server.gateway_cert_file, "gateway_cert_file"),
-        driver_ca=_read_text(config.mesos.driver_ca_file, "driver_ca_file"),
-    )
+    certificates = read_certificates(config.server, driver_ca_file=config.mesos.driver_ca_file)
     prepare_database(store, config, certificates)
     policy = AddressPolicy(allow=config.outbound.allow, deny=config.outbound.deny)
     # This process's kube-agent tunnels; clusters they report for are dialled through them.
@@ -119,7 +124,7 @@ def open_resources(config: GatewayConfig, *, store: SQLStore | None = None,
         agents.on_replaced = transport.retire_tunnel
     return GatewayResources(
         store=store, transport=transport, address_policy=policy, agents=agents, tunnels=tunnels,
-        discovery=gateway_discovery(config.discovery), certificates=certificates,
+        discovery=drivers_discovery(config.discovery), certificates=certificates,
         rbac=_rbac_service(config, store, transport, policy), peer_address=peer_address,
         audit_sink=_audit_sink(config, transport, policy),
     )
@@ -152,19 +157,6 @@ def prepare_database(store: SQLStore, config: GatewayConfig, certificates: Certi
     check_secret_key(store)
     check_gateway_ca(store, certificates.gateway_ca, source=str(config.server.gateway_ca_file))
     apply_bootstrap(store, config.auth.bootstrap_users)
-
-
-def gateway_discovery(settings: DiscoverySettings) -> Discovery:
-    """Where the gateway's Mesos drivers are: ZooKeeper (watched once started), or the static list."""
-    if settings.zookeeper_hosts:
-        if settings.static_drivers:
-            raise ConfigError("set zookeeper_hosts or static_drivers, not both")
-        from ..discovery.zookeeper import ZookeeperDiscovery
-
-        return ZookeeperDiscovery(settings.zookeeper_hosts, root=settings.zookeeper_root)
-    return StaticDiscovery(
-        {cluster: [Endpoint.from_url(u, cluster=cluster) for u in urls] for cluster, urls in settings.static_drivers}
-    )
 
 
 def _rbac_service(config: GatewayConfig, store: SQLStore, transport: Transport,

@@ -127,6 +127,108 @@ def _write(d: _Direction, want_write: set[socket.socket]) -> bool | None:
     return True
 
 
+def _step(d: _Direction, want_write: set[socket.socket]) -> bool | None:
+    """One turn of one direction: read what is ready, write what is buffered, pass an end of
+    input on; True on progress, None on a reset."""
+    progressed = False
+    if d.wants_read():
+        moved = _read(d, want_write)
+        if moved is None:
+            return None
+        progressed = moved
+    if d.buf:
+        moved = _write(d, want_write)
+        if moved is None:
+            return None
+        progressed |= moved
+    if d.eof and not d.buf and not d.shut:
+        _half_close(d.dst)
+        d.shut = True
+    return progressed
+
+
+def _tls_pending(d: _Direction) -> bool:
+    # Bytes OpenSSL already decrypted do not make the socket readable.
+    return d.wants_read() and isinstance(d.src, ssl.SSLSocket) and d.src.pending() > 0
+
+
+class _Limits:
+    """When a splice is cut whatever moves: idle too long, or on for too long."""
+
+    __slots__ = ("idle_timeout", "max_duration", "started")
+
+    def __init__(self, started: float, idle_timeout: float | None, max_duration: float | None) -> None:
+        self.started = started
+        self.idle_timeout = idle_timeout
+        self.max_duration = max_duration
+
+    def ended_by(self, now: float, last: float) -> str | None:
+        if self.max_duration is not None and now - self.started >= self.max_duration:
+            return "max_duration"
+        if self.idle_timeout is not None and now - last >= self.idle_timeout:
+            return "idle"
+        return None
+
+    def wake_in(self, now: float, last: float, held: bool) -> float:
+        """How long to wait for the sockets: the limits are checked now and then, and often while
+        the tap holds the splice (it has no descriptor to wait on)."""
+        waits = [_HELD_POLL if held else 1.0]
+        if self.idle_timeout is not None:
+            waits.append(last + self.idle_timeout - now)
+        if self.max_duration is not None:
+            waits.append(self.started + self.max_duration - now)
+        return max(min(waits), 0.0)
+
+
+class _Waiter:
+    """The selector of a splice: each socket registered for what its directions wait for."""
+
+    __slots__ = ("registered", "selector", "socks", "want_write")
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.socks = (client, upstream)
+        self.registered: dict[socket.socket, int] = {}
+        #: Sockets whose TLS layer must write before it can go on (``SSLWantWriteError``).
+        self.want_write: set[socket.socket] = set()
+
+    def wait(self, directions: tuple[_Direction, _Direction], timeout: float) -> None:
+        wanted = dict.fromkeys(self.socks, 0)
+        for d in directions:
+            if d.wants_read():
+                wanted[d.src] |= selectors.EVENT_READ
+            if d.buf:
+                wanted[d.dst] |= selectors.EVENT_WRITE
+        for sock in self.want_write:
+            wanted[sock] |= selectors.EVENT_WRITE
+        self.want_write.clear()
+        for sock, events in wanted.items():
+            self._register(sock, events)
+        self.selector.select(timeout)
+
+    def _register(self, sock: socket.socket, events: int) -> None:
+        registered = self.registered
+        if registered.get(sock, 0) == events:
+            return
+        if not events:
+            self.selector.unregister(sock)
+            del registered[sock]
+        elif sock in registered:
+            self.selector.modify(sock, events)
+            registered[sock] = events
+        else:
+            self.selector.register(sock, events)
+            registered[sock] = events
+
+    def close(self) -> None:
+        self.selector.close()
+        for sock in self.socks:
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 def splice(
     client: socket.socket,
     upstream: socket.socket,
@@ -154,85 +256,37 @@ def splice(
     directions = (up, down)
     client.setblocking(False)
     upstream.setblocking(False)
-    selector = selectors.DefaultSelector()
-    registered: dict[socket.socket, int] = {}
-    want_write: set[socket.socket] = set()
+    waiter = _Waiter(client, upstream)
+    want_write = waiter.want_write
     started = last = clock()
-    ended_by = "closed"
+    limits = _Limits(started, idle_timeout, max_duration)
     try:
         while True:
-            progressed = False
             if tap is not None:
                 held = tap.hold()
                 if held == "cut":
                     return _result(up, down, "tap", started, clock)
                 up.held = down.held = held == "wait"
+            progressed = False
             for d in directions:
-                if d.wants_read():
-                    moved = _read(d, want_write)
-                    if moved is None:
-                        ended_by = "reset"
-                        return _result(up, down, ended_by, started, clock)
-                    progressed |= moved
-                if d.buf:
-                    moved = _write(d, want_write)
-                    if moved is None:
-                        ended_by = "reset"
-                        return _result(up, down, ended_by, started, clock)
-                    progressed |= moved
-                if d.eof and not d.buf and not d.shut:
-                    _half_close(d.dst)
-                    d.shut = True
+                moved = _step(d, want_write)
+                if moved is None:
+                    return _result(up, down, "reset", started, clock)
+                progressed |= moved
             if up.shut and down.shut:
-                return _result(up, down, ended_by, started, clock)
+                return _result(up, down, "closed", started, clock)
             now = clock()
             if progressed:
                 last = now
                 continue  # more may be ready; a read that finds nothing costs one EAGAIN
-            if max_duration is not None and now - started >= max_duration:
-                ended_by = "max_duration"
+            ended_by = limits.ended_by(now, last)
+            if ended_by is not None:
                 return _result(up, down, ended_by, started, clock)
-            if idle_timeout is not None and now - last >= idle_timeout:
-                ended_by = "idle"
-                return _result(up, down, ended_by, started, clock)
-            # Bytes OpenSSL already decrypted do not make the socket readable.
-            if any(d.wants_read() and isinstance(d.src, ssl.SSLSocket) and d.src.pending()
-                   for d in directions):
+            if _tls_pending(up) or _tls_pending(down):
                 continue
-            wanted = {client: 0, upstream: 0}
-            for d in directions:
-                if d.wants_read():
-                    wanted[d.src] |= selectors.EVENT_READ
-                if d.buf:
-                    wanted[d.dst] |= selectors.EVENT_WRITE
-            for sock in want_write:
-                wanted[sock] |= selectors.EVENT_WRITE
-            want_write.clear()
-            for sock, events in wanted.items():
-                if registered.get(sock, 0) == events:
-                    continue
-                if not events:
-                    selector.unregister(sock)
-                    del registered[sock]
-                elif sock in registered:
-                    selector.modify(sock, events)
-                    registered[sock] = events
-                else:
-                    selector.register(sock, events)
-                    registered[sock] = events
-            waits = [_HELD_POLL if up.held else 1.0]  # wake now and then so the limits are checked
-            if idle_timeout is not None:
-                waits.append(last + idle_timeout - now)
-            if max_duration is not None:
-                waits.append(started + max_duration - now)
-            selector.select(max(min(waits), 0.0))
+            waiter.wait(directions, limits.wake_in(now, last, up.held))
     finally:
-        selector.close()
-        for sock in (client, upstream):
-            try:
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
+        waiter.close()
 
 
 def _result(up: _Direction, down: _Direction, ended_by: str, started: float,

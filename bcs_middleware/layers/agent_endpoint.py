@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -90,9 +90,9 @@ from ..clusters.directory import CachedDirectory
 from ..core import facts as request_facts
 from ..core.errors import BadRequest, BCSError, Conflict, NotImplementedByServer, Unauthorized
 from ..core.http import upgrade_protocol
+from ..core.records import ClusterRecord, CredentialRecord
 from ..core.worker_start import serving_workers
 from ..store.crypto import token_digest
-from ..store.sql import SQLStore
 from ..telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,20 @@ _MAX_USER_TOKEN = 16 * 1024
 _MAX_CA = 32 * 1024
 
 
+class AgentEndpointStore(Protocol):
+    """What :class:`AgentTunnelMiddleware` needs from the store (``SQLStore`` has it): the register
+    token check, the cluster's kind, and the credential report with its audit record."""
+
+    def check_register_token(self, cluster_id: str, token: str) -> bool | None: ...
+
+    def find_cluster(self, cluster_id: str) -> ClusterRecord | None: ...
+
+    def report_credentials(self, cluster_id: str, *, server_addresses: list[str], cacert_pem: str, user_token: str,
+                           via_tunnel: bool = False) -> tuple[tuple[str, ...] | None, CredentialRecord]: ...
+
+    def record_audit(self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None) -> None: ...
+
+
 def _header(environ: dict[str, Any], name: str) -> str:
     return str(environ.get("HTTP_" + name.upper().replace("-", "_"), "")).strip()
 
@@ -119,7 +133,7 @@ class AgentTunnelMiddleware:
     cluster's register token, in its own header.
 
     :param app: the rest of the gateway.
-    :param store: where register tokens are checked and credentials stored.
+    :param store: where register tokens are checked and credentials stored (:class:`AgentEndpointStore`).
     :param agents: this process's connected agents.
     :param directory: this process's cluster cache, told when credentials change here
         (so the tunnel is used at once rather than after the cache's ttl).
@@ -130,7 +144,7 @@ class AgentTunnelMiddleware:
         ``max_queue``, ``max_pongs_owed``, ``high_water``).
     """
 
-    def __init__(self, app: Any, *, store: SQLStore, agents: LocalAgents,
+    def __init__(self, app: Any, *, store: AgentEndpointStore, agents: LocalAgents,
                  directory: CachedDirectory | None = None,
                  session_options: dict[str, Any] | None = None,
                  channel_options: dict[str, Any] | None = None) -> None:
@@ -318,4 +332,4 @@ def request_head(environ: dict[str, Any]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-__all__ = ["CONNECT_PATH", "AgentTunnelMiddleware", "parse_params", "request_head"]
+__all__ = ["CONNECT_PATH", "AgentEndpointStore", "AgentTunnelMiddleware", "parse_params", "request_head"]

@@ -77,8 +77,8 @@ from ..core.errors import (
 )
 from ..core.paths import refuse_encoded_separators, safe_rest
 from ..core.records import ClusterRecord
-from ..discovery.base import DEFAULT_ROOT, Discovery, Endpoint
-from ..discovery.static import StaticDiscovery
+from ..discovery.base import Discovery
+from ..discovery.settings import DRIVERS_OPTIONS, DiscoverySettings, drivers_discovery
 from ..scheduler.routes import canonical
 
 log = logging.getLogger(__name__)
@@ -293,19 +293,8 @@ class MesosRoutingMiddleware:
         return {"discovery": "stale" if self.discovery.stale() else "ok"}
 
 
-def static_drivers(value: str | Mapping[str, str]) -> dict[str, list[Endpoint]]:
-    """Ini ``cluster = url url`` lines → ``{cluster: [Endpoint, ...]}``."""
-    return {
-        cluster: [Endpoint.from_url(item, cluster=cluster) for item in conv.aslist(urls)]
-        for cluster, urls in conv.mapping(value).items()
-    }
-
-
 _OPTIONS: dict[str, conv.Converter] = {
-    "zookeeper_hosts": conv.text,
-    "zookeeper_root": conv.text,
-    "zookeeper_timeout": conv.seconds,
-    "static_drivers": static_drivers,
+    **DRIVERS_OPTIONS,
     "prefix": conv.text,
     "driver_path": conv.text,
     "prefer_external": conv.asbool,
@@ -313,21 +302,6 @@ _OPTIONS: dict[str, conv.Converter] = {
     "ca_file": conv.text,
     "verify": conv.asbool,
 }
-
-
-def discovery_from_options(section: str, opts: dict[str, Any]) -> Discovery:
-    """A :class:`ZookeeperDiscovery` when ``zookeeper_hosts`` is set, else static drivers."""
-    hosts = opts.pop("zookeeper_hosts", None)
-    root = opts.pop("zookeeper_root", DEFAULT_ROOT)
-    timeout = opts.pop("zookeeper_timeout", 10.0)
-    drivers = opts.pop("static_drivers", None)
-    if hosts and drivers:
-        raise ConfigError(f"[{section}] set zookeeper_hosts or static_drivers, not both")
-    if hosts:
-        from ..discovery.zookeeper import ZookeeperDiscovery
-
-        return ZookeeperDiscovery(hosts, root=root, timeout=timeout)
-    return StaticDiscovery(drivers or {})
 
 
 def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
@@ -347,7 +321,8 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     """
     section = "filter:mesos_routing"
     opts = conv.convert_options(section, local_conf, _OPTIONS)
-    discovery = discovery_from_options(section, opts)
+    discovery = drivers_discovery(
+        DiscoverySettings.from_ini({key: opts.pop(key) for key in DRIVERS_OPTIONS if key in opts}), section=section)
     ca_file = opts.pop("ca_file", None)
     if ca_file:
         try:

@@ -1,4 +1,5 @@
-"""The management REST API as a terminal WSGI app (paste app ``management_api``).
+"""The management REST API as a terminal WSGI app (its paste app ``management_api`` is built in
+:mod:`bcs_middleware.compose.management`, from the gateway's typed configuration).
 
 Routes (werkzeug ``Map``), who may call them, and what they do are in DESIGN §4;
 each route maps to one function in :mod:`.endpoints` (listing and deleting
@@ -10,19 +11,16 @@ auth layer's job (it must run in front); this app only reads ``bcs.user`` /
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request
 
-from ...clusters.permissions import ClusterAccess, ClusterAuthorizer, ClusterCreators, DriverDirectory
-from ...core import converters as conv
+from ...clusters.permissions import ClusterAccess, ClusterAuthorizer, DriverDirectory
 from ...core.errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ...core.printable import escape
-from ...core.quotas import Quotas, limit_value
 from ...recording.catalog import RecordingStore
 from . import endpoints as ep
 from . import identity, inventory, sessions
@@ -131,58 +129,3 @@ class ManagementAPI:
             log.exception("unhandled error in %s %s", escape(request.method), escape(request.path))
             return InternalError("internal error; see the gateway log")(environ, start_response)
         return response(environ, start_response)
-
-
-_OPTIONS: dict[str, conv.Converter] = {
-    "database_url": conv.text,
-    "data_dir": conv.text,
-    "secret_key": conv.text,
-    "gateway_ca_file": conv.text,
-    "gateway_cert_file": conv.text,
-    "public_url": conv.url,
-    "max_body": conv.size,
-    "cluster_creators": ClusterCreators.parse,
-    **{f"quota_{name}": limit_value for name in Quotas.names()},
-}
-
-
-def settings_from(opts: Mapping[str, Any]) -> APISettings:
-    ca_file = opts.get("gateway_ca_file")
-    cert_file = opts.get("gateway_cert_file")
-    return APISettings(
-        gateway_ca_pem=Path(ca_file).read_text() if ca_file else None,
-        gateway_cert_pem=Path(cert_file).read_bytes() if cert_file else None,
-        public_url=opts.get("public_url"),
-        max_body=opts.get("max_body", 1024 * 1024),
-        quotas=quotas_from(opts),
-        cluster_creators=opts.get("cluster_creators", ClusterCreators()),
-    )
-
-
-def quotas_from(opts: Mapping[str, Any]) -> Quotas:
-    """The ``quota_*`` options (already converted) as :class:`Quotas`; absent ones keep their defaults."""
-    prefix = "quota_"
-    return Quotas(**{k[len(prefix):]: v for k, v in opts.items() if k.startswith(prefix)})
-
-
-def app_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> ManagementAPI:
-    """PasteDeploy app ``egg:bcs-middleware#management_api`` (put ``token_auth`` in front)::
-
-        [app:api]
-        use = egg:bcs-middleware#management_api
-        database_url = postgresql://bcs@db/bcs
-        gateway_ca_file = /etc/bcs/ca.crt
-        max_body = 1MiB
-        # who may register clusters: everyone | superusers | user:NAME group:NAME ...
-        cluster_creators = everyone
-        # per-user quotas (a number, or unlimited; superusers are exempt)
-        quota_clusters_per_user = 50
-        quota_tokens_per_user = 20
-        quota_webhook_configurations_per_cluster = 20
-        quota_permissions_per_cluster = 200
-    """
-    from ...store.sql import open_store
-
-    opts = conv.convert_options("app:management_api", local_conf, _OPTIONS)
-    store = open_store(opts.get("database_url"), data_dir=opts.get("data_dir"), secret_key=opts.get("secret_key"))
-    return ManagementAPI(store, settings=settings_from(opts))

@@ -8,10 +8,11 @@ import pytest
 from cryptography.fernet import Fernet
 from werkzeug.test import Client
 
-from bcs_middleware.apps.management.app import ManagementAPI, app_factory
+from bcs_middleware.apps.management.app import ManagementAPI
 from bcs_middleware.apps.management.calls import APISettings
 from bcs_middleware.clusters.permissions import ClusterCreators, reserved_cluster_id
 from bcs_middleware.compose.gateway import config_from_options
+from bcs_middleware.compose.management import app_factory
 from bcs_middleware.core import environ as env
 from bcs_middleware.core.errors import ConfigError
 from bcs_middleware.core.quotas import Quotas
