@@ -35,7 +35,7 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.fake_apiserver import FakeAPIServer, rbac_authorizer
 from tests.support.gateway import CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
 from tests.support.kube import kubectl
 from tests.support.oidc_provider import Provider, served_provider
@@ -55,6 +55,8 @@ class World:
     two: Provider
     #: an issuer whose address accepts connections and never answers (a provider that hangs)
     hung: str
+    #: the permission subscription's file (the gateway re-reads it when it changes)
+    grants: Path
 
 
 def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, ca_pem: str) -> Path:
@@ -110,7 +112,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
             register_cluster(gw, VIEWED, server_url=api.url, ca_pem=api.ca_pem)
             register_cluster(gw, OTHER, server_url=api.url, ca_pem=api.ca_pem)
-            yield World(gw, api, one, two, hung)
+            yield World(gw, api, one, two, hung, grants)
             output = gw.server.output()
     assert "eyJ" not in output  # no token (a JWT starts so) in any log line
 
@@ -299,6 +301,67 @@ def test_a_group_holds_cluster_permissions_granted_through_the_api(world: World)
         assert world.gw.call("DELETE", path)[0] == 200
     assert wait_until(lambda: world.gw.call("GET", f"/tunnels/clusters/{OTHER}/api/v1/namespaces",
                                             token=token)[0] == 404, timeout=30, step=0.2)
+
+
+def test_a_subscription_grant_to_a_provider_group_is_bound_on_the_cluster_for_its_members_only(
+    world: World,
+) -> None:
+    # A cluster of its own whose fake enforces RBAC from the bindings the subscription writes.
+    cluster, pods = "BCS-K8S-OIDC3", "/api/v1/namespaces/default/pods"
+    before = world.grants.read_text()
+    with FakeAPIServer(token=SA_TOKEN) as api:
+        api.authorize(rbac_authorizer(api))
+        api.create("pods", {"metadata": {"name": "web", "namespace": "default"},
+                            "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+        register_cluster(world.gw, cluster, server_url=api.url, ca_pem=api.ca_pem)
+        member = _token(world.one, "sven", groups=["sre"])
+        outsider = _token(world.one, "tess", groups=["qa"])
+        grants = json.loads(before)["grants"] + [
+            {"group": "sre", "cluster": cluster, "namespace": "default", "role": "view"}]
+        world.grants.write_text(json.dumps({"version": 1, "grants": grants}))
+        qa = f"/rest/clusters/{cluster}/group_permissions/qa"
+        try:
+            # The gateway's background subscription writes the binding to the cluster.
+            assert wait_until(lambda: any(b["metadata"]["name"] == "bcs:group:sre:view" for b in api.bindings),
+                              timeout=60, step=0.2)
+            binding = api.store.get("rolebindings", "default", "bcs:group:sre:view")
+            assert binding["subjects"] == [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                            "name": "sre"}]
+            tunnel = f"/tunnels/clusters/{cluster}{pods}"
+            assert wait_until(lambda: world.gw.call("GET", tunnel, token=member)[0] == 200, timeout=30, step=0.2)
+            status, raw = world.gw.call("GET", tunnel, token=member)
+            assert status == 200, raw
+            assert [p["metadata"]["name"] for p in json.loads(raw)["items"]] == ["web"]
+            seen = api.requests.last(pods, "GET")
+            assert seen is not None and seen.headers.get("Impersonate-User") == "one:sven"
+            assert seen.headers.getlist("Impersonate-Group") == ["system:authenticated", "sre"]
+            # view in "default" only: the cluster's RBAC refuses the rest.
+            status, raw = world.gw.call("POST", tunnel, token=member, body={
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "evil", "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+            assert status == 403 and json.loads(raw)["kind"] == "Status", raw
+            status, _ = world.gw.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces/kube-system/pods",
+                                      token=member)
+            assert status == 403
+
+            # Outside the group: the gateway shows no such cluster…
+            assert world.gw.call("GET", tunnel, token=outsider)[0] == 404
+            # …and let through by a gateway permission of their own group, the cluster says no.
+            assert world.gw.call("PUT", qa, body={"permission": "view"})[0] == 201
+            # (cluster permissions are cached per worker for cluster_cache_ttl: poll until each has seen it)
+            answers: list[tuple[int, bytes]] = []
+            assert wait_until(lambda: answers.append(world.gw.call("GET", tunnel, token=outsider))
+                              or answers[-1][0] != 404, timeout=30, step=0.2)
+            assert wait_until(lambda: answers.append(world.gw.call("GET", tunnel, token=outsider))
+                              or all(s != 404 for s, _ in answers[-4:]), timeout=30, step=0.2)
+            assert {status for status, _ in answers[-4:]} == {403}, answers[-4:]
+            assert json.loads(answers[-1][1])["reason"] == "Forbidden"
+            seen = api.requests.last(pods, "GET")
+            assert seen is not None and seen.headers.getlist("Impersonate-Group") == ["system:authenticated", "qa"]
+        finally:
+            world.gw.call("DELETE", qa)
+            world.grants.write_text(before)
+            world.gw.call("DELETE", f"/rest/clusters/{cluster}")
 
 
 @pytest.mark.parametrize("group", ["system:authenticated", "system:masters"])
