@@ -46,7 +46,8 @@ def looks_like_jwt(token: str) -> bool:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a token was refused; ``unavailable``: the issuer's keys could not be fetched (retry later)."""
+    """Why a token was refused; ``unavailable``: the issuer's keys could not be fetched (retry later:
+    such a refusal is never cached, the issuer's keys remember their failure for a few seconds)."""
 
     reason: str
     unavailable: bool = False
@@ -135,7 +136,8 @@ class JWTAuthenticators:
             until = now + (self.negative_ttl if exc.expired_at is None else 3600.0)
             return Refusal(exc.reason, until=until)
         except KeysUnavailable as exc:
-            return Refusal(f"cannot verify the token now: {exc}", unavailable=True)
+            return Refusal(f"cannot verify the token now: {exc} (the identity provider cannot be reached: "
+                           "your sign-in may be fine, try again shortly)", unavailable=True)
 
 
 def _when(timestamp: float) -> str:

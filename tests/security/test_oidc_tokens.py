@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.fake_apiserver import FakeAPIServer, rbac_authorizer
 from tests.support.gateway import CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
-from tests.support.kube import kubectl
+from tests.support.kube import kubectl, write_kubeconfig
 from tests.support.oidc_provider import Provider, served_provider
 from tests.support.polling import wait_until
 
@@ -55,11 +55,13 @@ class World:
     two: Provider
     #: an issuer whose address accepts connections and never answers (a provider that hangs)
     hung: str
+    #: an issuer whose address refuses connections (a provider that is down)
+    down: str
     #: the permission subscription's file (the gateway re-reads it when it changes)
     grants: Path
 
 
-def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, ca_pem: str) -> Path:
+def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, down: str, ca_pem: str) -> Path:
     config = {
         "apiVersion": "apiserver.config.k8s.io/v1beta1",
         "kind": "AuthenticationConfiguration",
@@ -87,6 +89,10 @@ def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, 
                 "issuer": {"url": hung, "audiences": [AUDIENCE], "certificateAuthority": ca_pem},
                 "claimMappings": {"username": {"claim": "sub", "prefix": "hung:"}},
             },
+            {
+                "issuer": {"url": down, "audiences": [AUDIENCE], "certificateAuthority": ca_pem},
+                "claimMappings": {"username": {"claim": "sub", "prefix": "down:"}},
+            },
         ],
     }
     path.write_text(json.dumps(config))
@@ -104,15 +110,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     hang.bind(("127.0.0.1", 0))
     hang.listen(64)  # connections complete in the backlog; nothing ever answers on them
     hung = f"https://127.0.0.1:{hang.getsockname()[1]}"
-    with hang, served_provider(tmp / "one", ca) as one, served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
-        auth = _authentication_config(tmp / "authentication.json", one, two, hung, ca_pem)
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))  # bound and never listening: every connection is refused
+    down = f"https://127.0.0.1:{gone.getsockname()[1]}"
+    with hang, gone, served_provider(tmp / "one", ca) as one, \
+            served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
+        auth = _authentication_config(tmp / "authentication.json", one, two, hung, down, ca_pem)
         data = tmp / "data"
         ini = gateway_ini(tmp / "gateway.ini", data, rbac="true", rbac_source_file=str(grants), rbac_interval="1s",
                           authentication_config=str(auth), superuser_groups="platform-admins")
         with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
             register_cluster(gw, VIEWED, server_url=api.url, ca_pem=api.ca_pem)
             register_cluster(gw, OTHER, server_url=api.url, ca_pem=api.ca_pem)
-            yield World(gw, api, one, two, hung, grants)
+            yield World(gw, api, one, two, hung, down, grants)
             output = gw.server.output()
     assert "eyJ" not in output  # no token (a JWT starts so) in any log line
 
@@ -417,9 +427,31 @@ def test_a_provider_that_hangs_never_holds_up_another_issuers_tokens(world: Worl
             thread.join(60)
     assert len(answers) == 4
     for status, raw, took in answers:
-        assert status == 503, raw
-        assert f"issuer {world.hung}" in _message(raw) and "timed out" in _message(raw)
+        # oidc.go: a JWT authenticator that cannot verify (its provider unreachable) is an
+        # authentication error, so kube-apiserver answers 401; the message says why.
+        assert status == 401, raw
+        assert f"cannot verify the token now: issuer {world.hung}: fetching the discovery document timed out" \
+            in _message(raw)
         assert took < 30
+
+
+def test_kubectl_says_that_a_provider_that_is_down_cannot_be_reached(world: World, tmp_path: Path) -> None:
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = jwt.encode(_claims(world, iss=world.down), attacker, algorithm="RS256")
+    kubeconfig = write_kubeconfig(tmp_path / "down.kubeconfig", server=f"{world.gw.url}/tunnels/clusters/{VIEWED}",
+                                  token=token, ca_file=world.gw.ca_file)
+    started = time.monotonic()
+    got = kubectl("get", "pods", "-n", "default", kubeconfig=kubeconfig)
+    assert got.returncode == 1
+    # kubectl's discovery drops a 401 Status's message; it prints the Warning header carrying it.
+    assert f'Warning: cannot verify the token now: issuer {world.down}: fetching the discovery document failed' \
+        in got.stderr, got.stderr
+    assert "(the identity provider cannot be reached: your sign-in may be fine, try again shortly)" in got.stderr
+    assert "error: You must be logged in to the server" in got.stderr
+    assert time.monotonic() - started < 20  # refused connections fail at once; no hang
+    assert token not in got.stderr
+    # Another issuer's tokens work all the while.
+    assert _whoami(world, _token(world.one, "uma", groups=["dev"]))[0] == 200
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
