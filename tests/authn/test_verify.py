@@ -229,3 +229,32 @@ def test_cel_cost_is_bounded_and_measured() -> None:
         evaluate(absorbing, {"a": [str(i) for i in range(100)]})
     with pytest.raises(EvaluationError, match="larger than"):
         evaluate(quadratic, {"a": ["x" * 1000] * 100})
+
+
+@pytest.mark.parametrize("field, expression", [
+    # apis/apiserver/types.go: the rule that matches the automatic email_verified check.
+    pytest.param("claimValidationRules", "claims.?email_verified.orValue(true) == true", id="orValue"),
+    # validation_test.go: a username expression reading claims.?email.
+    pytest.param("username", "claims.?email", id="optional-select"),
+    pytest.param("groups", "claims.?groups.orValue([])", id="groups-orValue"),
+    pytest.param("groups", "[?claims.?team]", id="optional-list-element"),
+    pytest.param("uid", "optional.of(claims.sub).value()", id="optional-of"),
+])
+def test_cel_optional_syntax_is_refused_at_load_saying_why(field: str, expression: str) -> None:
+    mappings: dict[str, Any] = {"username": {"claim": "username", "prefix": ""}}
+    entry: dict[str, Any] = {"claimMappings": mappings}
+    if field == "claimValidationRules":
+        entry["claimValidationRules"] = [{"expression": expression}]
+    else:
+        mappings[field] = {"expression": expression}
+    with pytest.raises(ConfigError, match=r"CEL optional syntax .* is not supported: the gateway's CEL engine "
+                                          r"\(cel-python\) has no optional types; write has\(claims.name\)"):
+        _config(**entry)
+
+
+def test_a_question_mark_inside_a_string_is_not_optional_syntax() -> None:
+    config = _config(claimValidationRules=[{"expression": "claims.note != 'a.?b' && claims.note != \"[?\""}])
+    assert verify_token(_token({"username": "jane", "note": "x"}), config, KEYS, NOW).username == "jane"
+    with pytest.raises(ConfigError, match="compilation failed") as refused:
+        _config(claimValidationRules=[{"expression": "claims.note == 'a.?b' ||"}])
+    assert "optional" not in str(refused.value)
