@@ -110,7 +110,8 @@ ROLES = {"username": "john_doe", "roles": "foo,bar", "other_roles": "baz,qux"}
 
 def _roles_as_groups(prefix: str) -> dict[str, Any]:
     return {"username": {"expression": "'k8s-' + claims.username"},
-            "groups": {"expression": f'(claims.roles.split(",") + claims.other_roles.split(",")).map(role, "{prefix}" + role)'}}
+            "groups": {"expression": '(claims.roles.split(",") + claims.other_roles.split(","))'
+                                     f'.map(role, "{prefix}" + role)'}}
 
 
 def test_system_names_are_left_to_user_validation_rules_as_kube_apiserver_does() -> None:

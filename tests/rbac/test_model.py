@@ -40,7 +40,8 @@ def test_distinct_subjects_get_distinct_names() -> None:
 def test_a_group_may_be_an_identity_providers_group_path() -> None:
     # Keycloak's group mapper sends full paths ("/team/sre") by default; Kubernetes group names
     # are free-form, so the subject keeps the path and only the binding name is sanitised.
-    permissions = load_permissions(b'{"version": 1, "grants": [{"group": "/team/sre", "cluster": "C1", "role": "view"}]}')
+    permissions = load_permissions(
+        b'{"version": 1, "grants": [{"group": "/team/sre", "cluster": "C1", "role": "view"}]}')
     (binding,) = desired_bindings(permissions, "C1").values()
     assert binding.body["subjects"] == [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
                                          "name": "/team/sre"}]

@@ -18,13 +18,16 @@ import hmac
 import json
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -59,6 +62,8 @@ class World:
     down: str
     #: the permission subscription's file (the gateway re-reads it when it changes)
     grants: Path
+    #: the CA the providers' certificates (and any test server's) come from
+    ca: trustme.CA
 
 
 def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, down: str, ca_pem: str) -> Path:
@@ -128,7 +133,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
             register_cluster(gw, VIEWED, server_url=api.url, ca_pem=api.ca_pem)
             register_cluster(gw, OTHER, server_url=api.url, ca_pem=api.ca_pem)
-            yield World(gw, api, one, two, hung, down, grants)
+            yield World(gw, api, one, two, hung, down, grants, ca)
             output = gw.server.output()
     assert "eyJ" not in output  # no token (a JWT starts so) in any log line
 
@@ -467,6 +472,76 @@ def test_kubectl_says_that_a_provider_that_is_down_cannot_be_reached(world: Worl
     assert token not in got.stderr
     # Another issuer's tokens work all the while.
     assert _whoami(world, _token(world.one, "uma", groups=["dev"]))[0] == 200
+
+
+@contextmanager
+def _claim_source(ca: trustme.CA, answer: str, access_token: str) -> Iterator[tuple[str, list[str]]]:
+    """An HTTPS endpoint on loopback answering ``answer`` to a GET bearing ``access_token``; yields its URL
+    and the Authorization headers it received."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.headers.get("Authorization") == f"Bearer {access_token}"
+            body = answer.encode() if ok else b"no"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "application/jwt")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/groups", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_a_distributed_groups_claim_is_fetched_verified_and_mapped(world: World) -> None:
+    # The groups live at a claim source (OpenID Connect Core §5.6.2); its answer is a JWT of ONE's.
+    answer = _token(world.one, "wes", groups=["dist-team", "dev"])
+    with _claim_source(world.ca, answer, "source-token-1") as (url, seen):
+        token = _token(world.one, "wes", _claim_names={"groups": "src1"},
+                       _claim_sources={"src1": {"endpoint": url, "access_token": "source-token-1"}})
+        me = world.gw.json("GET", "/rest/whoami", token=token)
+        assert me["user_name"] == "one:wes" and me["groups"] == ["dist-team", "dev"]
+        assert seen == ["Bearer source-token-1"]
+        status, raw = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token)
+        assert status == 200, raw  # "dev" came from the source: the subscription's group grant applies
+        # A wrong access token: the source refuses, and so is the token (never without its groups).
+        refused = _token(world.one, "wes", _claim_names={"groups": "src1"},
+                         _claim_sources={"src1": {"endpoint": url, "access_token": "wrong"}})
+        status, raw = _whoami(world, refused)
+        assert status == 401
+        assert _message(raw) == ("could not expand distributed claims: groups claim source at 127.0.0.1 "
+                                 "answered HTTP 401")
+    # A source answering a token it signed itself: not an issuer's, refused.
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    forged = jwt.encode(_claims(world, groups=["platform-admins"]), attacker, algorithm="RS256",
+                        headers={"kid": world.one.jwks()["keys"][0]["kid"]})
+    with _claim_source(world.ca, forged, "t") as (url, _):
+        token = _token(world.one, "xan", _claim_names={"groups": "src1"},
+                       _claim_sources={"src1": {"endpoint": url, "access_token": "t"}})
+        status, raw = _whoami(world, token)
+        assert status == 401
+        assert _message(raw) == "token signature does not verify with the issuer's keys"
+    # Plain http never carries an access token.
+    token = _token(world.one, "yara", _claim_names={"groups": "src1"},
+                   _claim_sources={"src1": {"endpoint": "http://127.0.0.1:9/groups", "access_token": "t"}})
+    status, raw = _whoami(world, token)
+    assert status == 401
+    assert _message(raw) == "could not expand distributed claims: the groups claim source is not an https URL"
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
