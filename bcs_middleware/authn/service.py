@@ -159,7 +159,6 @@ class JWTAuthenticators:
             return Refusal(f"cannot verify the token now: {exc} (the identity provider cannot be reached: "
                            "your sign-in may be fine, try again shortly)", unavailable=True)
 
-
     def _distributed(self, issuer: _Issuer, claims: dict[str, Any], expires_at: float,
                      now: float) -> tuple[dict[str, Any], float]:
         """``claims`` with a distributed groups claim resolved (:mod:`.claim_sources`)."""
@@ -177,7 +176,11 @@ class JWTAuthenticators:
                                 "token of an issuer that is not configured")
         checked_as = replace(source_issuer.config, issuer=replace(source_issuer.config.issuer,
                                                                   audiences=issuer.config.issuer.audiences))
-        found, found_expires_at = source_issuer.claims(token, now, checked_as=checked_as)
+        try:
+            found, found_expires_at = source_issuer.claims(token, now, checked_as=checked_as)
+        except TokenRejected as exc:
+            # Said as the source's failure, and not remembered as the ID token's own expiry.
+            raise TokenRejected(f"could not expand distributed claims: {exc.reason}") from None
         if claim not in found:
             raise TokenRejected(f"could not expand distributed claims: the token the {claim} claim source "
                                 f"answered has no {claim} claim")

@@ -535,7 +535,8 @@ def test_a_distributed_groups_claim_is_fetched_verified_and_mapped(world: World)
                        _claim_sources={"src1": {"endpoint": url, "access_token": "t"}})
         status, raw = _whoami(world, token)
         assert status == 401
-        assert _message(raw) == "token signature does not verify with the issuer's keys"
+        assert _message(raw) == ("could not expand distributed claims: "
+                                 "token signature does not verify with the issuer's keys")
     # Plain http never carries an access token.
     token = _token(world.one, "yara", _claim_names={"groups": "src1"},
                    _claim_sources={"src1": {"endpoint": "http://127.0.0.1:9/groups", "access_token": "t"}})
