@@ -50,6 +50,8 @@ FLOORS: dict[str, int] = {
     "bcs_middleware.scheduler": 1,
     "bcs_middleware.audit": 1,
     "bcs_middleware.authn": 1,
+    "bcs_middleware.authn.claim_sources": 2,
+    "bcs_middleware.authn.fetch": 2,
     "bcs_middleware.authn.keys": 2,
     "bcs_middleware.authn.service": 3,
     "bcs_middleware.audit.sink": 2,

@@ -4,7 +4,9 @@ The engine is ``cel-python`` (``celpy``): a pure-Python implementation of the CE
 specification (lark parser, RE2 for ``matches``) that evaluates the expressions
 kube-apiserver's own tests of this authenticator use (``claims.x``, ``has()``,
 ``split``, ``startsWith``, ``all``/``exists``/``map``/``filter``, ternaries,
-string concatenation; ``tests/authn/test_cel.py`` runs them).
+string concatenation; ``tests/authn/test_verify.py`` runs them). It has no optional
+types, so kube-apiserver's ``claims.?x.orValue(…)`` is refused at load with a message
+saying so (:data:`OPTIONAL_UNSUPPORTED`); ``has(claims.x) ? claims.x : …`` says the same.
 
 Bounds, since the apiserver bounds every expression by a cost budget
 (``k8s.io/apiserver/pkg/authentication/cel``: ``PerCallLimit``) and celpy keeps none:
@@ -28,6 +30,7 @@ result of the wrong type is the same error.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +39,7 @@ import lark
 
 __all__ = [
     "MAX_EXPRESSION_LENGTH",
+    "OPTIONAL_UNSUPPORTED",
     "CompiledExpression",
     "EvaluationError",
     "compile_expression",
@@ -55,6 +59,18 @@ MAX_INPUT_BYTES = 64 * 1024
 MAX_STEPS = 10_000
 
 _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+#: cel-go's optional types (``claims.?x``, ``list[?i]``, ``{?k: v}``, ``optional.of``…), which
+#: kube-apiserver enables: cel-python (0.5.0, the newest) has neither the grammar for ``.?``/
+#: ``[?``/``{?`` nor an optional type, so such an expression is refused when the file loads,
+#: never half-evaluated.
+OPTIONAL_UNSUPPORTED = (
+    "CEL optional syntax (claims.?name, [?…], {?…}, optional.of/none, orValue/hasValue) is not supported: "
+    "the gateway's CEL engine (cel-python) has no optional types; write has(claims.name) ? claims.name : "
+    "<default> instead"
+)
+_OPTIONAL_SYNTAX = re.compile(r"\.\s*\?|[\[{]\s*\?")
+_STRING_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
 
 class CostExceeded(BaseException):
@@ -112,11 +128,15 @@ def compile_expression(source: str, variable: str) -> CompiledExpression:
     try:
         ast = _ENVIRONMENT.compile(source)
     except celpy.CELParseError as exc:
+        if _OPTIONAL_SYNTAX.search(_STRING_LITERAL.sub("''", source)):
+            raise ValueError(OPTIONAL_UNSUPPORTED) from None
         raise ValueError(" ".join(str(exc).split())[:300]) from None
     depth = _comprehension_depth(ast)
     if depth > MAX_COMPREHENSION_DEPTH:
         raise ValueError(f"comprehensions nested {depth} deep (at most {MAX_COMPREHENSION_DEPTH})")
     unknown = _free_identifiers(ast) - {variable}
+    if "optional" in unknown:
+        raise ValueError(OPTIONAL_UNSUPPORTED)
     if unknown:
         raise ValueError(f"undeclared reference to {sorted(unknown)[0]!r} (only {variable!r} is declared)")
     return CompiledExpression(source, variable, ast, _ENVIRONMENT.program(ast, functions=_STRING_FUNCTIONS))

@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..core.environ import Upstream
-from ..outbound.causes import OutboundError, Timeout, TLSError
 from ..outbound.transport import Transport
 from .config import Issuer
+from .fetch import FetchFailed, fetch
 from .verify import PublicKey, public_keys
 
 __all__ = ["MAX_DOCUMENT", "IssuerKeys", "KeysUnavailable"]
@@ -135,43 +134,13 @@ class IssuerKeys:
         return keys
 
     def _get_json(self, url: str, what: str) -> Any:
-        parts = urlsplit(url)
-        upstream = Upstream(
-            base_urls=(f"{parts.scheme}://{parts.netloc}",), path=parts.path or "/", query=parts.query,
-            ca_pem=self.issuer.certificate_authority or None, verify=True, name=f"oidc {parts.hostname}",
-        )
         self.fetches += 1
-        deadline = time.monotonic() + self.timeout
         try:
-            response = self.transport.send(upstream, "GET", [("Accept", "application/json")], None, None,
-                                           timeout=self.timeout)
-        except OutboundError as cause:
-            raise KeysUnavailable(self._cause(what, cause)) from None
+            body = fetch(self.transport, url, what=what, timeout=self.timeout, max_bytes=MAX_DOCUMENT,
+                         ca_pem=self.issuer.certificate_authority or None, headers=[("Accept", "application/json")])
+        except FetchFailed as exc:
+            raise KeysUnavailable(f"issuer {self.issuer.url}: {exc}") from None
         try:
-            if response.status != 200:
-                raise KeysUnavailable(f"issuer {self.issuer.url}: {what} answered HTTP {response.status}")
-            chunks: list[bytes] = []
-            size = 0
-            try:
-                while chunk := response.read1(65536):
-                    size += len(chunk)
-                    if size > MAX_DOCUMENT:
-                        raise KeysUnavailable(f"issuer {self.issuer.url}: {what} larger than {MAX_DOCUMENT} bytes")
-                    if time.monotonic() > deadline:
-                        raise KeysUnavailable(f"issuer {self.issuer.url}: {what} took longer than {self.timeout:g}s")
-                    chunks.append(chunk)
-            except OutboundError as cause:
-                raise KeysUnavailable(self._cause(what, cause)) from None
-        finally:
-            response.release_conn()
-        try:
-            return json.loads(b"".join(chunks))
+            return json.loads(body)
         except ValueError:
             raise KeysUnavailable(f"issuer {self.issuer.url}: {what} is not JSON") from None
-
-    def _cause(self, what: str, cause: OutboundError) -> str:
-        if isinstance(cause, Timeout):
-            return f"issuer {self.issuer.url}: fetching the {what} timed out"
-        if isinstance(cause, TLSError):
-            return f"issuer {self.issuer.url}: TLS certificate verification failed fetching the {what}"
-        return f"issuer {self.issuer.url}: fetching the {what} failed: {cause.message}"

@@ -20,10 +20,17 @@ go-oidc's ``IDTokenVerifier.Verify`` (``github.com/coreos/go-oidc/v2/verify.go``
   extra from expressions (a string or list; empty results omitted);
 * ``userValidationRules`` on the mapped user.
 
-One rule of the gateway's own on top (kube-apiserver leaves it to a
-``userValidationRules`` entry, its documented example): a mapped user name or group
-beginning ``system:`` is refused — those names belong to Kubernetes itself and the
-gateway sends them to clusters as ``Impersonate-*``.
+Names and groups beginning ``system:`` are Kubernetes' own, and kube-apiserver does not
+refuse them from a JWT by default: that is left to ``userValidationRules``, whose
+documented example is ``!user.username.startsWith('system:')`` and
+``user.groups.all(group, !group.startsWith('system:'))`` (``validation.go`` and
+``oidc.go`` check nothing else); the gateway does the same. One group is refused on top,
+whatever the rules: ``system:masters``. kube-apiserver's authorizer lets that group do
+anything before RBAC or any webhook is asked, so a group claim would make its holder
+cluster-admin on every cluster the gateway impersonates them on, past the cluster's own
+RBAC; an operator who wants an identity provider's group to administer clusters binds it
+to ``cluster-admin`` (the permission subscription does), which each cluster can see and
+revoke.
 
 Everything here is pure: keys come in, an :class:`Identity` or a :class:`TokenRejected`
 (with the reason a person can act on) comes out.
@@ -61,8 +68,8 @@ __all__ = [
 ALLOWED_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512")
 #: go-oidc's allowance for an ``nbf`` slightly in the future (clock skew); ``exp`` has none.
 NBF_LEEWAY = 300.0
-#: The prefix Kubernetes keeps for its own users and groups.
-RESERVED_PREFIX = "system:"
+#: kube-apiserver's privileged group (``user.SystemPrivilegedGroup``): never taken from a token.
+PRIVILEGED_GROUP = "system:masters"
 
 
 class TokenRejected(Exception):
@@ -246,7 +253,9 @@ def map_identity(claims: dict[str, Any], authenticator: JWTAuthenticator, expire
         for user_rule in authenticator.user_validation_rules:
             if _run(user_rule.expression, user, "user validation") is not True:
                 raise TokenRejected(f"user validation rule failed: {user_rule.message or user_rule.expression.source}")
-    _refuse_reserved(identity)
+    if PRIVILEGED_GROUP in identity.groups:
+        raise TokenRejected(f"group {PRIVILEGED_GROUP} is never accepted from an identity provider (it bypasses "
+                            "every cluster's RBAC): bind the group to cluster-admin instead")
     return identity
 
 
@@ -318,15 +327,6 @@ def _string_list(value: Any, what: str) -> tuple[str, ...]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(v for v in value if v)
     raise TokenRejected(f"error evaluating {what} expression: expression must return a string or a list of strings")
-
-
-def _refuse_reserved(identity: Identity) -> None:
-    if identity.username.startswith(RESERVED_PREFIX):
-        raise TokenRejected(f"user name {printable(identity.username)[:100]!r} uses the reserved "
-                            f"{RESERVED_PREFIX} prefix")
-    for group in identity.groups:
-        if group.startswith(RESERVED_PREFIX):
-            raise TokenRejected(f"group {printable(group)[:100]!r} uses the reserved {RESERVED_PREFIX} prefix")
 
 
 def verify_token(token: str, authenticator: JWTAuthenticator, keys: Iterable[PublicKey], now: float) -> Identity:

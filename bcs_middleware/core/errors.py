@@ -200,12 +200,16 @@ class BodyTooDeep(BadRequest):
     code_name = "BODY_TOO_DEEP"
 
 
+#: The challenge every 401 carries (RFC 6750 §3).
+BEARER_CHALLENGE = ("WWW-Authenticate", 'Bearer realm="bcs-middleware"')
+
+
 class Unauthorized(BCSError):
     status = 401
     code_name = "UNAUTHORIZED"
 
     def __init__(self, message: str = "authentication required", **kwargs: Any) -> None:
-        kwargs.setdefault("headers", [("WWW-Authenticate", 'Bearer realm="bcs-middleware"')])
+        kwargs.setdefault("headers", [BEARER_CHALLENGE])
         super().__init__(message, **kwargs)
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from ..admission.outcome import warning_headers
 from ..authn.config import load_configuration
 from ..authn.service import JWTAuthenticators, Refusal, looks_like_jwt
 from ..authn.settings import IdentitySettings
 from ..authn.verify import Identity
 from ..core import environ as env
 from ..core.cache import Cache
-from ..core.errors import ConfigError, ServiceUnavailable, Unauthorized
+from ..core.errors import BEARER_CHALLENGE, ConfigError, Unauthorized
 from ..outbound.transport import Transport, default_transport
 
 #: What :class:`~.auth.TokenAuthMiddleware` accepts from an authenticator (its ``Principal``).
@@ -42,8 +43,16 @@ class JWTAuthenticator:
     (:data:`~bcs_middleware.core.environ.NO_RECORD`): what it may do comes from its groups
     and name, through the permission subscription and each cluster's RBAC. The answer is
     cached until the token expires (:class:`~bcs_middleware.authn.service.JWTAuthenticators`);
-    a refused token raises the 401 (or, when the issuer's keys cannot be fetched, the 503)
-    whose message says why.
+    a refused token raises the 401 whose message says why.
+
+    A token whose issuer's keys cannot be fetched (the provider is down or hangs) is a 401
+    too, as kube-apiserver answers it (``oidc.go``: an authenticator whose verifier is not
+    initialised returns ``oidc: authenticator not initialized``, a failed key fetch fails
+    the verification; either is an authentication error, so the request is unauthorised).
+    The message says the provider is unreachable and to try again, not to sign in again; it
+    is also sent as a ``Warning`` header, which kubectl prints (its discovery drops a 401's
+    Status message, and for a 503 it prints only "the server is currently unable to handle
+    the request").
     """
 
     def __init__(self, jwts: JWTAuthenticators, *, superuser_groups: Iterable[str] = ()) -> None:
@@ -54,9 +63,11 @@ class JWTAuthenticator:
     def authenticate(self, token: str) -> Principal | None:
         answer = self.jwts.authenticate(token)
         if isinstance(answer, Refusal):
-            if answer.unavailable:
-                raise ServiceUnavailable(answer.reason)
-            raise Unauthorized(answer.reason)
+            # kubectl's discovery drops a 401 Status's message ("the server has asked for the
+            # client to provide credentials") but prints every Warning header it receives: the
+            # reason travels in both.
+            warning = warning_headers([answer.reason.encode("ascii", "backslashreplace").decode()])
+            raise Unauthorized(answer.reason, headers=[BEARER_CHALLENGE, *warning])
         return self._users.load(answer, self._user)
 
     def _user(self, identity: Identity) -> env.User:

@@ -98,14 +98,53 @@ def test_an_expression_error_is_never_true() -> None:
                      KEYS, NOW)
 
 
-def test_user_validation_rules_and_the_system_prefix() -> None:
-    config = _config(userValidationRules=[{"expression": "!user.username.startsWith('system:')",
-                                           "message": "username cannot use reserved system: prefix"}])
-    with pytest.raises(TokenRejected, match="username cannot use reserved system: prefix"):
-        verify_token(_token({"username": "system:admin"}), config, KEYS, NOW)
-    # Without the rule the gateway refuses it all the same.
-    with pytest.raises(TokenRejected, match="reserved system: prefix"):
-        verify_token(_token({"username": "system:admin"}), _config(), KEYS, NOW)
+#: kube-apiserver's documented rules for the system: prefix (reference/access-authn-authz/authentication.md).
+SYSTEM_RULES = [{"expression": "!user.username.startsWith('system:')",
+                 "message": "username cannot used reserved system: prefix"},
+                {"expression": "user.groups.all(group, !group.startsWith('system:'))",
+                 "message": "groups cannot used reserved system: prefix"}]
+#: test/integration/apiserver/oidc/oidc_test.go ("user validation rule fails"): roles "foo,bar" and
+#: other_roles "baz,qux" mapped to groups with a prefix.
+ROLES = {"username": "john_doe", "roles": "foo,bar", "other_roles": "baz,qux"}
+
+
+def _roles_as_groups(prefix: str) -> dict[str, Any]:
+    return {"username": {"expression": "'k8s-' + claims.username"},
+            "groups": {"expression": '(claims.roles.split(",") + claims.other_roles.split(","))'
+                                     f'.map(role, "{prefix}" + role)'}}
+
+
+def test_system_names_are_left_to_user_validation_rules_as_kube_apiserver_does() -> None:
+    # No rule: kube-apiserver takes system: names and groups from a JWT as they are.
+    identity = verify_token(_token({"username": "system:admin"}), _config(), KEYS, NOW)
+    assert identity.username == "system:admin"
+    identity = verify_token(_token(ROLES), _config(claimMappings=_roles_as_groups("system:")), KEYS, NOW)
+    assert (identity.username, identity.groups) == ("k8s-john_doe", ("system:foo", "system:bar", "system:baz",
+                                                                      "system:qux"))
+    # The integration test's passing case, and its failing one with the documented rule.
+    identity = verify_token(_token(ROLES), _config(claimMappings=_roles_as_groups("prefix:"),
+                                                   userValidationRules=SYSTEM_RULES), KEYS, NOW)
+    assert identity.groups == ("prefix:foo", "prefix:bar", "prefix:baz", "prefix:qux")
+    with pytest.raises(TokenRejected, match="groups cannot used reserved system: prefix"):
+        verify_token(_token(ROLES), _config(claimMappings=_roles_as_groups("system:"),
+                                            userValidationRules=SYSTEM_RULES), KEYS, NOW)
+    with pytest.raises(TokenRejected, match="username cannot used reserved system: prefix"):
+        verify_token(_token({"username": "system:admin"}), _config(userValidationRules=SYSTEM_RULES), KEYS, NOW)
+
+
+@pytest.mark.parametrize("mappings", [
+    pytest.param({"username": {"claim": "username", "prefix": ""}, "groups": {"claim": "groups", "prefix": ""}},
+                 id="claim"),
+    pytest.param({"username": {"claim": "username", "prefix": ""}, "groups": {"expression": "claims.groups"}},
+                 id="expression"),
+])
+def test_system_masters_is_never_taken_from_a_token(mappings: dict[str, Any]) -> None:
+    token = _token({"username": "mallory", "groups": ["dev", "system:masters"]})
+    with pytest.raises(TokenRejected, match="group system:masters is never accepted from an identity provider"):
+        verify_token(token, _config(claimMappings=mappings), KEYS, NOW)
+    # Only that group: another system: group is the rules' business, as in kube-apiserver.
+    assert verify_token(_token({"username": "mallory", "groups": ["system:nodes"]}),
+                        _config(claimMappings=mappings), KEYS, NOW).groups == ("system:nodes",)
 
 
 @pytest.mark.parametrize(("claims", "message"), [
@@ -191,3 +230,32 @@ def test_cel_cost_is_bounded_and_measured() -> None:
         evaluate(absorbing, {"a": [str(i) for i in range(100)]})
     with pytest.raises(EvaluationError, match="larger than"):
         evaluate(quadratic, {"a": ["x" * 1000] * 100})
+
+
+@pytest.mark.parametrize("field, expression", [
+    # apis/apiserver/types.go: the rule that matches the automatic email_verified check.
+    pytest.param("claimValidationRules", "claims.?email_verified.orValue(true) == true", id="orValue"),
+    # validation_test.go: a username expression reading claims.?email.
+    pytest.param("username", "claims.?email", id="optional-select"),
+    pytest.param("groups", "claims.?groups.orValue([])", id="groups-orValue"),
+    pytest.param("groups", "[?claims.?team]", id="optional-list-element"),
+    pytest.param("uid", "optional.of(claims.sub).value()", id="optional-of"),
+])
+def test_cel_optional_syntax_is_refused_at_load_saying_why(field: str, expression: str) -> None:
+    mappings: dict[str, Any] = {"username": {"claim": "username", "prefix": ""}}
+    entry: dict[str, Any] = {"claimMappings": mappings}
+    if field == "claimValidationRules":
+        entry["claimValidationRules"] = [{"expression": expression}]
+    else:
+        mappings[field] = {"expression": expression}
+    with pytest.raises(ConfigError, match=r"CEL optional syntax .* is not supported: the gateway's CEL engine "
+                                          r"\(cel-python\) has no optional types; write has\(claims.name\)"):
+        _config(**entry)
+
+
+def test_a_question_mark_inside_a_string_is_not_optional_syntax() -> None:
+    config = _config(claimValidationRules=[{"expression": "claims.note != 'a.?b' && claims.note != \"[?\""}])
+    assert verify_token(_token({"username": "jane", "note": "x"}), config, KEYS, NOW).username == "jane"
+    with pytest.raises(ConfigError, match="compilation failed") as refused:
+        _config(claimValidationRules=[{"expression": "claims.note == 'a.?b' ||"}])
+    assert "optional" not in str(refused.value)

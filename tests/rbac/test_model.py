@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bcs_middleware.core.errors import ConfigError
-from bcs_middleware.rbac.model import Grant, binding_name, desired_bindings, load_permissions
+from bcs_middleware.rbac.model import Grant, PermissionsError, binding_name, desired_bindings, load_permissions
 from bcs_middleware.rbac.service import build_service
 from bcs_middleware.rbac.sources import FileSource
 from bcs_middleware.store.sql import SQLStore
@@ -35,6 +35,22 @@ def test_distinct_subjects_get_distinct_names() -> None:
               Grant("User", "a:b", "*", "view"), Grant("User", "a-b", "*", "view"),
               Grant("Group", "ops", "*", "view"), Grant("User", "ops", "*", "view")]
     assert len({binding_name(g) for g in grants}) == len(grants)
+
+
+def test_a_group_may_be_an_identity_providers_group_path() -> None:
+    # Keycloak's group mapper sends full paths ("/team/sre") by default; Kubernetes group names
+    # are free-form, so the subject keeps the path and only the binding name is sanitised.
+    permissions = load_permissions(
+        b'{"version": 1, "grants": [{"group": "/team/sre", "cluster": "C1", "role": "view"}]}')
+    (binding,) = desired_bindings(permissions, "C1").values()
+    assert binding.body["subjects"] == [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                         "name": "/team/sre"}]
+    assert binding.name.startswith("bcs:group:team-sre-") and "/" not in binding.name
+    for bad in (b'"/team sre"', b'"a%2Fb"', b'""'):
+        with pytest.raises(PermissionsError, match="group"):
+            load_permissions(b'{"version": 1, "grants": [{"group": ' + bad + b', "cluster": "C1", "role": "view"}]}')
+    with pytest.raises(PermissionsError, match="user"):
+        load_permissions(b'{"version": 1, "grants": [{"user": "a/b", "cluster": "C1", "role": "view"}]}')
 
 
 def test_yaml_and_json_with_the_same_grants_have_the_same_digest() -> None:

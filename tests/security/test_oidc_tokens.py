@@ -18,13 +18,16 @@ import hmac
 import json
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -35,9 +38,9 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.fake_apiserver import FakeAPIServer, rbac_authorizer
 from tests.support.gateway import CLI, SA_TOKEN, Gateway, gateway_ini, register_cluster, served_gateway
-from tests.support.kube import kubectl
+from tests.support.kube import kubectl, write_kubeconfig
 from tests.support.oidc_provider import Provider, served_provider
 from tests.support.polling import wait_until
 
@@ -55,9 +58,15 @@ class World:
     two: Provider
     #: an issuer whose address accepts connections and never answers (a provider that hangs)
     hung: str
+    #: an issuer whose address refuses connections (a provider that is down)
+    down: str
+    #: the permission subscription's file (the gateway re-reads it when it changes)
+    grants: Path
+    #: the CA the providers' certificates (and any test server's) come from
+    ca: trustme.CA
 
 
-def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, ca_pem: str) -> Path:
+def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, down: str, ca_pem: str) -> Path:
     config = {
         "apiVersion": "apiserver.config.k8s.io/v1beta1",
         "kind": "AuthenticationConfiguration",
@@ -80,10 +89,20 @@ def _authentication_config(path: Path, one: Provider, two: Provider, hung: str, 
                            "certificateAuthority": ca_pem},
                 "claimMappings": {"username": {"claim": "sub", "prefix": ""},
                                   "groups": {"expression": "has(claims.groups) ? claims.groups : []"}},
+                # kube-apiserver refuses system: names only by such rules (its documented example).
+                "userValidationRules": [
+                    {"expression": "!user.username.startsWith('system:')",
+                     "message": "username cannot used reserved system: prefix"},
+                    {"expression": "user.groups.all(group, !group.startsWith('system:'))",
+                     "message": "groups cannot used reserved system: prefix"}],
             },
             {
                 "issuer": {"url": hung, "audiences": [AUDIENCE], "certificateAuthority": ca_pem},
                 "claimMappings": {"username": {"claim": "sub", "prefix": "hung:"}},
+            },
+            {
+                "issuer": {"url": down, "audiences": [AUDIENCE], "certificateAuthority": ca_pem},
+                "claimMappings": {"username": {"claim": "sub", "prefix": "down:"}},
             },
         ],
     }
@@ -102,15 +121,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     hang.bind(("127.0.0.1", 0))
     hang.listen(64)  # connections complete in the backlog; nothing ever answers on them
     hung = f"https://127.0.0.1:{hang.getsockname()[1]}"
-    with hang, served_provider(tmp / "one", ca) as one, served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
-        auth = _authentication_config(tmp / "authentication.json", one, two, hung, ca_pem)
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))  # bound and never listening: every connection is refused
+    down = f"https://127.0.0.1:{gone.getsockname()[1]}"
+    with hang, gone, served_provider(tmp / "one", ca) as one, \
+            served_provider(tmp / "two", ca, max_age=SHORT_LIFE) as two:
+        auth = _authentication_config(tmp / "authentication.json", one, two, hung, down, ca_pem)
         data = tmp / "data"
         ini = gateway_ini(tmp / "gateway.ini", data, rbac="true", rbac_source_file=str(grants), rbac_interval="1s",
                           authentication_config=str(auth), superuser_groups="platform-admins")
         with FakeAPIServer(token=SA_TOKEN) as api, served_gateway(data, args=["--config", str(ini)]) as gw:
             register_cluster(gw, VIEWED, server_url=api.url, ca_pem=api.ca_pem)
             register_cluster(gw, OTHER, server_url=api.url, ca_pem=api.ca_pem)
-            yield World(gw, api, one, two, hung)
+            yield World(gw, api, one, two, hung, down, grants, ca)
             output = gw.server.output()
     assert "eyJ" not in output  # no token (a JWT starts so) in any log line
 
@@ -178,9 +201,11 @@ def test_the_superuser_group_makes_a_superuser(world: World) -> None:
 
 def test_client_impersonation_is_refused_for_a_provider_user(world: World) -> None:
     token = _token(world.one, "erin", groups=["dev"])
-    status, _ = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token,
-                              headers={"Impersonate-User": "one:root"})
-    assert status in (400, 403)
+    status, raw = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token,
+                                headers={"Impersonate-User": "one:root"})
+    assert status == 403, raw
+    assert _message(raw) == "the Impersonate-User header is not allowed through the gateway"
+    assert not [r for r in world.api.requests.snapshot() if "one:root" in r.headers.values()]  # never upstream
 
 
 def test_alg_none_is_refused(world: World) -> None:
@@ -236,16 +261,25 @@ def test_an_unknown_issuer_is_named(world: World) -> None:
 
 
 @pytest.mark.parametrize("sub", ["system:admin", "system:serviceaccount:kube-system:default"])
-def test_system_user_names_are_refused(world: World, sub: str) -> None:
+def test_system_user_names_are_refused_by_the_issuers_rules(world: World, sub: str) -> None:
     status, raw = _whoami(world, _token(world.two, sub))
     assert status == 401
-    assert "reserved system: prefix" in _message(raw)
+    assert _message(raw) == "user validation rule failed: username cannot used reserved system: prefix"
 
 
-def test_system_groups_are_refused(world: World) -> None:
-    status, raw = _whoami(world, _token(world.two, "henry", groups=["system:masters"]))
+def test_system_groups_are_refused_by_the_issuers_rules(world: World) -> None:
+    status, raw = _whoami(world, _token(world.two, "henry", groups=["dev", "system:nodes"]))
     assert status == 401
-    assert "group 'system:masters' uses the reserved system: prefix" in _message(raw)
+    assert _message(raw) == "user validation rule failed: groups cannot used reserved system: prefix"
+
+
+def test_system_masters_from_a_provider_is_refused_whatever_the_rules(world: World) -> None:
+    # ONE has no system: rule (kube-apiserver would take the group): the gateway never does.
+    token = _token(world.one, "ivy", groups=["dev", "system:masters"])
+    status, raw = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token)
+    assert status == 401, raw
+    assert _message(raw).startswith("group system:masters is never accepted from an identity provider")
+    assert not [r for r in world.api.requests.snapshot() if "system:masters" in r.headers.getlist("Impersonate-Group")]
 
 
 def test_claim_and_user_rules_are_enforced(world: World) -> None:
@@ -301,6 +335,67 @@ def test_a_group_holds_cluster_permissions_granted_through_the_api(world: World)
                                             token=token)[0] == 404, timeout=30, step=0.2)
 
 
+def test_a_subscription_grant_to_a_provider_group_is_bound_on_the_cluster_for_its_members_only(
+    world: World,
+) -> None:
+    # A cluster of its own whose fake enforces RBAC from the bindings the subscription writes.
+    cluster, pods = "BCS-K8S-OIDC3", "/api/v1/namespaces/default/pods"
+    before = world.grants.read_text()
+    with FakeAPIServer(token=SA_TOKEN) as api:
+        api.authorize(rbac_authorizer(api))
+        api.create("pods", {"metadata": {"name": "web", "namespace": "default"},
+                            "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+        register_cluster(world.gw, cluster, server_url=api.url, ca_pem=api.ca_pem)
+        member = _token(world.one, "sven", groups=["sre"])
+        outsider = _token(world.one, "tess", groups=["qa"])
+        grants = json.loads(before)["grants"] + [
+            {"group": "sre", "cluster": cluster, "namespace": "default", "role": "view"}]
+        world.grants.write_text(json.dumps({"version": 1, "grants": grants}))
+        qa = f"/rest/clusters/{cluster}/group_permissions/qa"
+        try:
+            # The gateway's background subscription writes the binding to the cluster.
+            assert wait_until(lambda: any(b["metadata"]["name"] == "bcs:group:sre:view" for b in api.bindings),
+                              timeout=60, step=0.2)
+            binding = api.store.get("rolebindings", "default", "bcs:group:sre:view")
+            assert binding["subjects"] == [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                            "name": "sre"}]
+            tunnel = f"/tunnels/clusters/{cluster}{pods}"
+            assert wait_until(lambda: world.gw.call("GET", tunnel, token=member)[0] == 200, timeout=30, step=0.2)
+            status, raw = world.gw.call("GET", tunnel, token=member)
+            assert status == 200, raw
+            assert [p["metadata"]["name"] for p in json.loads(raw)["items"]] == ["web"]
+            seen = api.requests.last(pods, "GET")
+            assert seen is not None and seen.headers.get("Impersonate-User") == "one:sven"
+            assert seen.headers.getlist("Impersonate-Group") == ["system:authenticated", "sre"]
+            # view in "default" only: the cluster's RBAC refuses the rest.
+            status, raw = world.gw.call("POST", tunnel, token=member, body={
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "evil", "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+            assert status == 403 and json.loads(raw)["kind"] == "Status", raw
+            status, _ = world.gw.call("GET", f"/tunnels/clusters/{cluster}/api/v1/namespaces/kube-system/pods",
+                                      token=member)
+            assert status == 403
+
+            # Outside the group: the gateway shows no such cluster…
+            assert world.gw.call("GET", tunnel, token=outsider)[0] == 404
+            # …and let through by a gateway permission of their own group, the cluster says no.
+            assert world.gw.call("PUT", qa, body={"permission": "view"})[0] == 201
+            # (cluster permissions are cached per worker for cluster_cache_ttl: poll until each has seen it)
+            answers: list[tuple[int, bytes]] = []
+            assert wait_until(lambda: answers.append(world.gw.call("GET", tunnel, token=outsider))
+                              or answers[-1][0] != 404, timeout=30, step=0.2)
+            assert wait_until(lambda: answers.append(world.gw.call("GET", tunnel, token=outsider))
+                              or all(s != 404 for s, _ in answers[-4:]), timeout=30, step=0.2)
+            assert {status for status, _ in answers[-4:]} == {403}, answers[-4:]
+            assert json.loads(answers[-1][1])["reason"] == "Forbidden"
+            seen = api.requests.last(pods, "GET")
+            assert seen is not None and seen.headers.getlist("Impersonate-Group") == ["system:authenticated", "qa"]
+        finally:
+            world.gw.call("DELETE", qa)
+            world.grants.write_text(before)
+            world.gw.call("DELETE", f"/rest/clusters/{cluster}")
+
+
 @pytest.mark.parametrize("group", ["system:authenticated", "system:masters"])
 def test_system_groups_cannot_be_granted(world: World, group: str) -> None:
     status, raw = world.gw.call("PUT", f"/rest/clusters/{OTHER}/group_permissions/{group}",
@@ -352,9 +447,102 @@ def test_a_provider_that_hangs_never_holds_up_another_issuers_tokens(world: Worl
             thread.join(60)
     assert len(answers) == 4
     for status, raw, took in answers:
-        assert status == 503, raw
-        assert f"issuer {world.hung}" in _message(raw) and "timed out" in _message(raw)
+        # oidc.go: a JWT authenticator that cannot verify (its provider unreachable) is an
+        # authentication error, so kube-apiserver answers 401; the message says why.
+        assert status == 401, raw
+        assert f"cannot verify the token now: issuer {world.hung}: fetching the discovery document timed out" \
+            in _message(raw)
         assert took < 30
+
+
+def test_kubectl_says_that_a_provider_that_is_down_cannot_be_reached(world: World, tmp_path: Path) -> None:
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = jwt.encode(_claims(world, iss=world.down), attacker, algorithm="RS256")
+    kubeconfig = write_kubeconfig(tmp_path / "down.kubeconfig", server=f"{world.gw.url}/tunnels/clusters/{VIEWED}",
+                                  token=token, ca_file=world.gw.ca_file)
+    started = time.monotonic()
+    got = kubectl("get", "pods", "-n", "default", kubeconfig=kubeconfig)
+    assert got.returncode == 1
+    # kubectl's discovery drops a 401 Status's message; it prints the Warning header carrying it.
+    assert f'Warning: cannot verify the token now: issuer {world.down}: fetching the discovery document failed' \
+        in got.stderr, got.stderr
+    assert "(the identity provider cannot be reached: your sign-in may be fine, try again shortly)" in got.stderr
+    assert "error: You must be logged in to the server" in got.stderr
+    assert time.monotonic() - started < 20  # refused connections fail at once; no hang
+    assert token not in got.stderr
+    # Another issuer's tokens work all the while.
+    assert _whoami(world, _token(world.one, "uma", groups=["dev"]))[0] == 200
+
+
+@contextmanager
+def _claim_source(ca: trustme.CA, answer: str, access_token: str) -> Iterator[tuple[str, list[str]]]:
+    """An HTTPS endpoint on loopback answering ``answer`` to a GET bearing ``access_token``; yields its URL
+    and the Authorization headers it received."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.headers.get("Authorization") == f"Bearer {access_token}"
+            body = answer.encode() if ok else b"no"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "application/jwt")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/groups", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_a_distributed_groups_claim_is_fetched_verified_and_mapped(world: World) -> None:
+    # The groups live at a claim source (OpenID Connect Core §5.6.2); its answer is a JWT of ONE's.
+    answer = _token(world.one, "wes", groups=["dist-team", "dev"])
+    with _claim_source(world.ca, answer, "source-token-1") as (url, seen):
+        token = _token(world.one, "wes", _claim_names={"groups": "src1"},
+                       _claim_sources={"src1": {"endpoint": url, "access_token": "source-token-1"}})
+        me = world.gw.json("GET", "/rest/whoami", token=token)
+        assert me["user_name"] == "one:wes" and me["groups"] == ["dist-team", "dev"]
+        assert seen == ["Bearer source-token-1"]
+        status, raw = world.gw.call("GET", f"/tunnels/clusters/{VIEWED}/api/v1/namespaces", token=token)
+        assert status == 200, raw  # "dev" came from the source: the subscription's group grant applies
+        # A wrong access token: the source refuses, and so is the token (never without its groups).
+        refused = _token(world.one, "wes", _claim_names={"groups": "src1"},
+                         _claim_sources={"src1": {"endpoint": url, "access_token": "wrong"}})
+        status, raw = _whoami(world, refused)
+        assert status == 401
+        assert _message(raw) == ("could not expand distributed claims: groups claim source at 127.0.0.1 "
+                                 "answered HTTP 401")
+    # A source answering a token it signed itself: not an issuer's, refused.
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    forged = jwt.encode(_claims(world, groups=["platform-admins"]), attacker, algorithm="RS256",
+                        headers={"kid": world.one.jwks()["keys"][0]["kid"]})
+    with _claim_source(world.ca, forged, "t") as (url, _):
+        token = _token(world.one, "xan", _claim_names={"groups": "src1"},
+                       _claim_sources={"src1": {"endpoint": url, "access_token": "t"}})
+        status, raw = _whoami(world, token)
+        assert status == 401
+        assert _message(raw) == ("could not expand distributed claims: "
+                                 "token signature does not verify with the issuer's keys")
+    # Plain http never carries an access token.
+    token = _token(world.one, "yara", _claim_names={"groups": "src1"},
+                   _claim_sources={"src1": {"endpoint": "http://127.0.0.1:9/groups", "access_token": "t"}})
+    status, raw = _whoami(world, token)
+    assert status == 401
+    assert _message(raw) == "could not expand distributed claims: the groups claim source is not an https URL"
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
