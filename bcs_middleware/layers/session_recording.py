@@ -12,10 +12,16 @@ write (:mod:`bcs_middleware.recording.recorder`). Every transport the proxy spli
 recorded the same way: WebSocket ``v4``/``v5.channel.k8s.io`` and SPDY/3.1, to an apiserver
 reached directly or through an agent tunnel.
 
+A session that is not recorded (policy ``off``, or ``on`` when the recording could not be
+created) is still described for its audit event: the layer reads the exit status off the
+error channel as the stream passes (:mod:`bcs_middleware.recording.exit_status`) and keeps
+nothing else of it — stdin is never stored. The gateway puts the layer in front of the proxy
+whenever a cluster records or sessions are audited.
+
 Reads ``bcs.facts`` (the upgrade, the exec/attach classification), ``bcs.user``,
 ``bcs.cluster``, ``bcs.upstream`` (the connect options sent). Sets ``bcs.session`` (the
-session as it ended, with its recording id and exit status) when the stream closes, for the
-audit layer.
+session as it ended, with its recording id — none when unrecorded — and exit status) when the
+stream closes, for the audit layer.
 """
 
 from __future__ import annotations
