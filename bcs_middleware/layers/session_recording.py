@@ -243,6 +243,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         recording_dir = recordings         ; relative: in data_dir
         recording_max_age = 720h
         recording_max_size = 10GiB
+        recording_max_size_per_user = 1GiB ; one user's share, applied first
 
         [pipeline:main]
         pipeline = request_context token_auth cluster_routing session_recording upstream
