@@ -77,3 +77,24 @@ def test_the_audit_filter_checks_its_export_settings(tmp_path: Path) -> None:
         filter_factory({}, log="-", audit_syslog_server_name="siem")
     with pytest.raises(ConfigError, match="needs data_dir"):
         filter_factory({}, audit_syslog_url="tcp://127.0.0.1:6514")
+
+
+def test_under_the_gateways_hooks_a_left_spool_is_sent_before_any_request(tmp_path: Path) -> None:
+    """Events spooled while the receiver was down are sent by the next server's worker as it
+    starts (``post_worker_init``: ``examples/gunicorn.conf.py``), with no request to wake it."""
+    with webhook_receiver() as receiver:
+        ini = _pipeline(tmp_path, receiver.kubeconfig(tmp_path / "siem.kubeconfig"))
+        env = {"PYTHONPATH": str(tmp_path)}
+        receiver.down()
+        with gunicorn(str(ini), workers=1, env=env) as server:
+            for number in range(2):
+                http_get(f"http://127.0.0.1:{server.port}/tunnels/clusters/C/api/v1/pods?seq={number}")
+        assert receiver.received() == []
+        receiver.up()
+        conf = Path(__file__).resolve().parents[3] / "examples" / "gunicorn.conf.py"
+        hooked = {**env, "BCS_DATA_DIR": str(tmp_path / "data"), "BCS_INSECURE_HTTP": "1", "BCS_WORKERS": "1"}
+        with gunicorn(str(ini), workers=1, env=hooked, extra=["-c", str(conf)]):
+            events = wait_for(lambda: (got := receiver.received()) and len(got) >= 4 and got, 60,
+                              "the spooled events at the receiver, with no request")
+    assert [(e["requestURI"].rsplit("seq=", 1)[1], e["stage"]) for e in events] == [
+        (str(n), stage) for n in range(2) for stage in ("RequestReceived", "ResponseComplete")]
