@@ -68,6 +68,9 @@ def recording_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
         ("record_clusters", args.record_cluster and serve_config.flag_value("record_cluster", args.record_cluster)),
         ("recording_store", args.recording_store), ("recording_dir", args.recording_dir),
         ("recording_max_age", args.recording_max_age), ("recording_max_size", args.recording_max_size),
+        ("recording_max_size_per_user", args.recording_max_size_per_user),
+        ("recording_retention_interval", args.recording_retention_interval),
+        ("recording_heartbeat_timeout", args.recording_heartbeat_timeout),
     )
 
 

@@ -191,6 +191,15 @@ def _add_recording_flags(serve: argparse.ArgumentParser) -> None:
                        help="delete recordings older than this (default 720h; 0: keep)")
     serve.add_argument("--recording-max-size", metavar="SIZE",
                        help="delete the oldest recordings beyond this total (default 10GiB; 0: no bound)")
+    serve.add_argument("--recording-max-size-per-user", metavar="SIZE",
+                       help="a user over this loses their own oldest recordings first, so no user's sessions "
+                            "evict another's (default: a tenth of --recording-max-size; 0: no bound)")
+    serve.add_argument("--recording-retention-interval", metavar="DURATION",
+                       help="how often each worker applies retention and ends sessions whose writer is gone "
+                            "(default 10m)")
+    serve.add_argument("--recording-heartbeat-timeout", metavar="DURATION",
+                       help="a session whose writer gave no heartbeat this long is ended as interrupted "
+                            "(default 5m; a writer on this host that is gone is seen at once)")
 
 
 def _add_operation_flags(serve: argparse.ArgumentParser) -> None:

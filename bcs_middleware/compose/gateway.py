@@ -200,8 +200,9 @@ def _recordings(config: GatewayConfig, store: SQLStore) -> RecordingStore:
 
 
 def _session_recording(config: GatewayConfig, recordings: RecordingStore, proxy: Any) -> Any:
-    """The proxy behind the session recording layer when any cluster's policy records (else the proxy)."""
-    if not config.recording.enabled:
+    """The proxy behind the session recording layer when any cluster's policy records, or when
+    sessions are audited (the layer reads an unrecorded session's exit status); else the proxy."""
+    if not config.recording.enabled and not (config.audit.log or config.audit.exports):
         return proxy
     from ..layers.session_recording import SessionRecordingMiddleware
     from ..recording.recorder import SessionRecorder

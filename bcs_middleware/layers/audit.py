@@ -58,6 +58,10 @@ from ..audit.events import (
     request_uri,
     session_annotations,
 )
+from ..audit.export.exporter import Exporter
+from ..audit.export.settings import OPTIONS as EXPORT_OPTIONS
+from ..audit.export.settings import AuditExportSettings
+from ..audit.export.settings import settings_from_options as export_settings
 from ..audit.policy import DEFAULT_POLICY, Attributes, Policy, load_policy
 from ..audit.sink import AuditSink
 from ..core import converters as conv
@@ -65,6 +69,7 @@ from ..core import environ as env
 from ..core import facts as request_facts
 from ..core.errors import BCSError, ConfigError
 from ..core.requestinfo import RequestInfo
+from ..core.worker_start import at_worker_start
 from ..recording.catalog import SessionInfo
 from .session_recording import session_of
 
@@ -312,6 +317,7 @@ _OPTIONS: dict[str, conv.Converter] = {
     "log": conv.text,
     "policy_file": conv.text,
     "data_dir": conv.text,
+    **EXPORT_OPTIONS,
 }
 
 
@@ -323,26 +329,61 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     directory), as the gateway's other files are. ``policy_file`` is an
     ``audit.k8s.io/v1`` Policy (default: every request at ``Metadata``). Put it in
     front of ``token_auth`` (or of the whole ``gateway`` app, see
-    ``examples/audited_gateway.ini``) so that refused requests are audited too::
+    ``examples/audited_gateway.ini``) so that refused requests are audited too.
+
+    The export keys are the gateway's (``serve --audit-webhook-*``, ``--audit-syslog-*``,
+    ``--audit-spool-*``; :mod:`bcs_middleware.audit.export.settings`), with the same
+    meaning: relative paths and the spools (``audit-spool``) are in ``data_dir``. Each
+    worker starts its exporters when it is initialised under the gateway's gunicorn hooks
+    (``examples/gunicorn.conf.py``), else with its first audited request; ``log`` may then
+    be left out::
 
         [filter:audit]
         use = egg:bcs-middleware#audit
+        get data_dir = data_dir
         log = /var/log/bcs/audit.jsonl
         policy_file = /etc/bcs/audit-policy.yaml
+        audit_webhook_config_file = /etc/bcs/siem.kubeconfig
+        audit_syslog_url = tls://siem.example.com:6514
+        audit_spool_max_size = 1GiB
 
         [pipeline:main]
         pipeline = audit token_auth cluster_routing upstream
     """
-    opts = conv.convert_options("filter:audit", local_conf, _OPTIONS)
-    if not opts.get("log"):
-        raise ConfigError("[filter:audit] needs log (a file path, or - for standard output)")
+    section = "filter:audit"
+    opts = conv.convert_options(section, local_conf, _OPTIONS)
+    data_dir = Path(opts["data_dir"]) if opts.get("data_dir") else None
+    export = export_settings({k: v for k, v in opts.items() if k in EXPORT_OPTIONS}, section=section,
+                             base=data_dir)
+    if not opts.get("log") and not export.enabled:
+        raise ConfigError(f"[{section}] needs log (a file path, or - for standard output) or an export "
+                          "(audit_webhook_config_file, audit_syslog_url)")
     policy = load_policy(opts["policy_file"]) if opts.get("policy_file") else DEFAULT_POLICY
-    log_path = opts["log"]
-    if log_path not in ("-", "stdout") and opts.get("data_dir"):
-        log_path = str(Path(opts["data_dir"]) / log_path)  # an absolute log stays as it is
-    sink = AuditSink.open(log_path)
+    log_path = opts.get("log")
+    if log_path and log_path not in ("-", "stdout") and data_dir is not None:
+        log_path = str(data_dir / log_path)  # an absolute log stays as it is
+    sink = AuditSink.open(log_path or None, exporters=_exporters(export, data_dir, section))
+    if sink.exporters:
+        # Spools left by an earlier worker are sent from the start, not from the first request.
+        at_worker_start(sink.start)
 
     def make(app: Any) -> AuditMiddleware:
         return AuditMiddleware(app, sink=sink, policy=policy)
 
     return make
+
+
+def _exporters(export: AuditExportSettings, data_dir: Path | None, section: str) -> list[Exporter]:
+    """The export backends, calling out through a transport of their own (the gateway's
+    outbound defaults: timeouts, TLS verified; the webhook's kubeconfig says what to trust)."""
+    if not export.enabled:
+        return []
+    from ..audit.export.assemble import build_exporters
+    from ..outbound.addresses import AddressPolicy
+    from ..outbound.transport import PooledTransport
+
+    if data_dir is None and export.spool_dir is None:
+        raise ConfigError(f"[{section}] audit export needs data_dir (or audit_spool_dir) for its spool")
+    policy = AddressPolicy()
+    return build_exporters(export, data_dir=data_dir, transport=PooledTransport(address_policy=policy),
+                           address_policy=policy)

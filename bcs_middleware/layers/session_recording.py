@@ -12,15 +12,22 @@ write (:mod:`bcs_middleware.recording.recorder`). Every transport the proxy spli
 recorded the same way: WebSocket ``v4``/``v5.channel.k8s.io`` and SPDY/3.1, to an apiserver
 reached directly or through an agent tunnel.
 
+A session that is not recorded (policy ``off``, or ``on`` when the recording could not be
+created) is still described for its audit event: the layer reads the exit status off the
+error channel as the stream passes (:mod:`bcs_middleware.recording.exit_status`) and keeps
+nothing else of it — stdin is never stored. The gateway puts the layer in front of the proxy
+whenever a cluster records or sessions are audited.
+
 Reads ``bcs.facts`` (the upgrade, the exec/attach classification), ``bcs.user``,
 ``bcs.cluster``, ``bcs.upstream`` (the connect options sent). Sets ``bcs.session`` (the
-session as it ended, with its recording id and exit status) when the stream closes, for the
-audit layer.
+session as it ended, with its recording id — none when unrecorded — and exit status) when the
+stream closes, for the audit layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,9 +36,11 @@ from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
 from ..core.errors import ConfigError, ServiceUnavailable
+from ..core.worker_start import at_worker_start
 from ..recording import settings as recording_options
 from ..recording import websocket
 from ..recording.catalog import RecordingStore, RecordingUnavailable, SessionInfo, describe
+from ..recording.exit_status import ExitStatusTap
 from ..recording.recorder import Recording, SessionRecorder
 from ..recording.settings import RecordingSettings
 from ..telemetry import metrics
@@ -86,21 +95,62 @@ class _RecordedBody:
             self._on_close(self.result)
 
 
+class _Answer:
+    """The status and headers the app below started its response with."""
+
+    def __init__(self, start_response: Any) -> None:
+        self._start_response = start_response
+        self.code = 0
+        self.headers: list[tuple[str, str]] = []
+
+    def __call__(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        self.code, self.headers = int(status[:3]), headers
+        return self._start_response(status, headers, exc_info) if exc_info else self._start_response(status, headers)
+
+    def spliced(self, body: Any, transport: str) -> bool:
+        """The apiserver answered ``101`` with a stream whose framing the decoders read."""
+        if self.code != 101 or not hasattr(body, "tap"):
+            return False
+        return transport != "websocket" or websocket.records(_header(self.headers, "sec-websocket-protocol")
+                                                             or "channel.k8s.io")
+
+
+def _start_if_alive(ref: weakref.ref[SessionRecorder]) -> Callable[[], None]:
+    # Weakly: an application built and dropped (a test, a check) leaves nothing to start behind.
+    def start() -> None:
+        recorder = ref()
+        if recorder is not None:
+            recorder.start()
+
+    return start
+
+
 class SessionRecordingMiddleware:
     """Record exec/attach sessions per the recording policy of their cluster.
+
+    A session that is not recorded (policy ``off``, or ``on`` with a recording that could not
+    be created) still gets its record in ``bcs.session`` when ``observe_unrecorded``: the exit
+    status is read from the error channel as it passes (:class:`~bcs_middleware.recording.
+    exit_status.ExitStatusTap`), nothing else of the stream is kept.
 
     :param app: the proxy (the terminal app that answers upgrades with
         :class:`~bcs_middleware.apps.upgrade.UpgradedStream`).
     :param recorder: the policy, the store and the writer.
+    :param observe_unrecorded: read unrecorded sessions' exit status for the audit event.
 
     Example (the gateway composition builds it from ``record*`` settings)::
 
         SessionRecordingMiddleware(proxy, recorder=SessionRecorder(DirectoryStore(path), settings))
     """
 
-    def __init__(self, app: Any, *, recorder: SessionRecorder) -> None:
+    def __init__(self, app: Any, *, recorder: SessionRecorder, observe_unrecorded: bool = True) -> None:
         self.app = app
         self.recorder = recorder
+        self.observe_unrecorded = observe_unrecorded
+        if recorder.settings.enabled:
+            # The writer (and with it retention and the end of sessions a dead worker left
+            # "recording") runs from the worker's start, not from its first recorded session.
+            at_worker_start(_start_if_alive(weakref.ref(recorder)))
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         started_at = datetime.now(UTC)
@@ -109,7 +159,7 @@ class SessionRecordingMiddleware:
             return self.app(environ, start_response)
         mode = self.recorder.mode_for(session.cluster_id)
         if mode == "off":
-            return self.app(environ, start_response)
+            return self._unrecorded(environ, start_response, session.ended(status="off"))
         try:
             recording = self.recorder.begin(session, mode)
         except RecordingUnavailable:
@@ -121,29 +171,46 @@ class SessionRecordingMiddleware:
                     "written; try again later or ask the gateway's operator", code_name="RECORDING_UNAVAILABLE",
                 )(environ, start_response)
             metrics.RECORDINGS.labels("unrecorded").inc()
-            environ[env.SESSION] = session.ended(status="failed", failure="the recording could not be created")
-            return self.app(environ, start_response)
-        answer: dict[str, Any] = {}
-
-        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            answer["code"], answer["headers"] = int(status[:3]), headers
-            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
-
+            return self._unrecorded(environ, start_response,
+                                    session.ended(status="failed", failure="the recording could not be created"))
+        answer = _Answer(start_response)
         try:
-            body = self.app(environ, _start_response)
+            body = self.app(environ, answer)
         except BaseException:
             self._finish(environ, recording, None, "refused")
             raise
-        if answer.get("code") != 101 or not hasattr(body, "tap"):
+        if answer.code != 101 or not hasattr(body, "tap"):
             self._finish(environ, recording, None, "refused")
             return body
-        if session.transport == "websocket":
-            subprotocol = _header(answer["headers"], "sec-websocket-protocol")
-            if not websocket.records(subprotocol or "channel.k8s.io"):
-                recording.fail("write", "the negotiated subprotocol is not one the recorder decodes")
+        if not answer.spliced(body, session.transport):
+            recording.fail("write", "the negotiated subprotocol is not one the recorder decodes")
         recording.start(session.transport, body.upstream_first)
         body.tap = recording
         return _RecordedBody(body, lambda result: self._finish(environ, recording, result, None))
+
+    def _unrecorded(self, environ: dict[str, Any], start_response: Any, session: SessionInfo) -> Iterable[bytes]:
+        """A session not recorded: its record (exit status from the error channel) for the audit event."""
+        if session.status != "off":
+            environ[env.SESSION] = session  # what became of the recording, whatever the answer
+        if not self.observe_unrecorded:
+            return self.app(environ, start_response)
+        answer = _Answer(start_response)
+        body = self.app(environ, answer)
+        if not answer.spliced(body, session.transport):
+            return body
+        tap = ExitStatusTap(session.transport)
+        if body.upstream_first:
+            tap.observe(False, body.upstream_first)
+        body.tap = tap
+
+        def ended(result: Any) -> None:
+            summary = session.ended(ended_at=datetime.now(UTC), exit_code=tap.exit_code)
+            if result is not None:
+                summary = summary.ended(bytes_to_upstream=result.to_upstream, bytes_to_client=result.to_client,
+                                        extra={"ended_by": result.ended_by})
+            environ[env.SESSION] = summary
+
+        return _RecordedBody(body, ended)
 
     def _finish(self, environ: dict[str, Any], recording: Recording, result: Any, status: str | None) -> None:
         # The recording's own description (its id, stdin setting) with how the session ended.
@@ -152,8 +219,6 @@ class SessionRecordingMiddleware:
             summary = summary.ended(bytes_to_upstream=result.to_upstream, bytes_to_client=result.to_client,
                                     extra={"ended_by": result.ended_by})
         environ[env.SESSION] = self.recorder.finish(recording, summary)
-
-
 
 
 _OPTIONS: dict[str, conv.Converter] = {
@@ -178,6 +243,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
         recording_dir = recordings         ; relative: in data_dir
         recording_max_age = 720h
         recording_max_size = 10GiB
+        recording_max_size_per_user = 1GiB ; one user's share, applied first
 
         [pipeline:main]
         pipeline = request_context token_auth cluster_routing session_recording upstream

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..core.requestinfo import RequestInfo, parse_query
+from .retention import Retention
 
 __all__ = ["RecordingSink", "RecordingStore", "RecordingUnavailable", "SessionInfo", "SessionQuery", "describe"]
 
@@ -20,8 +21,13 @@ class RecordingUnavailable(Exception):
 class SessionInfo:
     """One exec/attach session and its recording.
 
-    ``status``: ``recording`` while it runs, ``complete``, or ``failed`` (``failure`` says why;
-    what was written before the failure stays readable).
+    ``status``: ``recording`` while it runs, ``complete``, ``failed`` (``failure`` says why;
+    what was written before the failure stays readable), or ``interrupted``: the process
+    writing it stopped (killed, crashed) before the session ended; what it wrote is kept and
+    ``ended_at`` is its last sign of life.
+
+    ``holder``: the writing process (:func:`~.liveness.process_identity`); ``heartbeat_at``: its
+    last sign of life while the session runs.
     """
 
     id: str
@@ -44,6 +50,8 @@ class SessionInfo:
     size: int = 0
     status: str = "recording"
     failure: str = ""
+    holder: str = ""
+    heartbeat_at: datetime | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def ended(self, **changes: Any) -> SessionInfo:
@@ -53,7 +61,7 @@ class SessionInfo:
         doc = asdict(self)
         doc["groups"] = list(self.groups)
         doc["command"] = list(self.command)
-        for key in ("started_at", "ended_at"):
+        for key in ("started_at", "ended_at", "heartbeat_at"):
             value = getattr(self, key)
             doc[key] = value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
         doc.pop("extra")
@@ -64,7 +72,7 @@ class SessionInfo:
         values = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
         values["groups"] = tuple(values.get("groups") or ())
         values["command"] = tuple(values.get("command") or ())
-        for key in ("started_at", "ended_at"):
+        for key in ("started_at", "ended_at", "heartbeat_at"):
             if values.get(key):
                 values[key] = datetime.fromisoformat(str(values[key]).replace("Z", "+00:00"))
         return cls(**values)
@@ -112,8 +120,19 @@ class RecordingStore(Protocol):
     def read(self, session_id: str) -> Iterator[bytes]:
         """The asciicast file's bytes, in pieces."""
 
-    def prune(self, *, now: datetime, max_age: float | None, max_bytes: int | None) -> int:
-        """Delete finished recordings older than ``max_age`` and the oldest beyond ``max_bytes``; how many."""
+    def interrupt(self, info: SessionInfo) -> None:
+        """End a session whose writer is gone as ``info`` says (status ``interrupted``), keeping
+        what was written whole (a line the writer was cut in the middle of is dropped);
+        :class:`RecordingUnavailable` when it cannot be written."""
+
+    def in_progress(self) -> list[SessionInfo]:
+        """The sessions still marked ``recording``, with their size and last heartbeat."""
+
+    def heartbeat(self, session_ids: Sequence[str], now: datetime) -> None:
+        """The writer of these sessions is alive at ``now``."""
+
+    def prune(self, *, now: datetime, retention: Retention) -> int:
+        """Delete what :func:`~.retention.doomed` names (finished recordings only); how many."""
 
 
 _TRUE = ("true", "1")

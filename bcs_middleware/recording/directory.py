@@ -11,12 +11,13 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
-from datetime import datetime
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
 from .catalog import RecordingUnavailable, SessionInfo, SessionQuery
+from .retention import Retention, Stored, doomed
 
 __all__ = ["DirectoryStore"]
 
@@ -134,25 +135,58 @@ class DirectoryStore:
             except FileNotFoundError:
                 pass
 
-    def prune(self, *, now: datetime, max_age: float | None, max_bytes: int | None) -> int:
-        finished = sorted((i for i in self._all() if i.status != "recording"),
-                          key=lambda info: info.ended_at or info.started_at)
-        deleted = 0
-        if max_age is not None:
-            for info in list(finished):
-                if (now - (info.ended_at or info.started_at)).total_seconds() > max_age:
-                    self._delete(info.id)
-                    finished.remove(info)
-                    deleted += 1
-        if max_bytes is not None:
-            total = sum(self._size(info.id) for info in self._all())
-            for info in finished:
-                if total <= max_bytes:
-                    break
-                total -= self._size(info.id)
-                self._delete(info.id)
-                deleted += 1
-        return deleted
+    def in_progress(self) -> list[SessionInfo]:
+        """Sessions still marked ``recording``; the ``.cast`` file's modification time is the
+        last heartbeat (every write and every :meth:`heartbeat` sets it)."""
+        found = []
+        for info in self._all():
+            if info.status != "recording":
+                continue
+            try:
+                stat = self.cast_path(info.id).stat()
+            except OSError:
+                found.append(info)
+                continue
+            found.append(info.ended(size=stat.st_size,
+                                    heartbeat_at=datetime.fromtimestamp(stat.st_mtime, UTC)))
+        return found
+
+    def interrupt(self, info: SessionInfo) -> None:
+        path = self.cast_path(info.id)
+        try:
+            with open(path, "r+b") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                # asciicast v2 is one JSON value a line: a line cut short by the crash would
+                # stop a player, so the file ends at its last newline.
+                tail = min(size, 64 * 1024)
+                fh.seek(size - tail)
+                last = fh.read(tail).rfind(b"\n")
+                keep = size - tail + last + 1 if last >= 0 else (0 if tail == size else size)
+                if keep != size:
+                    fh.truncate(keep)
+                size = keep
+        except FileNotFoundError:
+            size = 0
+        except OSError as exc:
+            raise RecordingUnavailable(f"recording {info.id}: {_reason(exc)}") from None
+        self.describe(info.ended(size=size))
+
+    def heartbeat(self, session_ids: Sequence[str], now: datetime) -> None:
+        stamp = now.timestamp()
+        for session_id in session_ids:
+            try:
+                os.utime(self.cast_path(session_id), (stamp, stamp))
+            except OSError as exc:
+                log.warning("heartbeat of recording %s: %s", session_id, _reason(exc))
+
+    def prune(self, *, now: datetime, retention: Retention) -> int:
+        stored = [Stored(info.id, info.user, self._size(info.id),
+                         None if info.status == "recording" else info.ended_at or info.started_at)
+                  for info in self._all()]
+        ids = doomed(stored, now=now, retention=retention)
+        for session_id in ids:
+            self._delete(session_id)
+        return len(ids)
 
     def _size(self, session_id: str) -> int:
         try:

@@ -29,6 +29,7 @@ from ..core.printable import escape
 from ..telemetry import metrics
 from .cast import CastEncoder, Item
 from .catalog import RecordingSink, RecordingStore, RecordingUnavailable, SessionInfo
+from .liveness import holder_gone, process_identity
 from .settings import Mode, RecordingSettings
 
 __all__ = ["PERIOD", "Recording", "SessionRecorder"]
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two passes of the writer.
 PERIOD = 0.02
-#: Seconds between two retention passes of a process.
-PRUNE_EVERY = 600.0
 
 
 class Recording:
@@ -180,7 +179,8 @@ class _Writer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     wake: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
-    last_prune: float = 0.0
+    last_pass: float | None = None
+    last_heartbeat: float | None = None
 
 
 class SessionRecorder:
@@ -204,7 +204,7 @@ class SessionRecorder:
 
     def begin(self, info: SessionInfo, mode: Mode) -> Recording:
         """Create the session's recording in the store; :class:`RecordingUnavailable` when it cannot be."""
-        info = info.ended(id=uuid.uuid4().hex, stdin_recorded=self.settings.stdin)
+        info = info.ended(id=uuid.uuid4().hex, stdin_recorded=self.settings.stdin, holder=process_identity())
         try:
             sink = self.store.create(info)
         except RecordingUnavailable:
@@ -216,10 +216,17 @@ class SessionRecorder:
         writer = self._writer.get()
         with writer.lock:
             writer.active.add(recording)
+        self.start()
+        return recording
+
+    def start(self) -> None:
+        """Run this process's writer (idempotent): it writes the sessions, beats their hearts,
+        and applies retention at once and every ``retention_interval`` (:meth:`maintain`)."""
+        writer = self._writer.get()
+        with writer.lock:
             if writer.thread is None or not writer.thread.is_alive():
                 writer.thread = threading.Thread(target=self._run, args=(writer,), name="bcs-recorder", daemon=True)
                 writer.thread.start()
-        return recording
 
     def finish(self, recording: Recording, summary: SessionInfo) -> SessionInfo:
         """End the recording and wait (at most ``stall_timeout``) until the writer has closed it."""
@@ -240,9 +247,20 @@ class SessionRecorder:
             for recording in active:
                 self._serve(writer, recording)
             now = self._clock()
-            if now - writer.last_prune >= PRUNE_EVERY:
-                writer.last_prune = now
-                self.prune()
+            if writer.last_heartbeat is None or now - writer.last_heartbeat >= self.settings.heartbeat_every:
+                writer.last_heartbeat = now
+                self._heartbeat([r.info.id for r in active if not r.ending])
+            if writer.last_pass is None or now - writer.last_pass >= self.settings.retention_interval:
+                writer.last_pass = now
+                self.maintain()
+
+    def _heartbeat(self, session_ids: list[str]) -> None:
+        if not session_ids:
+            return
+        try:
+            self.store.heartbeat(session_ids, datetime.now(UTC))
+        except Exception as exc:  # the writer goes on: a missed heartbeat is only a later one
+            log.warning("recording heartbeat failed: %s", type(exc).__name__)
 
     def _serve(self, writer: _Writer, recording: Recording) -> None:
         try:
@@ -260,11 +278,50 @@ class SessionRecorder:
                 writer.active.discard(recording)
             recording.done.set()
 
-    def prune(self) -> int:
-        """Apply retention now (the writer does every :data:`PRUNE_EVERY` seconds)."""
+    def maintain(self) -> tuple[int, int]:
+        """One pass (the writer's, every ``retention_interval``): end the sessions whose writer
+        is gone (:meth:`recover`), then apply retention (:meth:`prune`); how many of each."""
+        return self.recover(), self.prune()
+
+    def recover(self) -> int:
+        """End as ``interrupted`` each session still marked ``recording`` whose writer process is
+        gone (on this host) or silent for ``heartbeat_timeout`` (anywhere), what it wrote kept."""
+        now = datetime.now(UTC)
+        writer = self._writer.get()
+        with writer.lock:
+            mine = {r.info.id for r in writer.active}
         try:
-            deleted = self.store.prune(now=datetime.now(UTC), max_age=self.settings.max_age,
-                                       max_bytes=self.settings.max_bytes)
+            running = self.store.in_progress()
+        except Exception as exc:
+            log.warning("listing the recordings in progress failed: %s", type(exc).__name__)
+            return 0
+        ended = 0
+        for info in running:
+            if info.id in mine:
+                continue
+            last = info.heartbeat_at or info.started_at
+            gone = holder_gone(info.holder)
+            silent = (now - last).total_seconds() > self.settings.heartbeat_timeout
+            if not (gone or (gone is None and silent)):
+                continue
+            why = "its writer process is gone" if gone else \
+                f"its writer gave no sign of life for {self.settings.heartbeat_timeout:g}s"
+            try:
+                self.store.interrupt(info.ended(status="interrupted", ended_at=max(last, info.started_at),
+                                                failure=f"the session's recording was cut short: {why}"))
+            except RecordingUnavailable as exc:
+                log.warning("ending the interrupted recording %s failed: %s", info.id, exc)
+                continue
+            ended += 1
+            metrics.RECORDINGS.labels("interrupted").inc()
+            log.warning("recording %s of a session of %s on cluster %s was interrupted (%s): ended, what it "
+                        "wrote kept", info.id, escape(info.user), escape(info.cluster_id), why)
+        return ended
+
+    def prune(self) -> int:
+        """Apply retention now (:mod:`.retention`)."""
+        try:
+            deleted = self.store.prune(now=datetime.now(UTC), retention=self.settings.retention)
         except Exception as exc:
             log.warning("pruning recordings failed: %s", type(exc).__name__)
             return 0

@@ -11,6 +11,11 @@ ini keys (the gateway's ``[app:main]``; ``serve`` flags of the same names)::
     recording_dir = recordings            ; relative: in the data directory
     recording_max_age = 720h              ; retention by age (0: none)
     recording_max_size = 10GiB            ; retention by total size, oldest first (0: none)
+    recording_max_size_per_user =         ; one user's bound, applied first (default: a tenth
+                                          ; of recording_max_size; 0: none)
+    recording_retention_interval = 10m    ; how often each worker applies retention
+    recording_heartbeat_timeout = 5m      ; a session whose writer gave no sign of life this
+                                          ; long (or whose process is gone) is interrupted
     recording_buffer = 4MiB               ; bytes a session may hold while the store catches up
     recording_stall_timeout = 10s         ; a store that takes no bytes this long has failed
 
@@ -28,6 +33,7 @@ from typing import Any, Literal, cast
 
 from ..core import converters as conv
 from ..core.errors import ConfigError
+from .retention import Retention
 
 __all__ = ["ATTRIBUTES", "MODES", "OPTIONS", "Mode", "RecordingSettings"]
 
@@ -65,6 +71,9 @@ OPTIONS: dict[str, conv.Converter] = {
     "recording_dir": conv.text,
     "recording_max_age": conv.seconds,
     "recording_max_size": conv.size,
+    "recording_max_size_per_user": conv.size,
+    "recording_retention_interval": conv.seconds,
+    "recording_heartbeat_timeout": conv.seconds,
     "recording_buffer": conv.size,
     "recording_stall_timeout": conv.seconds,
 }
@@ -74,7 +83,13 @@ ATTRIBUTES: dict[str, str] = {
     "record": "mode", "record_clusters": "clusters", "record_stdin": "stdin", "recording_store": "store",
     "recording_dir": "directory", "recording_max_age": "max_age", "recording_max_size": "max_bytes",
     "recording_buffer": "buffer", "recording_stall_timeout": "stall_timeout",
+    "recording_max_size_per_user": "max_bytes_per_user", "recording_retention_interval": "retention_interval",
+    "recording_heartbeat_timeout": "heartbeat_timeout",
 }
+
+#: ``max_bytes_per_user`` when it is not set: this share of ``max_bytes``.
+PER_USER_SHARE = 10
+_PER_USER_DEFAULT = -1
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,14 @@ class RecordingSettings:
         the data directory).
     :param max_age: seconds a finished recording is kept (``None``: forever).
     :param max_bytes: the most all recordings may take; the oldest go first (``None``: no bound).
+    :param max_bytes_per_user: the most one user's recordings may take, applied before
+        ``max_bytes``: a user over it loses their own oldest recordings, so one user's sessions
+        never evict another's (``None``: no bound; unset: ``max_bytes`` / :data:`PER_USER_SHARE`).
+    :param retention_interval: seconds between two retention passes of a worker (one also runs
+        when the worker starts).
+    :param heartbeat_timeout: a session still marked ``recording`` whose writer process is gone,
+        or that gave no heartbeat for this many seconds (another host's writer), is ended as
+        ``interrupted`` by the next retention pass of any worker, what it wrote kept.
     :param buffer: bytes of one session held between the splice and the store.
     :param stall_timeout: seconds a full buffer may wait for the store before the recording fails.
     """
@@ -101,6 +124,27 @@ class RecordingSettings:
     max_bytes: int | None = 10 * 1024**3
     buffer: int = 4 * 1024 * 1024
     stall_timeout: float = 10.0
+    max_bytes_per_user: int | None = _PER_USER_DEFAULT
+    retention_interval: float = 600.0
+    heartbeat_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.max_bytes_per_user == _PER_USER_DEFAULT:
+            share = self.max_bytes // PER_USER_SHARE if self.max_bytes else None
+            object.__setattr__(self, "max_bytes_per_user", share)
+        if self.max_bytes and self.max_bytes_per_user and self.max_bytes_per_user > self.max_bytes:
+            raise ValueError("recording_max_size_per_user cannot be more than recording_max_size")
+        if self.retention_interval <= 0 or self.heartbeat_timeout <= 0:
+            raise ValueError("recording_retention_interval and recording_heartbeat_timeout must be positive")
+
+    @property
+    def retention(self) -> Retention:
+        return Retention(max_age=self.max_age, max_bytes=self.max_bytes, max_bytes_per_user=self.max_bytes_per_user)
+
+    @property
+    def heartbeat_every(self) -> float:
+        """Seconds between two heartbeats of a writer: a few within :attr:`heartbeat_timeout`."""
+        return min(self.heartbeat_timeout / 4, 60.0)
 
     def mode_for(self, cluster_id: str) -> Mode:
         return dict(self.clusters).get(cluster_id, self.mode)
@@ -134,7 +178,7 @@ class RecordingSettings:
         directory = settings.pop("directory", None)
         if directory:
             settings["directory"] = Path(directory)
-        for name in ("max_age", "max_bytes"):  # 0: no bound
+        for name in ("max_age", "max_bytes", "max_bytes_per_user"):  # 0: no bound
             if name in settings:
                 settings[name] = settings[name] or None
         if settings.get("buffer", 64 * 1024) < 64 * 1024:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -203,9 +204,12 @@ session_recordings = Table(
     Column("user_name", String(128), nullable=False, index=True),
     Column("started_at", DateTime(timezone=True), nullable=False, index=True),
     Column("ended_at", DateTime(timezone=True), nullable=True),
-    Column("status", String(16), nullable=False),
-    Column("size", Integer, nullable=False),
+    Column("status", String(16), nullable=False, index=True),
+    Column("size", BigInteger, nullable=False),
     Column("info", JSON, nullable=False),
+    # The writer's last sign of life while the session runs (an instance ends a session whose
+    # writer died: bcs_middleware.recording.recorder).
+    Column("heartbeat_at", DateTime(timezone=True), nullable=True),
 )
 
 session_recording_chunks = Table(

@@ -8,7 +8,8 @@ recording; any of them prunes (deleting is idempotent, so two pruning at once do
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,10 +17,13 @@ from sqlalchemy import delete, func, insert, select, update
 
 from ..core.errors import ServiceUnavailable
 from ..recording.catalog import RecordingUnavailable, SessionInfo, SessionQuery
+from ..recording.retention import Retention, Stored, doomed
 from . import models as m
 from .rows import Repository, aware
 
 __all__ = ["RecordingRepository"]
+
+log = logging.getLogger(__name__)
 
 _READ_CHUNKS = 16
 
@@ -111,26 +115,48 @@ class RecordingRepository(Repository):
                 yield bytes(row.data)
                 seq = row.seq
 
-    def prune(self, *, now: datetime, max_age: float | None, max_bytes: int | None) -> int:
+    def in_progress(self) -> list[SessionInfo]:
         t = m.session_recordings
         with self.db.connection() as conn:
-            finished = conn.execute(select(t.c.id, t.c.ended_at, t.c.started_at, t.c.size)
-                                    .where(t.c.status != "recording")
-                                    .order_by(func.coalesce(t.c.ended_at, t.c.started_at))).all()
-            total = int(conn.execute(select(func.coalesce(func.sum(t.c.size), 0))).scalar_one())
-        doomed: list[str] = []
-        for row in finished:
-            end = aware(row.ended_at or row.started_at)
-            assert end is not None
-            old = max_age is not None and (now - end).total_seconds() > max_age
-            big = max_bytes is not None and total > max_bytes
-            if old or big:
-                doomed.append(row.id)
-                total -= int(row.size)
-        for at in range(0, len(doomed), 500):
-            batch = doomed[at:at + 500]
+            rows = conn.execute(select(t).where(t.c.status == "recording")).all()
+        return [_info(row).ended(heartbeat_at=aware(row.heartbeat_at)) for row in rows]
+
+    def heartbeat(self, session_ids: Sequence[str], now: datetime) -> None:
+        if not session_ids:
+            return
+        t = m.session_recordings
+        try:
+            with self.db.transaction() as conn:
+                conn.execute(update(t).where(t.c.id.in_(list(session_ids)), t.c.status == "recording")
+                             .values(heartbeat_at=now))
+        except ServiceUnavailable:
+            log.warning("heartbeat of %d recordings: the database is unavailable", len(session_ids))
+
+    def interrupt(self, info: SessionInfo) -> None:
+        # Each chunk was written whole in its own transaction: nothing to trim.
+        t = m.session_recordings
+        try:
+            with self.db.transaction() as conn:
+                # Only a session still marked recording: a writer that was slow, not dead, may
+                # have closed it meanwhile, and its own description wins.
+                conn.execute(update(t).where(t.c.id == info.id, t.c.status == "recording").values(
+                    ended_at=info.ended_at, status=info.status, size=info.size, info=info.as_json()))
+        except ServiceUnavailable:
+            raise RecordingUnavailable("recording store: the database is unavailable") from None
+
+    def prune(self, *, now: datetime, retention: Retention) -> int:
+        t = m.session_recordings
+        with self.db.connection() as conn:
+            rows = conn.execute(select(t.c.id, t.c.user_name, t.c.status, t.c.ended_at, t.c.started_at,
+                                       t.c.size)).all()
+        stored = [Stored(row.id, row.user_name, int(row.size),
+                         None if row.status == "recording" else aware(row.ended_at or row.started_at))
+                  for row in rows]
+        ids = doomed(stored, now=now, retention=retention)
+        for at in range(0, len(ids), 500):
+            batch = ids[at:at + 500]
             with self.db.transaction() as conn:
                 conn.execute(delete(m.session_recording_chunks).where(
                     m.session_recording_chunks.c.recording_id.in_(batch)))
                 conn.execute(delete(t).where(t.c.id.in_(batch)))
-        return len(doomed)
+        return len(ids)

@@ -84,7 +84,7 @@ UPGRADES = Counter(
 RECORDINGS = Counter(
     "bcs_session_recordings",
     "exec/attach sessions by what happened to their recording (recorded, failed, refused: "
-    "the policy required a recording that could not be written).",
+    "the policy required a recording that could not be written; interrupted: its writer died).",
     ["outcome"],
 )
 RECORDING_FAILURES = Counter(

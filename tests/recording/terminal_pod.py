@@ -178,12 +178,15 @@ class TerminalPod:
                         b"X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n")
         conn = spdy.over_socket(req.sock, req.rfile, req.wfile)
         streams: dict[str, int] = {}
-        wanted = {"error", "stdout"} | ({"stdin"} if _flag(seen, "stdin") else set())
+        wanted = {"error", "stdout"} | ({"stdin"} if _flag(seen, "stdin") else set()) \
+            | (set() if _flag(seen, "tty") else {"stderr"})
         session: _Session | None = None
 
         def end() -> None:
             conn.data(streams["error"], json.dumps(FAILURE).encode(), fin=True)
             conn.data(streams["stdout"], fin=True)
+            if "stderr" in streams:  # without a tty kubectl waits for stderr's end too
+                conn.data(streams["stderr"], fin=True)
 
         while (got := conn.read_frame()) is not None:
             if got.control and got.kind == spdy.SYN_STREAM:

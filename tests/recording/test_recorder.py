@@ -50,6 +50,12 @@ class StuckStore:
     def prune(self, **_: object) -> int:
         return 0
 
+    def in_progress(self) -> list[SessionInfo]:
+        return []
+
+    def heartbeat(self, *_: object) -> None:
+        pass
+
 
 def _session() -> SessionInfo:
     return SessionInfo(id="", cluster_id="c1", user="u", started_at=datetime.now(UTC), transport="websocket")

@@ -11,6 +11,7 @@ from cryptography.fernet import Fernet
 
 from bcs_middleware.recording.catalog import RecordingStore, SessionInfo, SessionQuery
 from bcs_middleware.recording.directory import DirectoryStore
+from bcs_middleware.recording.retention import Retention
 from bcs_middleware.store.crypto import SecretBox
 from bcs_middleware.store.database import Database
 from bcs_middleware.store.migrate import upgrade
@@ -77,11 +78,11 @@ def _retention(store: RecordingStore) -> None:
                 ended=now - timedelta(days=age))
     running = _info(4, started=now - timedelta(days=90))
     sink = store.create(running)  # still recording: never pruned
-    assert store.prune(now=now, max_age=30 * 86400.0, max_bytes=None) == 1
+    assert store.prune(now=now, retention=Retention(max_age=30 * 86400.0)) == 1
     assert sorted(s.id[-1] for s in store.sessions(SessionQuery())) == ["2", "3", "4"]
-    assert store.prune(now=now, max_age=None, max_bytes=1500) == 1  # the oldest goes first
+    assert store.prune(now=now, retention=Retention(max_bytes=1500)) == 1  # the oldest goes first
     assert sorted(s.id[-1] for s in store.sessions(SessionQuery())) == ["3", "4"]
-    assert store.prune(now=now, max_age=None, max_bytes=None) == 0
+    assert store.prune(now=now, retention=Retention()) == 0
     sink.close(running)  # described as it still is (a process that died mid-session leaves this)
 
 
@@ -96,3 +97,77 @@ def test_retention_in_a_directory(tmp_path: Path) -> None:
         f"{n:032x}.{ext}" for n in (3, 4) for ext in ("cast", "json"))
     assert oct((tmp_path / "recordings").stat().st_mode & 0o777) == "0o700"
     assert oct((tmp_path / "recordings" / f"{3:032x}.cast").stat().st_mode & 0o777) == "0o600"
+
+
+def _per_user_retention(store: RecordingStore) -> None:
+    """bob's flood of big sessions costs bob his own oldest recordings, never alice's."""
+    now = datetime.now(UTC)
+    _record(store, _info(1, user="alice", started=now - timedelta(hours=10)), ["a" * 1000],
+            ended=now - timedelta(hours=9))  # the oldest of all
+    for number in range(2, 8):
+        _record(store, _info(number, user="bob", started=now - timedelta(hours=9 - number)), ["b" * 3000],
+                ended=now - timedelta(hours=8 - number))
+    running = _info(8, user="bob", started=now - timedelta(minutes=5))
+    sink = store.create(running)
+    sink.write("b" * 9000)  # bob's session in progress, already over his bound alone
+    retention = Retention(max_bytes=10_000, max_bytes_per_user=5_000)
+    # bob loses every finished recording (his running one stays); alice keeps hers although it is the oldest.
+    assert store.prune(now=now, retention=retention) == 6
+    assert sorted(s.id[-1] for s in store.sessions(SessionQuery())) == ["1", "8"]
+    assert store.prune(now=now, retention=retention) == 0
+    sink.close(running.ended(status="complete", ended_at=now))
+    # Ended, bob's session is his alone again over his bound: it goes, alice's stays.
+    assert store.prune(now=now, retention=retention) == 1
+    assert [s.id[-1] for s in store.sessions(SessionQuery())] == ["1"]
+    # Without a per-user bound the oldest goes first, whoever's it is (the old behaviour).
+    _record(store, _info(9, user="bob"), ["b" * 9500])
+    assert store.prune(now=now + timedelta(hours=1), retention=Retention(max_bytes=10_000)) == 1
+    assert [s.id[-1] for s in store.sessions(SessionQuery())] == ["9"]
+
+
+def test_per_user_retention_in_the_database(repositories) -> None:  # type: ignore[no-untyped-def]
+    _per_user_retention(repositories[0])
+
+
+def test_per_user_retention_in_a_directory(tmp_path: Path) -> None:
+    _per_user_retention(DirectoryStore(tmp_path / "recordings"))
+
+
+def _interrupted(store: RecordingStore) -> None:
+    """A session left "recording" is listed in progress with its heartbeat; interrupting it ends
+    it with what was written (a torn last line dropped), and retention may then take it."""
+    info = _info(1)
+    sink = store.create(info)
+    sink.write('{"version": 2, "width": 80, "height": 24, "timestamp": 0}\n[0.5, "o", "hi"]\n')
+    beat = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=5)
+    store.heartbeat([info.id], beat)
+    [running] = store.in_progress()
+    assert running.id == info.id and running.heartbeat_at is not None
+    assert abs((running.heartbeat_at - beat).total_seconds()) < 1.0 and running.size > 0
+    store.interrupt(running.ended(status="interrupted", ended_at=running.heartbeat_at, failure="gone"))
+    assert store.in_progress() == []
+    found = store.get(info.id)
+    assert found is not None and found.status == "interrupted" and found.ended_at is not None
+    text = b"".join(store.read(info.id)).decode()
+    assert text.endswith('"hi"]\n') and found.size == len(text.encode())
+    assert store.prune(now=datetime.now(UTC) + timedelta(days=2), retention=Retention(max_age=86400.0)) == 1
+    sink.close(found)  # the file the dead writer held (the kernel closes it)
+
+
+def test_an_interrupted_session_in_the_database(repositories) -> None:  # type: ignore[no-untyped-def]
+    _interrupted(repositories[0])
+
+
+def test_an_interrupted_session_in_a_directory_loses_its_torn_line(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path / "recordings")
+    info = _info(2)
+    sink = store.create(info)
+    sink.write('{"version": 2, "width": 80, "height": 24, "timestamp": 0}\n[0.5, "o", "kept"]\n[0.7, "o", "cu')
+    [running] = store.in_progress()
+    store.interrupt(running.ended(status="interrupted", ended_at=running.heartbeat_at))
+    assert b"".join(store.read(info.id)).endswith(b'"kept"]\n')
+    sink.close(running.ended(status="interrupted"))
+
+
+def test_an_interrupted_session_in_a_directory(tmp_path: Path) -> None:
+    _interrupted(DirectoryStore(tmp_path / "recordings"))
