@@ -352,7 +352,17 @@ def _login_dispatch(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add the client subcommands to the ``bcs-middleware`` parser's subparsers."""
     common = _connection_options()
+    _register_users(sub, common)
+    _register_tokens(sub, common)
+    _register_clusters(sub, common)
+    sessions.register(sub, _leaf, _group, common)
+    _register_register_token(sub, common)
+    _register_webhooks(sub, common)
+    _register_kubeconfig_and_login(sub, common)
 
+
+def _register_users(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``users``: create, get, list, delete, promote, demote."""
     users = _group(sub, "users", "manage gateway users (superusers only)")
     p = _leaf(users, "create", users_create, "create a user", common)
     p.add_argument("name", help="the user name (letters, digits, '.', '_', '@', '-')")
@@ -367,6 +377,9 @@ def register(sub: Any) -> None:
     p = _leaf(users, "demote", _set_superuser(False), "make a superuser an ordinary user", common)
     p.add_argument("name", help="the user name")
 
+
+def _register_tokens(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``tokens``: create, list, revoke."""
     tokens = _group(sub, "tokens", "manage users' API tokens (superusers only)")
     p = _leaf(tokens, "create", tokens_create, "issue a token for a user; its value is shown this once", common)
     p.add_argument("user", help="the user name")
@@ -377,6 +390,9 @@ def register(sub: Any) -> None:
     p.add_argument("user", help="the user name")
     p.add_argument("token_id", type=int, help="the token's id (see tokens list)")
 
+
+def _register_clusters(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``clusters``: create, get, list, delete, and ``permissions`` list, set, remove."""
     clusters = _group(sub, "clusters", "register, inspect and delete clusters")
     p = _leaf(clusters, "create", clusters_create, "register a cluster; you get edit on it", common)
     p.add_argument("cluster", help="the cluster id, e.g. BCS-K8S-001")
@@ -401,8 +417,9 @@ def register(sub: Any) -> None:
     p.add_argument("cluster", help="the cluster id")
     p.add_argument("user", help="the user name")
 
-    sessions.register(sub, _leaf, _group, common)
 
+def _register_register_token(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``register-token``: create, rotate, get, revoke."""
     reg = _group(sub, "register-token", "the token a cluster's kube-agent reports with (needs edit)")
     p = _leaf(reg, "create", register_create, "create the cluster's register token and print it", common)
     p.add_argument("cluster", help="the cluster id")
@@ -416,6 +433,9 @@ def register(sub: Any) -> None:
               common)
     p.add_argument("cluster", help="the cluster id")
 
+
+def _register_webhooks(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``webhooks``: list, get, create, delete (with ``--cluster``: a cluster's configurations)."""
     hooks = _group(sub, "webhooks", "admission webhook definitions: gateway-wide bcs definitions (superusers), "
                    "or with --cluster a cluster's Kubernetes webhook configurations (edit on it)")
     cluster_help = ("a cluster's Kubernetes Mutating/ValidatingWebhookConfigurations instead of the "
@@ -434,6 +454,9 @@ def register(sub: Any) -> None:
     p.add_argument("name", help="a bcs definition's name; with --cluster, mutating/NAME or validating/NAME")
     p.add_argument("--cluster", help=cluster_help)
 
+
+def _register_kubeconfig_and_login(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``kubeconfig``, ``login``, ``whoami``, ``logout`` and the ``credential`` plugin."""
     kube_help = ("the kubeconfig file to merge into (default: the first file of $KUBECONFIG, "
                  "else ~/.kube/config); other contexts are kept")
     p = _leaf(sub, "kubeconfig", kubeconfig_cmd,
