@@ -271,7 +271,7 @@ class _Write:
     operation: Operation
     #: The object proposed: the body, or (PATCH) the current object patched.
     obj: Any
-    #: The current object (UPDATE), ``None`` for a CREATE.
+    #: The current object, read as the caller (PATCH, PUT); ``None`` for a POST or a PUT of none.
     old: Any
 
 
