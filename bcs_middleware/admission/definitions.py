@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -324,59 +324,67 @@ def parse_k8s_configuration(document: Any) -> K8sConfiguration:
         if raw["name"] in seen:
             raise ValidationError(f"{where}.name: duplicate webhook name")
         seen.add(raw["name"])
-        if "reinvocationPolicy" in raw and not mutating:
-            raise ValidationError(f"{where}.reinvocationPolicy: only for mutating webhooks")
-        cfg = raw["clientConfig"]
-        if ("url" in cfg) == ("service" in cfg):
-            raise ValidationError(
-                f"{where}.clientConfig: exactly one of 'url' or 'service' is required"
-            )
-        versions = tuple(raw["admissionReviewVersions"])
-        if not any(v in REVIEW_VERSIONS for v in versions):
-            raise ValidationError(f"{where}.admissionReviewVersions: must include v1 or v1beta1")
-        if "url" in cfg:
-            _refuse_userinfo(cfg["url"], f"{where}.clientConfig.url")
-        service = cfg.get("service", {})
-        ca = cfg.get("caBundle")
-        rules = []
-        for r_index, rule in enumerate(raw.get("rules", ())):
-            for key in ("operations", "apiGroups", "apiVersions", "resources"):
-                if not rule.get(key):
-                    raise ValidationError(f"{where}.rules.{r_index}.{key}: required")
-            rules.append(
-                Rule(
-                    operations=frozenset(rule["operations"]),
-                    api_groups=frozenset(rule["apiGroups"]),
-                    api_versions=frozenset(rule["apiVersions"]),
-                    resources=tuple(rule["resources"]),
-                    scope=rule.get("scope", "*"),
-                )
-            )
-        webhooks.append(
-            K8sWebhook(
-                name=raw["name"],
-                configuration=name,
-                mutating=mutating,
-                client=ClientConfig(
-                    ca_pem=decode_ca_bundle(ca, f"{where}.clientConfig.caBundle") if ca else None,
-                    url=cfg.get("url"),
-                    service_name=service.get("name"),
-                    service_namespace=service.get("namespace"),
-                    path=service.get("path", "/"),
-                    port=service.get("port", 443),
-                ),
-                rules=tuple(rules),
-                failure_policy=raw.get("failurePolicy", "Fail"),
-                namespace_selector=_selector(
-                    raw.get("namespaceSelector"), f"{where}.namespaceSelector"
-                ),
-                object_selector=_selector(raw.get("objectSelector"), f"{where}.objectSelector"),
-                side_effects=raw["sideEffects"],
-                timeout=float(raw.get("timeoutSeconds", 10)),
-                review_versions=versions,
-                match_policy=raw.get("matchPolicy", "Equivalent"),
-            )
-        )
+        webhooks.append(_k8s_webhook(raw, where, configuration=name, mutating=mutating))
     return K8sConfiguration(
         name=name, kind=document["kind"], webhooks=tuple(webhooks), document=document
     )
+
+
+def _k8s_webhook(raw: dict[str, Any], where: str, *, configuration: str, mutating: bool) -> K8sWebhook:
+    """One entry of a configuration's ``webhooks``, checked as the apiserver's validation does."""
+    if "reinvocationPolicy" in raw and not mutating:
+        raise ValidationError(f"{where}.reinvocationPolicy: only for mutating webhooks")
+    cfg = raw["clientConfig"]
+    if ("url" in cfg) == ("service" in cfg):
+        raise ValidationError(
+            f"{where}.clientConfig: exactly one of 'url' or 'service' is required"
+        )
+    versions = tuple(raw["admissionReviewVersions"])
+    if not any(v in REVIEW_VERSIONS for v in versions):
+        raise ValidationError(f"{where}.admissionReviewVersions: must include v1 or v1beta1")
+    if "url" in cfg:
+        _refuse_userinfo(cfg["url"], f"{where}.clientConfig.url")
+    service = cfg.get("service", {})
+    ca = cfg.get("caBundle")
+    rules = _k8s_rules(raw.get("rules", ()), where)
+    return K8sWebhook(
+        name=raw["name"],
+        configuration=configuration,
+        mutating=mutating,
+        client=ClientConfig(
+            ca_pem=decode_ca_bundle(ca, f"{where}.clientConfig.caBundle") if ca else None,
+            url=cfg.get("url"),
+            service_name=service.get("name"),
+            service_namespace=service.get("namespace"),
+            path=service.get("path", "/"),
+            port=service.get("port", 443),
+        ),
+        rules=rules,
+        failure_policy=raw.get("failurePolicy", "Fail"),
+        namespace_selector=_selector(
+            raw.get("namespaceSelector"), f"{where}.namespaceSelector"
+        ),
+        object_selector=_selector(raw.get("objectSelector"), f"{where}.objectSelector"),
+        side_effects=raw["sideEffects"],
+        timeout=float(raw.get("timeoutSeconds", 10)),
+        review_versions=versions,
+        match_policy=raw.get("matchPolicy", "Equivalent"),
+    )
+
+
+def _k8s_rules(raw_rules: Iterable[dict[str, Any]], where: str) -> tuple[Rule, ...]:
+    rules = []
+    for r_index, rule in enumerate(raw_rules):
+        for key in ("operations", "apiGroups", "apiVersions", "resources"):
+            if not rule.get(key):
+                raise ValidationError(f"{where}.rules.{r_index}.{key}: required")
+        rules.append(
+            Rule(
+                operations=frozenset(rule["operations"]),
+                api_groups=frozenset(rule["apiGroups"]),
+                api_versions=frozenset(rule["apiVersions"]),
+                resources=tuple(rule["resources"]),
+                scope=rule.get("scope", "*"),
+            )
+        )
+    return tuple(rules)

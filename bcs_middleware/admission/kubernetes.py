@@ -86,6 +86,17 @@ class KubernetesAdmission:
             return self._delete(environ, cluster_id, info, attrs)
         if method not in ("POST", "PUT", "PATCH"):
             return None  # a create or update verb only these methods carry
+        return self._write(environ, method, cluster_id, attrs, slot)
+
+    def _write(
+        self, environ: dict[str, Any], method: str, cluster_id: str, attrs: RequestAttributes,
+        slot: BufferBudget.Slot,
+    ) -> Outcome | None:
+        """CREATE or UPDATE (POST, PUT, PATCH), as ``create.go``, ``update.go`` and ``patch.go`` admit them.
+
+        The body is read only when a webhook of a possible operation matches; what goes on is
+        the admitted object re-encoded (a PATCH: a guarded patch to it).
+        """
         # The operation the apiserver will perform: POST creates, PATCH updates, and PUT
         # updates an object that exists but creates one that does not.
         candidates: tuple[Operation, ...] = (
@@ -96,82 +107,47 @@ class KubernetesAdmission:
         if first is None:
             return None
         content_type = _mime(environ)
-        if method == "PATCH":
-            if content_type not in (_JSON_PATCH, _MERGE_PATCH):
-                raise UnsupportedMediaType(
-                    f'{content_type or "this"} patch cannot be admitted by webhook "{first}": '
-                    f"send a JSON Patch ({_JSON_PATCH}), a merge patch ({_MERGE_PATCH}) "
-                    "or a full update"
-                )
-        elif content_type not in ("application/json", ""):
-            raise UnsupportedMediaType(
-                f'a {content_type} body cannot be admitted by webhook "{first}": '
-                "send application/json"
-            )
+        _refuse_unadmittable_media_type(method, content_type, first)
         slot.reserve_for(environ, self.max_body)
         body = read_buffer(environ, self.max_body, what="a request body to admit")
         document = parse_json(body, measure=slot.fit)
         del body
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         dry_run = "All" in query.get("dryRun", [])
-        old: Any = None
-        operation: Operation = candidates[0]
-        if method == "PATCH":
-            old = self._current(environ, cluster_id, attrs, required=True)
-            try:
-                obj = (
-                    apply_json_patch(old, document)
-                    if content_type == _JSON_PATCH
-                    else apply_merge_patch(old, document)
-                )
-            except ValueError as exc:
-                raise BCSError(
-                    f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
-                ) from None
-            if isinstance(obj, dict) and not _meta(obj).get("resourceVersion"):
-                obj.setdefault("metadata", {})["resourceVersion"] = _meta(old).get("resourceVersion")
-        else:
-            obj = document
-            if method == "PUT":
-                old = self._current(environ, cluster_id, attrs, required=False)
-                operation = "UPDATE" if old is not None or attrs.subresource else "CREATE"
-        if not isinstance(obj, dict):
+        write = self._proposed(environ, method, cluster_id, attrs, document, content_type)
+        if not isinstance(write.obj, dict):
             raise BadRequest("request body must be a JSON object")
-        webhooks = matched[operation]
+        webhooks = matched[write.operation]
         if not webhooks:
             # Decoded, though no webhook of this operation judged it: the re-encoding goes on.
-            replace_body(environ, gojson.dumps(obj))
+            replace_body(environ, gojson.dumps(write.obj))
             return None
         outcome = self.engine.admit_k8s(
             cluster_id,
-            operation,
+            write.operation,
             attrs,
-            obj,
-            old,
+            write.obj,
+            write.old,
             env.get_user(environ),
             dry_run=dry_run,
-            options=_options(operation, query),
+            options=_options(write.operation, query),
             webhooks=webhooks,
         )
-        admitted = outcome.object
-        if method == "PATCH":
-            # Forwarded as a PATCH (the cluster's RBAC checks the "patch" verb the caller
-            # used): the change from the object the caller read to the admitted one, applied
-            # only if the object is still the one that was admitted.
-            environ["CONTENT_TYPE"] = _JSON_PATCH
-            replace_body(environ, gojson.dumps(_guarded_patch(old, admitted)))
-            return outcome
-        if method == "PUT" and operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
-            # Admitted as an UPDATE: it must not turn into a create if the object is deleted
-            # meanwhile (CREATE webhooks never saw it).
-            rv = _meta(old).get("resourceVersion")
-            if rv and isinstance(admitted.get("metadata"), dict):
-                admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
-                replace_body(environ, gojson.dumps(admitted))
-                return outcome
-        # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
-        replace_body(environ, outcome.encoding())
+        _forward_admitted(environ, method, write, outcome)
         return outcome
+
+    def _proposed(
+        self, environ: dict[str, Any], method: str, cluster_id: str, attrs: RequestAttributes,
+        document: Any, content_type: str,
+    ) -> _Write:
+        """The operation, the object it proposes and the current one, read as the caller."""
+        if method == "PATCH":
+            old = self._current(environ, cluster_id, attrs, required=True)
+            return _Write("UPDATE", _patched(old, document, content_type), old)
+        if method == "PUT":
+            old = self._current(environ, cluster_id, attrs, required=False)
+            return _Write("UPDATE" if old is not None or attrs.subresource else "CREATE", document, old)
+        return _Write("CREATE", document, None)
 
     def _connect(
         self, environ: dict[str, Any], cluster_id: str, info: RequestInfo, attrs: RequestAttributes
@@ -286,6 +262,68 @@ class KubernetesAdmission:
         if current is None and required:
             raise NotFound(f'{attrs.resource} "{attrs.name}" not found')
         return current
+
+
+@dataclasses.dataclass(frozen=True)
+class _Write:
+    """A create or update as the apiserver will perform it."""
+
+    operation: Operation
+    #: The object proposed: the body, or (PATCH) the current object patched.
+    obj: Any
+    #: The current object, read as the caller (PATCH, PUT); ``None`` for a POST or a PUT of none.
+    old: Any
+
+
+def _refuse_unadmittable_media_type(method: str, content_type: str, webhook: str) -> None:
+    """Only JSON can be decoded for a webhook: a PATCH as JSON Patch or merge patch, else JSON."""
+    if method == "PATCH":
+        if content_type not in (_JSON_PATCH, _MERGE_PATCH):
+            raise UnsupportedMediaType(
+                f'{content_type or "this"} patch cannot be admitted by webhook "{webhook}": '
+                f"send a JSON Patch ({_JSON_PATCH}), a merge patch ({_MERGE_PATCH}) "
+                "or a full update"
+            )
+    elif content_type not in ("application/json", ""):
+        raise UnsupportedMediaType(
+            f'a {content_type} body cannot be admitted by webhook "{webhook}": '
+            "send application/json"
+        )
+
+
+def _patched(old: Any, patch: Any, content_type: str) -> Any:
+    """The object ``patch`` turns ``old`` into (``patch.go``), keeping ``old``'s resourceVersion."""
+    try:
+        obj = apply_json_patch(old, patch) if content_type == _JSON_PATCH else apply_merge_patch(old, patch)
+    except ValueError as exc:
+        raise BCSError(
+            f"the patch cannot be applied: {exc}", status=422, code_name="INVALID_PATCH"
+        ) from None
+    if isinstance(obj, dict) and not _meta(obj).get("resourceVersion"):
+        obj.setdefault("metadata", {})["resourceVersion"] = _meta(old).get("resourceVersion")
+    return obj
+
+
+def _forward_admitted(environ: dict[str, Any], method: str, write: _Write, outcome: Outcome) -> None:
+    """Replace the request body with what the webhooks admitted."""
+    admitted = outcome.object
+    if method == "PATCH":
+        # Forwarded as a PATCH (the cluster's RBAC checks the "patch" verb the caller
+        # used): the change from the object the caller read to the admitted one, applied
+        # only if the object is still the one that was admitted.
+        environ["CONTENT_TYPE"] = _JSON_PATCH
+        replace_body(environ, gojson.dumps(_guarded_patch(write.old, admitted)))
+        return
+    if method == "PUT" and write.operation == "UPDATE" and not _meta(admitted).get("resourceVersion"):
+        # Admitted as an UPDATE: it must not turn into a create if the object is deleted
+        # meanwhile (CREATE webhooks never saw it).
+        rv = _meta(write.old).get("resourceVersion")
+        if rv and isinstance(admitted.get("metadata"), dict):
+            admitted = {**admitted, "metadata": {**admitted["metadata"], "resourceVersion": rv}}
+            replace_body(environ, gojson.dumps(admitted))
+            return
+    # What the apiserver gets is the admitted object, re-encoded, never the client's bytes.
+    replace_body(environ, outcome.encoding())
 
 
 def _meta(obj: Any) -> Mapping[str, Any]:

@@ -43,9 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_shared.register(sub)
 
-    from .client import commands as client_commands
+    from .client import arguments as client_arguments
 
-    client_commands.register(sub)
+    client_arguments.register(sub)
     return parser
 
 

@@ -150,7 +150,7 @@ from ..core.bodies import (
     replace_body,
     yaml_node_limit,
 )
-from ..core.converters import asint, convert_options, mapping, seconds, size, text
+from ..core.converters import Converter, asint, convert_options, mapping, seconds, size, text
 from ..core.errors import (
     BCSError,
     ConfigError,
@@ -351,6 +351,23 @@ def _mode(value: str) -> Mode:
     return value  # type: ignore[return-value]
 
 
+_OPTIONS: dict[str, Converter] = {
+    "definitions_file": text,
+    "database_url": text,
+    "secret_key": text,
+    "mode": _mode,
+    "max_body": size,
+    "total_budget": seconds,
+    "default_timeout": seconds,
+    "address_map": mapping,
+    "breaker_threshold": asint,
+    "breaker_cooldown": seconds,
+    "namespace_ttl": seconds,
+    "buffer_memory": size,
+    "buffer_wait": seconds,
+}
+
+
 def filter_factory(
     global_conf: Mapping[str, Any], **local_conf: str
 ) -> Callable[[Any], AdmissionMiddleware]:
@@ -377,43 +394,32 @@ def filter_factory(
         address_map =
             sidecar-webhook-service.sidecar-webhook-namespace = 10.0.0.12:8443
     """
-    options = convert_options(
-        "filter:admission",
-        local_conf,
-        {
-            "definitions_file": text,
-            "database_url": text,
-            "secret_key": text,
-            "mode": _mode,
-            "max_body": size,
-            "total_budget": seconds,
-            "default_timeout": seconds,
-            "address_map": mapping,
-            "breaker_threshold": asint,
-            "breaker_cooldown": seconds,
-            "namespace_ttl": seconds,
-            "buffer_memory": size,
-            "buffer_wait": seconds,
-        },
-    )
-    path = options.pop("definitions_file", None)
-    database_url = options.pop("database_url", None)
-    secret_key = options.pop("secret_key", None)
-    if path and database_url:
-        raise ConfigError("[filter:admission] definitions_file and database_url exclude each other")
-    store: DefinitionStore = load_definitions_file(path) if path else MemoryDefinitionStore()
-    if database_url:
-        from ..clusters.directory import CachedDirectory
-        from ..clusters.reader import TunnelClusterReader
-        from ..outbound.transport import default_transport
-        from ..store.definitions import SQLDefinitionStore
-        from ..store.sql import open_store
-
-        sql = open_store(database_url, secret_key=secret_key, migrate=False)
-        store = SQLDefinitionStore(sql)
-        options.setdefault("cluster_reader", TunnelClusterReader(CachedDirectory(sql), default_transport()))
+    options = convert_options("filter:admission", local_conf, _OPTIONS)
+    store = _definition_store(options)
 
     def make(app: Any) -> AdmissionMiddleware:
         return AdmissionMiddleware(app, store=store, **options)
 
     return make
+
+
+def _definition_store(options: dict[str, Any]) -> DefinitionStore:
+    """The store ``definitions_file`` or ``database_url`` names (popped from ``options``), else an
+    empty one; a database also gives the engine its cluster reader (the cluster's credentials)."""
+    path = options.pop("definitions_file", None)
+    database_url = options.pop("database_url", None)
+    secret_key = options.pop("secret_key", None)
+    if path and database_url:
+        raise ConfigError("[filter:admission] definitions_file and database_url exclude each other")
+    if not database_url:
+        return load_definitions_file(path) if path else MemoryDefinitionStore()
+    from ..clusters.directory import CachedDirectory
+    from ..clusters.reader import TunnelClusterReader
+    from ..outbound.transport import default_transport
+    from ..store.definitions import SQLDefinitionStore
+    from ..store.sql import open_store
+
+    sql = open_store(database_url, secret_key=secret_key, migrate=False)
+    store = SQLDefinitionStore(sql)
+    options.setdefault("cluster_reader", TunnelClusterReader(CachedDirectory(sql), default_transport()))
+    return store

@@ -62,7 +62,7 @@ from ..audit.export.exporter import Exporter
 from ..audit.export.settings import OPTIONS as EXPORT_OPTIONS
 from ..audit.export.settings import AuditExportSettings
 from ..audit.export.settings import settings_from_options as export_settings
-from ..audit.policy import DEFAULT_POLICY, Attributes, Policy, load_policy
+from ..audit.policy import DEFAULT_POLICY, Attributes, Level, Policy, load_policy
 from ..audit.sink import AuditSink
 from ..core import converters as conv
 from ..core import environ as env
@@ -201,87 +201,113 @@ class AuditMiddleware:
         if self._may_capture and method in ("POST", "PUT", "PATCH", "DELETE") and not carries_credentials(info):
             tee = _TeeInput(environ["wsgi.input"], MAX_CAPTURED)
             environ["wsgi.input"] = tee
-        long_running = info.long_running
-        # Decided once, when the response starts (the user is known then, if there is one).
-        state: dict[str, Any] = {"code": 0, "started": None, "decided": False, "level": "None",
-                                 "omit": frozenset()}
-
-        def decide() -> None:
-            if state["decided"]:
-                return
-            state["decided"] = True
-            # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
-            state["audit_id"] = environ.get(env.REQUEST_ID) or str(uuid.uuid4())
-            user = env.get_user(environ)
-            attributes = Attributes(info, user.name, ("system:authenticated", *user.groups)) if user is not None \
-                else Attributes(info, "system:anonymous", ("system:unauthenticated",))
-            level, omit = self.policy.decide(attributes)
-            if level != "Metadata" and level != "None" and carries_credentials(info):
-                level = "Metadata"  # whatever the policy says: never a secret's data or a token
-            state.update(level=level, omit=omit)
-            body = None
-            if tee is not None and tee.copy and level in ("Request", "RequestResponse"):
-                body = bytes(tee.copy)
-            event("RequestReceived", request_body=body, at=received)
-            state["request_body"] = body
-
-        def event(stage: str, **extra: Any) -> None:
-            if state["level"] == "None" or stage in state["omit"]:
-                return
-            self.sink.emit(self._event(environ, info, uri, stage, received, state, **extra))
-
-        def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            state["code"] = int(status[:3])
-            state["content_type"] = next((v for k, v in headers if k.lower() == "content-type"), "")
-            decide()
-            if long_running or state["code"] == 101:
-                state["started"] = self._clock()
-                event("ResponseStarted", request_body=state["request_body"])
-            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
-
-        def _closed(body: Any, captured: bytes | None, panicked: bool) -> None:
-            decide()
-            annotations: dict[str, str] = {}
-            result = getattr(body, "result", None)
-            if state["started"] is not None and (state["code"] == 101 or result is not None):
-                annotations[ANNOTATION_PREFIX + "session-seconds"] = f"{self._clock() - state['started']:.3f}"
-                if result is not None:
-                    annotations[ANNOTATION_PREFIX + "bytes-to-upstream"] = str(result.to_upstream)
-                    annotations[ANNOTATION_PREFIX + "bytes-to-client"] = str(result.to_client)
-                    annotations[ANNOTATION_PREFIX + "ended-by"] = str(result.ended_by)
-            annotations.update(self._session(environ, state, result))
-            request_body = state["request_body"]
-            if panicked:
-                event("Panic", extra_annotations=annotations, code=500, request_body=request_body)
-                return
-            level = state["level"]
-            response = captured if level == "RequestResponse" and "json" in state.get("content_type", "") else None
-            event("ResponseComplete", extra_annotations=annotations, response_body=response,
-                  request_body=request_body)
-
+        audit = _RequestAudit(self, environ, start_response, info, uri, received, tee)
         try:
-            body = self.app(environ, _start_response)
+            body = self.app(environ, audit.start_response)
         except BCSError as exc:
-            decide()
-            event("ResponseComplete", code=exc.status, request_body=state["request_body"])
+            audit.decide()
+            audit.event("ResponseComplete", code=exc.status, request_body=audit.request_body)
             raise  # rendered at the edge
         except Exception:
-            decide()
-            event("Panic", code=500, request_body=state["request_body"])
+            audit.decide()
+            audit.event("Panic", code=500, request_body=audit.request_body)
             raise
         # What RequestResponse needs is known only when the response starts: capture
         # whenever the policy could ask for it, and drop it unless it did.
-        capture = self._may_capture and not long_running
-        return _Audited(body, capture, _closed)
+        capture = self._may_capture and not info.long_running
+        return _Audited(body, capture, audit.closed)
 
-    def _session(self, environ: dict[str, Any], state: dict[str, Any], result: Any) -> dict[str, str]:
+
+class _RequestAudit:
+    """One request's audit: the level decided once, when the response starts (the user is
+    known then, if there is one), and each stage's event as the request goes."""
+
+    def __init__(self, layer: AuditMiddleware, environ: dict[str, Any], start_response: Any,
+                 info: RequestInfo, uri: str, received: float, tee: _TeeInput | None) -> None:
+        self._layer = layer
+        self._clock = layer._clock
+        self._environ = environ
+        self._start_response = start_response
+        self._info = info
+        self._uri = uri
+        self._received = received
+        self._tee = tee
+        self._decided = False
+        self._level: Level = "None"
+        self._omit: frozenset[str] = frozenset()
+        self._audit_id = ""
+        self._code = 0
+        self._content_type = ""
+        #: When a long-running answer (or a session) started: its ResponseStarted.
+        self._started: float | None = None
+        #: The request body the events carry, at Request level and above.
+        self.request_body: bytes | None = None
+
+    def decide(self) -> None:
+        if self._decided:
+            return
+        self._decided = True
+        environ, info = self._environ, self._info
+        # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
+        self._audit_id = environ.get(env.REQUEST_ID) or str(uuid.uuid4())
+        user = env.get_user(environ)
+        attributes = Attributes(info, user.name, ("system:authenticated", *user.groups)) if user is not None \
+            else Attributes(info, "system:anonymous", ("system:unauthenticated",))
+        level, omit = self._layer.policy.decide(attributes)
+        if level != "Metadata" and level != "None" and carries_credentials(info):
+            level = "Metadata"  # whatever the policy says: never a secret's data or a token
+        self._level, self._omit = level, omit
+        body = None
+        tee = self._tee
+        if tee is not None and tee.copy and level in ("Request", "RequestResponse"):
+            body = bytes(tee.copy)
+        self.event("RequestReceived", request_body=body, at=self._received)
+        self.request_body = body
+
+    def event(self, stage: str, **extra: Any) -> None:
+        if self._level == "None" or stage in self._omit:
+            return
+        self._layer.sink.emit(self._event(stage, **extra))
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        self._code = int(status[:3])
+        self._content_type = next((v for k, v in headers if k.lower() == "content-type"), "")
+        self.decide()
+        if self._info.long_running or self._code == 101:
+            self._started = self._clock()
+            self.event("ResponseStarted", request_body=self.request_body)
+        start_response = self._start_response
+        return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+    def closed(self, body: Any, captured: bytes | None, panicked: bool) -> None:
+        """The response ended (``close()``): ``ResponseComplete``, or ``Panic`` if its body raised."""
+        self.decide()
+        annotations: dict[str, str] = {}
+        result = getattr(body, "result", None)
+        if self._started is not None and (self._code == 101 or result is not None):
+            annotations[ANNOTATION_PREFIX + "session-seconds"] = f"{self._clock() - self._started:.3f}"
+            if result is not None:
+                annotations[ANNOTATION_PREFIX + "bytes-to-upstream"] = str(result.to_upstream)
+                annotations[ANNOTATION_PREFIX + "bytes-to-client"] = str(result.to_client)
+                annotations[ANNOTATION_PREFIX + "ended-by"] = str(result.ended_by)
+        annotations.update(self._session(result))
+        request_body = self.request_body
+        if panicked:
+            self.event("Panic", extra_annotations=annotations, code=500, request_body=request_body)
+            return
+        response = captured if self._level == "RequestResponse" and "json" in self._content_type else None
+        self.event("ResponseComplete", extra_annotations=annotations, response_body=response,
+                   request_body=request_body)
+
+    def _session(self, result: Any) -> dict[str, str]:
         """An exec/attach session's record: the recorder's (it saw the stream: exit code,
         recording id), else the request's facts and the splice's counts; ``{}``: not a session."""
+        environ = self._environ
         session = environ.get(env.SESSION)
         if not isinstance(session, SessionInfo):
-            if state["code"] != 101 or state["started"] is None:
+            if self._code != 101 or self._started is None:
                 return {}
-            session = session_of(environ, datetime.fromtimestamp(state["started"], UTC))
+            session = session_of(environ, datetime.fromtimestamp(self._started, UTC))
             if session is None:
                 return {}
             session = session.ended(ended_at=datetime.fromtimestamp(self._clock(), UTC))
@@ -289,10 +315,10 @@ class AuditMiddleware:
                 session = session.ended(bytes_to_upstream=result.to_upstream, bytes_to_client=result.to_client)
         return session_annotations(session)
 
-    def _event(self, environ: dict[str, Any], info: RequestInfo, uri: str, stage: str, received: float,
-               state: dict[str, Any], *, request_body: bytes | None = None,
+    def _event(self, stage: str, *, request_body: bytes | None = None,
                extra_annotations: dict[str, str] | None = None, response_body: bytes | None = None,
                code: int | None = None, at: float | None = None) -> AuditEvent:
+        environ = self._environ
         upstream = env.get_upstream(environ)
         cluster = env.get_cluster(environ)
         admission = environ.get(env.ADMISSION)
@@ -303,12 +329,12 @@ class AuditMiddleware:
             annotations.update(admission.audit_annotations)
         if extra_annotations:
             annotations.update(extra_annotations)
-        status = code if code is not None else state["code"]
+        status = code if code is not None else self._code
         return build_event(
-            info, uri, level=state["level"], stage=stage, audit_id=state["audit_id"],
+            self._info, self._uri, level=self._level, stage=stage, audit_id=self._audit_id,
             user=env.get_user(environ), impersonate=upstream.impersonate if upstream is not None else None,
             source_ip=environ.get("REMOTE_ADDR", ""), user_agent=environ.get("HTTP_USER_AGENT"),
-            received=received, at=at if at is not None else self._clock(), code=status,
+            received=self._received, at=at if at is not None else self._clock(), code=status,
             annotations=annotations, request_body=request_body, response_body=response_body,
         )
 

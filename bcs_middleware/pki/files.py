@@ -166,23 +166,8 @@ def ensure_gateway_pki(
     wanted = general_names(hosts)
 
     with locked(tls_dir / ".lock"):
-        created_ca = False
-        # ca.crt is written after ca.key, so its presence means a complete CA.
-        if ca_file.exists():
-            try:
-                ca = load_keypair(ca_file, ca_key_file)
-                ca_cert, _ = load_ca(ca)
-            except (OSError, ValueError, TypeError) as exc:
-                raise ConfigError(
-                    f"{ca_file} exists but the CA cannot be used ({exc}); restore {ca_key_file} "
-                    "or remove both files to create a new CA (clients must then trust it again)"
-                ) from exc
-        else:
-            ca = generate_ca(f"bcs-middleware CA {socket.gethostname()}")
-            write_pair(ca, ca_file, ca_key_file)
-            ca_cert = ca.certificate
-            created_ca = True
-            log.info("created gateway CA %s", ca_file)
+        ca, created_ca = _gateway_ca(ca_file, ca_key_file)
+        ca_cert = ca.certificate
         if ca_cert.not_valid_after_utc - datetime.now(UTC) < renew_before:
             log.warning(
                 "gateway CA %s expires %s; replace it before then",
@@ -195,17 +180,43 @@ def ensure_gateway_pki(
             return GatewayPKI(
                 ca_file, cert_file, key_file, created_ca, False, "server certificate is valid"
             )
-        if current is not None:
-            # Expiring or missing a host, but its key is sound: certify the same key again
-            # and replace only the certificate. A running server loads both files for every
-            # new connection (gunicorn's gthread and sync workers), and one atomic replace
-            # never lets a connection see a new certificate with the old key. The names it
-            # had stay: several servers may share the data directory, each with its own
-            # --tls-host names, and must not take turns dropping each other's.
-            kept = [general_name_text(name) for name in san_names(current.certificate)]
-            renewed = issue_server_cert(ca, list(dict.fromkeys([*hosts, *kept])), key_pem=current.key_pem)
-            write_atomic(cert_file, renewed.cert_pem, 0o644)
-        else:
-            write_pair(issue_server_cert(ca, hosts), cert_file, key_file)
+        _reissue_server_cert(ca, hosts, current, cert_file, key_file)
         log.info("issued gateway server certificate %s: %s", cert_file, problem)
         return GatewayPKI(ca_file, cert_file, key_file, created_ca, True, problem)
+
+
+def _gateway_ca(ca_file: Path, ca_key_file: Path) -> tuple[KeyPair, bool]:
+    """The CA in ``ca_file``, or a new one written there; and whether it is new."""
+    # ca.crt is written after ca.key, so its presence means a complete CA.
+    if ca_file.exists():
+        try:
+            ca = load_keypair(ca_file, ca_key_file)
+            load_ca(ca)  # the key must belong to the certificate, and it must be a CA
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"{ca_file} exists but the CA cannot be used ({exc}); restore {ca_key_file} "
+                "or remove both files to create a new CA (clients must then trust it again)"
+            ) from exc
+        return ca, False
+    ca = generate_ca(f"bcs-middleware CA {socket.gethostname()}")
+    write_pair(ca, ca_file, ca_key_file)
+    log.info("created gateway CA %s", ca_file)
+    return ca, True
+
+
+def _reissue_server_cert(
+    ca: KeyPair, hosts: Sequence[str], current: KeyPair | None, cert_file: Path, key_file: Path
+) -> None:
+    """Issue the server certificate again: for ``current``'s key when it is sound, else a new pair."""
+    if current is None:
+        write_pair(issue_server_cert(ca, hosts), cert_file, key_file)
+        return
+    # Expiring or missing a host, but its key is sound: certify the same key again
+    # and replace only the certificate. A running server loads both files for every
+    # new connection (gunicorn's gthread and sync workers), and one atomic replace
+    # never lets a connection see a new certificate with the old key. The names it
+    # had stay: several servers may share the data directory, each with its own
+    # --tls-host names, and must not take turns dropping each other's.
+    kept = [general_name_text(name) for name in san_names(current.certificate)]
+    renewed = issue_server_cert(ca, list(dict.fromkeys([*hosts, *kept])), key_pem=current.key_pem)
+    write_atomic(cert_file, renewed.cert_pem, 0o644)

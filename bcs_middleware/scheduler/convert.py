@@ -205,40 +205,10 @@ def _container(c: Any, spec: Mapping[str, Any], index: int) -> dict[str, Any]:
         requests = dict(limits)
     request_res, limit_res = _resource(requests), _resource(limits)
     net_limit = _get(spec, "netLimit")
-    ports = []
-    for port in _list(c, "ports", where):
-        if not isinstance(port, dict):
-            raise _decode_error(f"{where}ports items must be objects")
-        ports.append({"ContainerPort": _int(port, "containerPort", where), "HostPort": _int(port, "hostPort", where),
-                      "Name": _str(port, "name", where), "Protocol": _str(port, "protocol", where)})
-    parameters = []
-    for param in _list(c, "parameters", where):
-        if not isinstance(param, dict):
-            raise _decode_error(f"{where}parameters items must be objects")
-        parameters.append({"Key": _str(param, "key", where), "Value": _str(param, "value", where)})
-    volumes = []
-    for unit in _list(c, "volumes", where):
-        if not isinstance(unit, dict):
-            raise _decode_error(f"{where}volumes items must be objects")
-        volume = _obj(unit, "volume", where)
-        volumes.append({"ContainerPath": _str(volume, "mountPath", where), "HostPath": _str(volume, "hostPath", where),
-                        "Mode": "R" if _get(volume, "readOnly") is True else "RW"})
-    args = _list(c, "args", where)
-    docker = {
-        "Hostname": _str(c, "hostname", where),
-        "ForcePullImage": _str(c, "imagePullPolicy", where) == "Always",
-        "Image": _str(c, "image", where),
-        "ImagePullUser": _str(c, "imagePullUser", where),
-        "ImagePullPasswd": _str(c, "imagePullPasswd", where),
-        "Network": _str(spec, "networkMode", "spec.template.spec."),
-        "NetworkType": _str(spec, "networktype", "spec.template.spec."),
-        "Command": _str(c, "command", where),
-        "Arguments": args or None,
-        "Parameters": parameters,
-        "PortMappings": ports,
-        "Env": _env(_list(c, "env", where), request_res, limit_res, where),
-        "Privileged": _get(c, "privileged") is True,
-    }
+    ports = _port_mappings(c, where)
+    parameters = _parameters(c, where)
+    volumes = _volumes(c, where)
+    docker = _docker(c, spec, where, ports, parameters, request_res, limit_res)
     return {
         "Type": _str(c, "type", where),
         "Docker": docker,
@@ -257,6 +227,58 @@ def _container(c: Any, spec: Mapping[str, Any], index: int) -> dict[str, Any]:
         "Secrets": _get(c, "secrets"),
         "HealthChecks": _health_checks(_list(c, "healthChecks", where), where) if _get(c, "healthChecks") else None,
         "NetLimit": net_limit,
+    }
+
+
+def _port_mappings(c: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
+    ports = []
+    for port in _list(c, "ports", where):
+        if not isinstance(port, dict):
+            raise _decode_error(f"{where}ports items must be objects")
+        ports.append({"ContainerPort": _int(port, "containerPort", where), "HostPort": _int(port, "hostPort", where),
+                      "Name": _str(port, "name", where), "Protocol": _str(port, "protocol", where)})
+    return ports
+
+
+def _parameters(c: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
+    parameters = []
+    for param in _list(c, "parameters", where):
+        if not isinstance(param, dict):
+            raise _decode_error(f"{where}parameters items must be objects")
+        parameters.append({"Key": _str(param, "key", where), "Value": _str(param, "value", where)})
+    return parameters
+
+
+def _volumes(c: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
+    volumes = []
+    for unit in _list(c, "volumes", where):
+        if not isinstance(unit, dict):
+            raise _decode_error(f"{where}volumes items must be objects")
+        volume = _obj(unit, "volume", where)
+        volumes.append({"ContainerPath": _str(volume, "mountPath", where), "HostPath": _str(volume, "hostPath", where),
+                        "Mode": "R" if _get(volume, "readOnly") is True else "RW"})
+    return volumes
+
+
+def _docker(c: Mapping[str, Any], spec: Mapping[str, Any], where: str, ports: list[dict[str, Any]],
+            parameters: list[dict[str, Any]], request_res: dict[str, float], limit_res: dict[str, float],
+            ) -> dict[str, Any]:
+    """The container's ``Docker`` section (the scheduler's ``DockerInfo``)."""
+    args = _list(c, "args", where)
+    return {
+        "Hostname": _str(c, "hostname", where),
+        "ForcePullImage": _str(c, "imagePullPolicy", where) == "Always",
+        "Image": _str(c, "image", where),
+        "ImagePullUser": _str(c, "imagePullUser", where),
+        "ImagePullPasswd": _str(c, "imagePullPasswd", where),
+        "Network": _str(spec, "networkMode", "spec.template.spec."),
+        "NetworkType": _str(spec, "networktype", "spec.template.spec."),
+        "Command": _str(c, "command", where),
+        "Arguments": args or None,
+        "Parameters": parameters,
+        "PortMappings": ports,
+        "Env": _env(_list(c, "env", where), request_res, limit_res, where),
+        "Privileged": _get(c, "privileged") is True,
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from bcs_middleware.apps import proxy
+from bcs_middleware.apps import proxy_response
 
 
 def test_end_streams_runs_while_the_registry_lock_is_held() -> None:
@@ -13,10 +13,10 @@ def test_end_streams_runs_while_the_registry_lock_is_held() -> None:
     done = threading.Event()
 
     def call() -> None:
-        proxy.end_streams()
+        proxy_response.end_streams()
         done.set()
 
-    with proxy._open_lock:
+    with proxy_response._open_lock:
         caller = threading.Thread(target=call, daemon=True)
         caller.start()
         assert done.wait(5), "end_streams waited for the lock"
