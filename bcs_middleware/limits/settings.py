@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -196,17 +197,11 @@ _count = _number(int, 1)
 _rate = _number(float, 0.001)
 
 
-def _duration(value: Any) -> float:
+def _duration(value: Any, *, zero: bool = False) -> float:
+    """Seconds (``30``, ``"500ms"``, ``"5s"``); positive, or also 0 with ``zero``."""
     seconds = conv.seconds(value if isinstance(value, int | float) else str(value))
-    if seconds <= 0:
-        raise ValueError(f"must be positive: {value!r}")
-    return seconds
-
-
-def _delay(value: Any) -> float:
-    seconds = conv.seconds(value if isinstance(value, int | float) else str(value))
-    if seconds < 0:
-        raise ValueError(f"must not be negative: {value!r}")
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise ValueError(f"must not be negative: {value!r}" if zero else f"must be positive: {value!r}")
     return seconds
 
 
@@ -233,9 +228,10 @@ def _section(cls: type, raw: Any, where: str, converters: Mapping[str, Callable[
 
 _USER = {"rate": _rate, "burst": _required(_count), "inflight": _count, "long_running": _count}
 _CLUSTER = {"inflight": _count, "long_running": _count}
-_QUEUE = {"seats_per_worker": _count, "length": _required(_count), "wait": _duration,
-          "refusal_delay": _delay}
-_CACHE = {"enabled": conv.asbool, "ttl": _duration, "max_entry_bytes": _size, "max_bytes": _size}
+_Converters = dict[str, Callable[[Any], Any]]
+_QUEUE: _Converters = {"seats_per_worker": _count, "length": _required(_count), "wait": _duration,
+                       "refusal_delay": partial(_duration, zero=True)}
+_CACHE: _Converters = {"enabled": conv.asbool, "ttl": _duration, "max_entry_bytes": _size, "max_bytes": _size}
 _CLIENTS = {"upstream_idle_per_cluster": _required(_count), "upstream_identities": _required(_count),
             "rbac_sync_workers": _required(_count), "database_connections": _required(_count),
             "database_overflow": _required(_number(int, 0))}
