@@ -264,7 +264,10 @@ class ChannelWriter:
     def _wait(self, selector: selectors.BaseSelector, events: int, timeout: float | None = None) -> None:
         """Wait (outside the TLS lock) until the socket is ready for ``events``; TimeoutError after
         ``timeout`` (default: the idle timeout)."""
-        key = selector.get_map().get(self._sock.fileno())
+        fd = self._sock.fileno()
+        if fd < 0:  # the socket's owner closed it under this waiter: the connection is gone
+            raise ConnectionAbortedError("the socket was closed")
+        key = selector.get_map().get(fd)
         if key is None:
             selector.register(self._sock, events)
         elif key.events != events:

@@ -84,7 +84,7 @@ def _add_server_flags(serve: argparse.ArgumentParser) -> None:
                             "one (default 128; threads start on demand)")
     serve.add_argument("--reuse-port", action=argparse.BooleanOptionalAction, default=True,
                        help="one SO_REUSEPORT listening socket per worker, so the kernel spreads "
-                            "connections evenly (default on)")
+                            "connections evenly (default on; one worker always uses the master's socket)")
     serve.add_argument("--keepalive", type=int, metavar="SECONDS",
                        help="an idle keep-alive connection is closed after this (default 75)")
     serve.add_argument("--header-timeout", type=float, default=10, metavar="SECONDS",

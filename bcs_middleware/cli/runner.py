@@ -56,7 +56,9 @@ def gunicorn_settings(opts: ServerOptions, args: argparse.Namespace) -> dict[str
         # connections over them. On one shared socket the worker that wakes first accepts a
         # whole burst (bench/README.md: one gevent worker holding every connection while the
         # other idled). The cost: connections still in a stopping worker's accept queue are reset.
-        "reuse_port": args.reuse_port,
+        # One worker has nothing to spread, and its own socket would refuse every connection
+        # while gunicorn replaces it (the master holds no listener then): it uses the master's.
+        "reuse_port": args.reuse_port and opts.workers > 1,
         "timeout": 60,
         "graceful_timeout": opts.graceful_timeout,
         "loglevel": args.log_level,

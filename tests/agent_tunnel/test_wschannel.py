@@ -152,6 +152,21 @@ def test_close_ends_the_peer_reader_and_refuses_sends(tls: TLS) -> None:
             client.send(b"late")
 
 
+def test_a_socket_closed_between_a_read_and_its_wait_ends_the_channel(tls: TLS) -> None:
+    # The socket's owner may close it while the reader is between a read that wanted more and its
+    # wait for readability (seen in CI: a stand-in gateway stopping under its agent's session).
+    with channel_pair(tls) as (_client, server):
+        sock = server._sock
+
+        def racing_recv(_size: int) -> bytes:
+            sock.close()
+            raise ssl.SSLWantReadError()
+
+        sock.recv = racing_recv  # type: ignore[method-assign]
+        assert server.receive() is None
+        assert "connection lost" in server.close_reason
+
+
 def test_an_idle_peer_is_taken_as_gone(tls: TLS) -> None:
     with channel_pair(tls) as (client, _server):
         client.set_idle_timeout(0.3)
