@@ -92,24 +92,28 @@ class Cache(Generic[K, V]):
         self._timed = ttl is not None or max_age is not None
         self._entries: OrderedDict[K, _Entry[V]] = OrderedDict()
         self._next_prune = 0.0
-        # Re-entrant: an on_evict callback may use the cache it is called from.
-        self._lock = threading.RLock()
+        # Not re-entrant: on_evict is called after the lock is released (it may close sockets,
+        # or use this cache), and a plain lock is what gevent makes cheap.
+        self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
         """The value for ``key`` (now the most recently used), or ``None``."""
         now = self._clock() if self._timed else 0.0
+        evicted: list[tuple[K, V]] = []
+        value: V | None = None
         with self._lock:
             if self._timed and now >= self._next_prune:
-                self._prune(now)
+                self._prune(now, evicted)
             entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if self._expired(entry, now):
-                self._evict(key)
-                return None
-            entry.used_at = now
-            self._entries.move_to_end(key)
-            return entry.value
+            if entry is not None:
+                if self._expired(entry, now):
+                    self._evict(key, evicted)
+                else:
+                    entry.used_at = now
+                    self._entries.move_to_end(key)
+                    value = entry.value
+        self._tell(evicted)
+        return value
 
     def load(self, key: K, loader: Callable[[K], V] | None = None) -> V:
         """The value for ``key``; on a miss ``loader(key)`` (default: the cache's), remembered
@@ -152,10 +156,12 @@ class Cache(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         """Set ``key`` (most recently used), then drop what is over a bound."""
         now = self._clock()
+        evicted: list[tuple[K, V]] = []
         with self._lock:
             self._entries[key] = _Entry(value, now)
             self._entries.move_to_end(key)
-            self._prune(now)
+            self._prune(now, evicted)
+        self._tell(evicted)
 
     def pop(self, key: K) -> V | None:
         """Remove ``key`` and return its value (``on_evict`` is not called)."""
@@ -194,14 +200,16 @@ class Cache(Generic[K, V]):
         """Drop what is over a bound now (:meth:`put` also does; :meth:`get` drops what it finds
         expired)."""
         now = self._clock()
+        evicted: list[tuple[K, V]] = []
         with self._lock:
-            self._prune(now)
+            self._prune(now, evicted)
+        self._tell(evicted)
 
     def _expired(self, entry: _Entry[V], now: float) -> bool:
         return ((self.ttl is not None and now - entry.used_at > self.ttl)
                 or (self.max_age is not None and now - entry.put_at > self.max_age))
 
-    def _prune(self, now: float) -> None:
+    def _prune(self, now: float, evicted: list[tuple[K, V]]) -> None:
         # Entries are in recency order (put and get move one to the end; load and fresh do
         # not): the idle, the oldest and the surplus are at the front. An expired entry behind
         # a live one is dropped when it is read, or pushed out by the count.
@@ -214,10 +222,18 @@ class Cache(Generic[K, V]):
                 entry.referenced = False  # used since it last came to the front: spared once
                 entries.move_to_end(key)
                 continue
-            self._evict(key)
+            self._evict(key, evicted)
         self._next_prune = now + _PRUNE_EVERY
 
-    def _evict(self, key: K) -> None:
+    def _evict(self, key: K, evicted: list[tuple[K, V]]) -> None:
         entry = self._entries.pop(key)
         if self._on_evict is not None:
-            self._on_evict(key, entry.value)
+            evicted.append((key, entry.value))
+
+    def _tell(self, evicted: list[tuple[K, V]]) -> None:
+        """Call ``on_evict`` for what a bound dropped, outside the lock."""
+        if evicted:
+            on_evict = self._on_evict
+            assert on_evict is not None
+            for key, value in evicted:
+                on_evict(key, value)

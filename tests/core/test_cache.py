@@ -84,6 +84,19 @@ def test_the_least_recently_used_entry_goes_first_and_is_handed_to_on_evict() ->
     assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
 
 
+def test_on_evict_is_called_outside_the_lock_and_may_use_the_cache() -> None:
+    # It may close sockets (the idle pool) or use the cache itself: never under the cache's lock.
+    clock = Clock()
+    seen: list[tuple[str, int | None]] = []
+    cache: Cache[str, int] = Cache(max_entries=1, ttl=5, clock=clock,
+                                   on_evict=lambda k, v: seen.append((k, cache.get("b"))))
+    cache.put("a", 1)
+    cache.put("b", 2)  # "a" goes over the count
+    clock.now += 6
+    assert cache.get("b") is None  # "b" expired: dropped by the read
+    assert seen == [("a", 2), ("b", None)]
+
+
 def test_entries_unused_for_the_ttl_are_dropped_without_new_inserts() -> None:
     clock = Clock()
     evicted: list[str] = []
