@@ -57,6 +57,8 @@ from tests.support.watch_apiserver import WatchAPIServer  # noqa: E402
 
 ADMIN = "fairness-bench-admin-token-" + "f" * 20
 SA = "fairness-bench-sa-token"
+#: ``--serve-arg``: added to every gateway's command line.
+SERVE_ARGS: list[str] = []
 CLUSTER = "BCS-K8S-FAIR"
 PODS = f"/tunnels/clusters/{CLUSTER}/api/v1/namespaces/default/pods"
 
@@ -81,7 +83,7 @@ def _user(base: str, cafile: str, name: str) -> str:
 def _gateway(data: Path, api_url: str, api_ca: str, extra: list[str]) -> Iterator[tuple[ServerProcess, str, dict]]:
     port = free_port()
     argv = [str(BIN / "bcs-middleware"), "serve", "--data-dir", str(data), "--bind", f"127.0.0.1:{port}",
-            "--no-access-log", *extra]
+            "--no-access-log", *SERVE_ARGS, *extra]
     with ServerProcess(argv, port=port, env={"BCS_ADMIN_TOKEN": ADMIN}, scheme="https", timeout=90) as server:
         cafile = str(data / "tls" / "ca.crt")
         base = f"https://localhost:{port}"
@@ -350,8 +352,11 @@ def main() -> int:
     parser.add_argument("--skip-fairness", action="store_true")
     parser.add_argument("--overhead", type=int, default=20000, metavar="N",
                         help="requests timed in-process for the layer's cost (0: skip)")
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                        help="an argument added to both gateways' serve command line (repeatable)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    SERVE_ARGS.extend(args.serve_arg)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results: dict[str, Any] = {"args": vars(args)}
