@@ -34,16 +34,18 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
+from ..core.cache import Cache
 from ..core.errors import TooManyRequests
 from ..core.sockets import gevent_active
 from ..limits.fair import FairQueue
-from ..limits.settings import LimitSettings, UserLimits, load
+from ..limits.settings import LimitSettings, load
 from ..limits.table import BUCKET, INFLIGHT, LONG_RUNNING, OK, CounterTable, key_digest
 from ..telemetry import metrics
 
@@ -86,6 +88,18 @@ class _Released:
                 release()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one kind of request counts against (:meth:`LimitsMiddleware._plan`): a pure function
+    of the user, its groups, the cluster and whether it is long-running, so it is remembered."""
+
+    kind: int
+    bucket: tuple[bytes, float, int] | None
+    claims: tuple[tuple[bytes, int | None], ...]
+    names: tuple[str, ...]
+    keys: tuple[bytes, ...]
+
+
 class LimitsMiddleware:
     """Per-user limits and fair queuing (see the module docs).
 
@@ -108,6 +122,10 @@ class LimitsMiddleware:
         queue = settings.queue
         self.queue = FairQueue(queue.seats_per_worker, length=queue.length, wait=queue.wait, clock=clock)
         self.group_caps = dict(settings.groups)
+        # Keys are users (with their groups) and clusters: bounded, the large ones never kept.
+        self._plans: Cache[tuple[str, tuple[str, ...], str | None, bool], _Plan] = Cache(
+            max_entries=4096, loader=self._plan,
+            admit=lambda key: len(key[0]) + sum(map(len, key[1])) + len(key[2] or "") <= 4096)
         self._admitted_at_once = metrics.LIMIT_ADMITTED.labels("ordinary", "false")
         self._long_admitted = metrics.LIMIT_ADMITTED.labels("long_running", "false")
         self._overflows = 0
@@ -125,11 +143,11 @@ class LimitsMiddleware:
         if facts.kind in self.settings.exempt_routes or (user.is_superuser and self.settings.exempt_superusers) \
                 or user.name in self.settings.exempt_users:
             return self.app(environ, start_response)
-        limits = self.settings.for_user(user.name)
         long_running = facts.long_running or facts.upgrade is not None
+        plan = self._plans.load((user.name, user.groups, facts.cluster_id, long_running))
         arrived = self.clock()
         try:
-            release = self._admit(user, limits, facts.cluster_id, long_running)
+            release = self._admit(user.name, plan, arrived)
         except TooManyRequests as exc:
             metrics.LIMIT_REFUSED.labels(exc.limit).inc()
             self._hold_refusal(arrived)
@@ -146,10 +164,11 @@ class LimitsMiddleware:
             return body
         return _Released(body, release)
 
-    def _admit(self, user: env.User, limits: UserLimits, cluster_id: str | None,
-               long_running: bool) -> Callable[[], None]:
-        now = self.clock()
-        user_key = key_digest("u:" + user.name)
+    def _plan(self, key: tuple[str, tuple[str, ...], str | None, bool]) -> _Plan:
+        """What a request of this user, with these groups, to this cluster counts against."""
+        name, groups, cluster_id, long_running = key
+        limits = self.settings.for_user(name)
+        user_key = key_digest("u:" + name)
         bucket = (user_key, limits.rate, limits.burst) if limits.rate is not None else None
         if long_running:
             claims = [(user_key, limits.long_running)]
@@ -157,45 +176,51 @@ class LimitsMiddleware:
             if cluster_id is not None:
                 claims.append((key_digest("c:" + cluster_id), self.settings.cluster.long_running))
                 names.append("cluster_long_running")
-            verdict, wait = self.table.admit(now, bucket, LONG_RUNNING, claims)
+        else:
+            claims = [(user_key, limits.inflight)]
+            names = ["user_inflight"]
+            for group in groups:
+                cap = self.group_caps.get(group)
+                if cap is not None:
+                    claims.append((key_digest("g:" + group), cap))
+                    names.append("group_inflight")
+            if cluster_id is not None:
+                claims.append((key_digest("c:" + cluster_id), self.settings.cluster.inflight))
+                names.append("cluster_inflight")
+        return _Plan(LONG_RUNNING if long_running else INFLIGHT, bucket, tuple(claims), tuple(names),
+                     tuple(key for key, _cap in claims))
+
+    def _admit(self, user: str, plan: _Plan, now: float) -> Callable[[], None]:
+        table = self.table
+        if plan.kind == LONG_RUNNING:
+            verdict, wait = table.admit(now, plan.bucket, LONG_RUNNING, plan.claims)
             if verdict != OK:
-                raise self._refusal(verdict, wait, names)
+                raise self._refusal(verdict, wait, plan.names)
             self._long_admitted.inc()
-            keys = [key for key, _cap in claims]
-            return lambda: self.table.release(LONG_RUNNING, keys)
-        claims = [(user_key, limits.inflight)]
-        names = ["user_inflight"]
-        for group in user.groups:
-            cap = self.group_caps.get(group)
-            if cap is not None:
-                claims.append((key_digest("g:" + group), cap))
-                names.append("group_inflight")
-        if cluster_id is not None:
-            claims.append((key_digest("c:" + cluster_id), self.settings.cluster.inflight))
-            names.append("cluster_inflight")
-        keys = [key for key, _cap in claims]
+            return lambda: table.release(LONG_RUNNING, plan.keys)
 
         def release() -> None:
-            self.table.release(INFLIGHT, keys)
+            table.release(INFLIGHT, plan.keys)
             self.queue.leave()
 
         # One look at the shared table: a request over its rate is refused here and never
         # waits in a line; one within every cap takes a free seat and goes.
-        verdict, wait = self.table.admit(now, bucket, INFLIGHT, claims)
+        bucket = plan.bucket
+        verdict, wait = table.admit(now, bucket, INFLIGHT, plan.claims)
         if verdict == BUCKET:
-            raise self._refusal(verdict, wait, names)
+            raise self._refusal(verdict, wait, plan.names)
         if verdict == OK:
             if self.queue.take_seat():
                 self._admitted_at_once.inc()
                 return release
-            self.table.release(INFLIGHT, keys)  # the seats are taken: wait for one in turn
+            table.release(INFLIGHT, plan.keys)  # the seats are taken: wait for one in turn
             bucket = None  # its token is spent
 
         def acquire() -> str | None:
-            verdict, _wait = self.table.admit(self.clock(), bucket, INFLIGHT, claims)
-            return None if verdict == OK else "user_rate" if verdict == BUCKET else names[verdict]
+            verdict, _wait = table.admit(self.clock(), bucket, INFLIGHT, plan.claims)
+            return None if verdict == OK else "user_rate" if verdict == BUCKET else plan.names[verdict]
 
-        waited = self.queue.enter(user.name, acquire)
+        waited = self.queue.enter(user, acquire)
         if waited.limit:
             metrics.LIMIT_QUEUED.labels(waited.limit).inc()
             metrics.LIMIT_QUEUE_WAIT.labels(waited.limit).observe(waited.seconds)
@@ -217,7 +242,7 @@ class LimitsMiddleware:
                 self.sleep(remaining)
 
     @staticmethod
-    def _refusal(verdict: int, wait: float, names: list[str]) -> TooManyRequests:
+    def _refusal(verdict: int, wait: float, names: tuple[str, ...]) -> TooManyRequests:
         if verdict == BUCKET:
             return TooManyRequests("too many requests: the user's request rate is over its limit, please try "
                                    "again later", retry_after=math.ceil(wait), limit="user_rate")
