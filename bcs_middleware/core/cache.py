@@ -112,7 +112,8 @@ class Cache(Generic[K, V]):
                     entry.used_at = now
                     self._entries.move_to_end(key)
                     value = entry.value
-        self._tell(evicted)
+        if evicted:
+            self._tell(evicted)
         return value
 
     def load(self, key: K, loader: Callable[[K], V] | None = None) -> V:
@@ -161,7 +162,8 @@ class Cache(Generic[K, V]):
             self._entries[key] = _Entry(value, now)
             self._entries.move_to_end(key)
             self._prune(now, evicted)
-        self._tell(evicted)
+        if evicted:
+            self._tell(evicted)
 
     def pop(self, key: K) -> V | None:
         """Remove ``key`` and return its value (``on_evict`` is not called)."""
@@ -203,7 +205,8 @@ class Cache(Generic[K, V]):
         evicted: list[tuple[K, V]] = []
         with self._lock:
             self._prune(now, evicted)
-        self._tell(evicted)
+        if evicted:
+            self._tell(evicted)
 
     def _expired(self, entry: _Entry[V], now: float) -> bool:
         return ((self.ttl is not None and now - entry.used_at > self.ttl)
@@ -232,8 +235,7 @@ class Cache(Generic[K, V]):
 
     def _tell(self, evicted: list[tuple[K, V]]) -> None:
         """Call ``on_evict`` for what a bound dropped, outside the lock."""
-        if evicted:
-            on_evict = self._on_evict
-            assert on_evict is not None
-            for key, value in evicted:
-                on_evict(key, value)
+        on_evict = self._on_evict
+        assert on_evict is not None
+        for key, value in evicted:
+            on_evict(key, value)
