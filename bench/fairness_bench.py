@@ -13,7 +13,10 @@ workers; limits on by default) → the HTTPS asyncio fake apiserver of
   connection, in this process);
 * ``off`` and ``on``: the same while a heavy user (another process, asyncio) keeps ``--heavy``
   keep-alive connections busy with one request after another (a 429 included) and ``--watches``
-  watches that reconnect every second (a refused one a second later too).
+  watches that reconnect every second (a refused one a second later too);
+* ``elsewhere`` (the control): the light user on the ``on`` gateway while the heavy user runs
+  against the other one — what sharing the cores with the load generator and a busy gateway
+  costs the light user, whatever the gateway it uses does.
 
 Reported per phase: the light user's p50/p99 and errors, the heavy user's requests and 429
 share, the gateway's CPU (its processes' user+system seconds per wall second, out of 2 cores).
@@ -218,14 +221,21 @@ def _read_response(sock: ssl.SSLSocket) -> int:
     return int(head[9:12])
 
 
-def _phase(server: ServerProcess, cafile: str, tokens: dict, args: argparse.Namespace, heavy: bool) -> dict:
+Gateway = tuple[ServerProcess, str, dict]
+
+
+def _phase(light: Gateway, args: argparse.Namespace, heavy: Gateway | None) -> dict:
+    """The light user on ``light`` while the heavy user (if any) runs against ``heavy``."""
+    server, cafile, tokens = light
     port = server.port
     out: Any = multiprocessing.get_context("spawn").Queue()
     proc = None
-    if heavy:
+    if heavy is not None:
+        heavy_server, heavy_cafile, heavy_tokens = heavy
         proc = multiprocessing.get_context("spawn").Process(
             target=_heavy_process,
-            args=(port, cafile, tokens["heavy"], args.heavy, args.watches, args.phase + 2, out))
+            args=(heavy_server.port, heavy_cafile, heavy_tokens["heavy"], args.heavy, args.watches,
+                  args.phase + 2, out))
         proc.start()
         time.sleep(2)  # the heavy user's connections ramp up first
     cpu0, wall0 = _cpu_seconds(server.proc.pid), time.monotonic()
@@ -256,15 +266,20 @@ def fairness(args: argparse.Namespace) -> dict:
         off = stack.enter_context(_gateway(tmp / "off", api.url, api.ca_pem, ["--limits-config", str(off_file)]))
         for number in range(args.rounds):
             load = os.getloadavg()[0]
-            phases = {"alone": _phase(*on, args, heavy=False), "off": _phase(*off, args, heavy=True),
-                      "on": _phase(*on, args, heavy=True)}
+            # "elsewhere": the heavy user runs against the other gateway, so the light user's
+            # gateway is idle but for it — what sharing the machine's cores with the load
+            # generator and the other gateway costs the light user, whatever any gateway does.
+            phases = {"alone": _phase(on, args, None), "off": _phase(off, args, off),
+                      "on": _phase(on, args, on), "elsewhere": _phase(on, args, off)}
             phases["load_average"] = round(load, 1)
             print(f"round {number + 1}: {json.dumps(phases)}", flush=True)
             rounds.append(phases)
     return {"rounds": rounds, "light_p99_ratio_on": [round(r["on"]["light_p99_ms"] / r["alone"]["light_p99_ms"], 2)
                                                      for r in rounds],
             "light_p99_ratio_off": [round(r["off"]["light_p99_ms"] / r["alone"]["light_p99_ms"], 2)
-                                    for r in rounds]}
+                                    for r in rounds],
+            "light_p99_ratio_elsewhere": [round(r["elsewhere"]["light_p99_ms"] / r["alone"]["light_p99_ms"], 2)
+                                          for r in rounds]}
 
 
 def _discovery_paths(api: Any) -> int:
