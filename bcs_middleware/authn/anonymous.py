@@ -26,8 +26,11 @@ What the gateway adds, because it is not one apiserver but a door to many and to
   (by a superuser) or the RBAC subscription grants that group something;
 * on the management API (``/rest/…``) it may only read (``GET``/``HEAD``): a write without
   credentials is a 401 whatever the conditions say;
-* nowhere else (Mesos, the web console, the agent tunnel): those routes have no RBAC upstream
-  to decide for an anonymous caller;
+* on no other route of the gateway's (Mesos, the web console, the agent tunnel…): those have no
+  RBAC upstream to decide for an anonymous caller;
+* a path that is no route of the gateway's belongs to the application behind the token auth
+  filter (used alone, :func:`bcs_middleware.layers.auth.filter_factory`): it sees
+  ``system:anonymous`` and decides (the gateway itself answers such a path 404);
 * it is never a superuser (:data:`~bcs_middleware.core.environ.ANONYMOUS_USER`).
 """
 
@@ -39,8 +42,8 @@ from ..core.routes import RouteKind
 
 __all__ = ["ANONYMOUS_ROUTES", "READ_METHODS", "AnonymousAuth"]
 
-#: Where a request without credentials may be anonymous: the Kubernetes route (each cluster's RBAC
-#: decides what ``system:anonymous`` may do) and the management API (reads only).
+#: The gateway's routes where a request without credentials may be anonymous: the Kubernetes route
+#: (each cluster's RBAC decides what ``system:anonymous`` may do) and the management API (reads only).
 ANONYMOUS_ROUTES: frozenset[RouteKind] = frozenset({"kubernetes", "management"})
 #: The management API's methods that change nothing.
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -55,6 +58,8 @@ class AnonymousAuth:
 
     def admits(self, path: str, method: str, kind: RouteKind | None) -> bool:
         """Whether a request without credentials to ``path`` is ``system:anonymous`` (else a 401)."""
-        if not self.enabled or (self.paths and path not in self.paths) or kind not in ANONYMOUS_ROUTES:
+        if not self.enabled or (self.paths and path not in self.paths):
             return False
-        return kind == "kubernetes" or method in READ_METHODS
+        if kind == "management":
+            return method in READ_METHODS
+        return kind is None or kind in ANONYMOUS_ROUTES
