@@ -31,7 +31,7 @@ import yaml
 
 from ..core.errors import ConfigError
 from .anonymous import AnonymousAuth
-from .cel import CompiledExpression, compile_expression, selects
+from .cel import CompiledExpression, Returns, compile_expression, selects
 
 __all__ = [
     "AuthenticationConfiguration",
@@ -324,10 +324,11 @@ def _url(errors: _Errors, path: str, url: str) -> None:
         errors.add(path, f"Invalid value: {url!r}: URL must not contain a fragment")
 
 
-def _compile(errors: _Errors, path: str, source: Any, variable: str) -> CompiledExpression | None:
+def _compile(errors: _Errors, path: str, source: Any, variable: str,
+             returns: Returns = "any") -> CompiledExpression | None:
     text = _string(errors, path, source)
     try:
-        return compile_expression(text, variable)
+        return compile_expression(text, variable, returns)
     except ValueError as exc:
         errors.add(path, f"Invalid value: {text!r}: compilation failed: {exc}")
         return None
@@ -369,7 +370,7 @@ def _claim_validation_rules(errors: _Errors, path: str, value: Any,
                 errors.add(f"{at}.expression", f"Duplicate value: {expression!r}")
                 continue
             seen_expressions.add(expression)
-            compiled = _compile(errors, f"{at}.expression", expression, "claims")
+            compiled = _compile(errors, f"{at}.expression", expression, "claims", "bool")
             if compiled is not None:
                 state.email_verified = state.email_verified or selects(compiled, "claims", "email_verified")
                 rules.append(ClaimValidationRule(expression=compiled, message=message))
@@ -476,7 +477,7 @@ def _user_validation_rules(errors: _Errors, path: str, value: Any) -> tuple[User
             errors.add(f"{at}.expression", f"Duplicate value: {expression!r}")
             continue
         seen.add(expression)
-        compiled = _compile(errors, f"{at}.expression", expression, "user")
+        compiled = _compile(errors, f"{at}.expression", expression, "user", "bool")
         if compiled is not None:
             rules.append(UserValidationRule(compiled, _string(errors, f"{at}.message", rule.get("message"))))
     return tuple(rules)

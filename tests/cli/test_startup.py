@@ -26,7 +26,7 @@ NOT_FOR_A_CLIENT_COMMAND = (
     "bcs_middleware.cli.serve", "bcs_middleware.cli.serve_arguments", "bcs_middleware.cli.serve_config",
     "bcs_middleware.cli.kube_agent", "bcs_middleware.cli.certs", "bcs_middleware.cli.instances",
     "bcs_middleware.pki", "bcs_middleware.agent_tunnel", "bcs_middleware.authn", "bcs_middleware.compose",
-    "bcs_middleware.serving", "bcs_middleware.audit", "gunicorn", "gevent", "jwt", "celpy", "sqlalchemy",
+    "bcs_middleware.serving", "bcs_middleware.audit", "gunicorn", "gevent", "jwt", "cel_expr_python", "sqlalchemy",
     "cryptography", "paste",
 )
 
