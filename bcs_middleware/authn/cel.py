@@ -2,8 +2,9 @@
 
 The engine is cel-cpp, Google's reference implementation of CEL, through its Python bindings
 (``cel-expr-python``): the language kube-apiserver's cel-go speaks, optional types included
-(``claims.?x.orValue(…)``, ``[?…]``, ``{?…}``, ``optional.of``), with the string extension
-(``split``, ``join``, ``lowerAscii``, ``replace``…) and RE2 ``matches``.
+(``claims.?x.orValue(…)``, ``[?…]``, ``{?…}``, ``optional.of``) and RE2 ``matches``, with
+the string extension (``split``, ``join``, ``lowerAscii``, ``replace``…) as :mod:`.cel_strings`
+gives it: bounded.
 
 As kube-apiserver compiles them (``k8s.io/apiserver/pkg/authentication/cel/compile.go``):
 ``claims`` is a ``map(string, dyn)``; the expression is type-checked when the file loads, and
@@ -20,6 +21,8 @@ Bounds, since kube-apiserver bounds every evaluation by a cost budget:
 * one evaluation runs at most cel-cpp's comprehension iteration budget (10,000 iterations over
   all its comprehensions, the bindings' fixed setting); past it the evaluation fails as an
   error that ``||``/``&&`` cannot absorb (``tests/authn/test_verify.py`` shows both);
+* a string function's result is at most 64 Ki characters (:mod:`.cel_strings`): no expression
+  doubles a string until the worker runs out of memory;
 * its input is a verified token's claims, whose size the request's header limit bounds
   (:data:`MAX_INPUT_BYTES` is checked again here);
 * each token's identity is computed once and cached until it expires, so an expression
@@ -37,8 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cel_expr_python import cel
-from cel_expr_python.ext import ext_optional, ext_strings
+from cel_expr_python.ext import ext_optional
 
+from .cel_strings import DECLARATIONS as STRING_FUNCTIONS
 from .cel_tree import Node, read_checked
 
 __all__ = [
@@ -63,8 +67,8 @@ Variable = Literal["claims", "user"]
 Returns = Literal["bool", "any"]
 
 _OBJECT = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
-_ENVIRONMENTS = {name: cel.NewEnv(variables={name: _OBJECT},
-                                  extensions=[ext_optional.ExtOptional(), ext_strings.ExtStrings()])
+_ENVIRONMENTS = {name: cel.NewEnv(variables={name: _OBJECT}, extensions=[ext_optional.ExtOptional()],
+                                  functions=STRING_FUNCTIONS)
                  for name in ("claims", "user")}
 
 
