@@ -235,6 +235,21 @@ def test_cel_cost_is_bounded_and_measured() -> None:
         evaluate(quadratic, {"a": ["x" * 1000] * 100})
 
 
+def test_map_and_filter_range_over_bounded_lists() -> None:
+    # cel-cpp copies the list a map/filter builds at each step: quadratic, so bounded by the input.
+    groups = [f"g{i}" for i in range(1000)]
+    for source in ("claims.groups.map(g, 'oidc:' + g)", "claims.groups.filter(g, g != 'x')"):
+        mapped = compile_expression(source, "claims")
+        assert len(evaluate(mapped, {"groups": groups})) == 1000
+        with pytest.raises(EvaluationError, match="cost budget exceeded: map/filter over a list of more than 1000"):
+            evaluate(mapped, {"groups": [*groups, "one more"]})
+        with pytest.raises(EvaluationError, match="cost budget exceeded"):
+            evaluate(mapped, {"groups": ["a"], "nested": {"deep": [[*groups, "x"]]}})
+    # all/exists accumulate a boolean: linear, no such bound.
+    assert evaluate(compile_expression("claims.groups.all(g, g != 'x')", "claims", "bool"),
+                    {"groups": groups * 5}) is True
+
+
 def _optional(field: str, expression: str) -> Any:
     mappings: dict[str, Any] = {"username": {"claim": "username", "prefix": ""}}
     entry: dict[str, Any] = {"claimMappings": mappings}
