@@ -37,12 +37,20 @@ PODS = f"/tunnels/clusters/{OPEN}/api/v1/namespaces/default/pods"
 CLOSED_PODS = f"/tunnels/clusters/{CLOSED}/api/v1/namespaces/default/pods"
 SECRETS = f"/tunnels/clusters/{OPEN}/api/v1/namespaces/default/secrets"
 MESOS = "/bcsapi/v4/scheduler/mesos/namespaces/default/applications"
+#: The management API's reads, each listed so that anonymous reaches it: what it answers is the
+#: endpoint's own rule for a user holding only view.
+READS = {f"/rest/clusters/{OPEN}": 200, f"/rest/clusters/{OPEN}/client_credentials": 200,
+         f"/rest/clusters/{OPEN}/kubeconfig": 200, "/rest/sessions": 200,
+         f"/rest/clusters/{OPEN}/credentials": 403, f"/rest/clusters/{OPEN}/register_tokens": 403,
+         f"/rest/clusters/{OPEN}/permissions": 403, f"/rest/clusters/{OPEN}/group_permissions": 403,
+         "/rest/users/": 403, "/rest/users/admin": 403, "/rest/users/0/tokens": 403}
 CONDITIONS = [PODS, CLOSED_PODS, SECRETS, "/rest/whoami", "/rest/clusters", "/rest/clusters/bcs",
-              f"/rest/clusters/{OPEN}/group_permissions/system:unauthenticated", "/rest/users/", MESOS]
+              f"/rest/clusters/{OPEN}/group_permissions/system:unauthenticated", MESOS, *READS]
 #: Paths the enabled gateway answers 401 without credentials (not listed, or never anonymous).
 REFUSED = [("GET", f"/tunnels/clusters/{OPEN}/api/v1/namespaces"), ("GET", f"/tunnels/clusters/{OPEN}/version"),
            ("GET", PODS + "/"), ("GET", "/rest/users"), ("POST", "/rest/clusters/bcs"),
            ("PUT", f"/rest/clusters/{OPEN}/group_permissions/system:unauthenticated"), ("POST", "/rest/users/"),
+           ("DELETE", f"/rest/clusters/{OPEN}"), ("POST", f"/rest/clusters/{OPEN}/register_tokens"),
            ("GET", MESOS)]
 
 
@@ -152,6 +160,16 @@ def test_anonymous_can_never_write_the_management_api_nor_be_a_superuser(world: 
     assert world.gw.call("GET", "/rest/clusters/BCS-K8S-ANON9")[0] == 404
     grants = world.gw.json("GET", f"/rest/clusters/{OPEN}/group_permissions")
     assert [(g["group"], g["permission"]) for g in grants] == [("system:unauthenticated", "view")]
+
+
+def test_anonymous_management_reads_are_those_of_a_view_holder_with_no_secret(world: World) -> None:
+    answers = {path: world.gw.call("GET", path, token="") for path in READS}
+    assert {path: status for path, (status, _) in answers.items()} == READS, answers
+    credentials = json.loads(answers[f"/rest/clusters/{OPEN}/client_credentials"][1])
+    assert credentials["user_token"] == ""  # its own token, which it has none of
+    assert b"token: ''" in answers[f"/rest/clusters/{OPEN}/kubeconfig"][1]
+    assert json.loads(answers["/rest/sessions"][1]) == {"sessions": []}
+    assert SA_TOKEN.encode() not in b"".join(raw for _, raw in answers.values())
 
 
 def test_system_unauthenticated_holds_view_only_granted_by_a_superuser(world: World) -> None:
