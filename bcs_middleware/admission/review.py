@@ -85,7 +85,7 @@ def kind_of(obj: Mapping[str, Any] | None, attrs: RequestAttributes) -> dict[str
 
 
 def user_info(user: User | None) -> dict[str, Any]:
-    if user is None:
+    if user is None or user.anonymous:
         return {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
     groups = list(dict.fromkeys([*user.groups, "system:authenticated"]))
     return {"username": user.name, "uid": str(user.id), "groups": groups}

@@ -1,45 +1,57 @@
 """CEL expressions of the authentication configuration: compiled once, evaluated bounded.
 
-The engine is ``cel-python`` (``celpy``): a pure-Python implementation of the CEL
-specification (lark parser, RE2 for ``matches``) that evaluates the expressions
-kube-apiserver's own tests of this authenticator use (``claims.x``, ``has()``,
-``split``, ``startsWith``, ``all``/``exists``/``map``/``filter``, ternaries,
-string concatenation; ``tests/authn/test_verify.py`` runs them). It has no optional
-types, so kube-apiserver's ``claims.?x.orValue(…)`` is refused at load with a message
-saying so (:data:`OPTIONAL_UNSUPPORTED`); ``has(claims.x) ? claims.x : …`` says the same.
+The engine is cel-cpp, Google's reference implementation of CEL, through its Python bindings
+(``cel-expr-python``): the language kube-apiserver's cel-go speaks, optional types included
+(``claims.?x.orValue(…)``, ``[?…]``, ``{?…}``, ``optional.of``) and RE2 ``matches``, with
+the string extension (``split``, ``join``, ``lowerAscii``, ``replace``…) as :mod:`.cel_strings`
+gives it: bounded.
 
-Bounds, since the apiserver bounds every expression by a cost budget
-(``k8s.io/apiserver/pkg/authentication/cel``: ``PerCallLimit``) and celpy keeps none:
+As kube-apiserver compiles them (``k8s.io/apiserver/pkg/authentication/cel/compile.go``):
+``claims`` is a ``map(string, dyn)``; the expression is type-checked when the file loads, and
+a validation rule (claim or user) must be typed ``bool`` ("must evaluate to bool"), a mapping
+anything. ``user`` is kube-apiserver's ``kubernetes.UserInfo`` object there; here it is a map
+whose fields are checked at load against that object's (``username``, ``uid``, ``groups``,
+``extra``: "undefined field" otherwise), so the same files are refused.
+
+Bounds, since kube-apiserver bounds every evaluation by a cost budget:
 
 * an expression is at most :data:`MAX_EXPRESSION_LENGTH` characters and may nest
   comprehensions (``all``, ``exists``, ``map``, ``filter``…) at most
   :data:`MAX_COMPREHENSION_DEPTH` deep — refused when the configuration loads;
-* one evaluation visits at most :data:`MAX_STEPS` nodes of the parse tree (the macros'
-  iterations included); past it the evaluation fails — an error, never a result
-  (measured in ``bench/README.md``);
+* one evaluation runs at most cel-cpp's comprehension iteration budget (10,000 iterations over
+  all its comprehensions, the bindings' fixed setting); past it the evaluation fails as an
+  error that ``||``/``&&`` cannot absorb (``tests/authn/test_verify.py`` shows both);
+* ``map`` and ``filter`` build their list by copying it at each step in cel-cpp (quadratic: 80 ms
+  and 38 MB for 1,000 entries, 1 s and 280 MB for 4,000 on the shared machine): an expression that
+  builds a list in a comprehension runs only on input whose lists hold at most
+  :data:`MAX_LIST_BUILDING` entries (celpy's step budget stopped such a ``map`` near there too);
+  lists the expression makes itself (``split``, ``+``) are bounded by the iteration budget only;
+* a string function's result is at most 64 Ki characters (:mod:`.cel_strings`): no expression
+  doubles a string until the worker runs out of memory;
 * its input is a verified token's claims, whose size the request's header limit bounds
   (:data:`MAX_INPUT_BYTES` is checked again here);
 * each token's identity is computed once and cached until it expires, so an expression
   runs once per token, not once per request.
 
 An evaluation error (a missing claim without ``has()``, a type mismatch) is
-:class:`EvaluationError` — never a value, so no rule reads an error as ``true``; a
-result of the wrong type is the same error.
+:class:`EvaluationError` — never a value, so no rule reads an error as ``true``; a result
+that is no plain value (an optional) is the same error.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-import celpy
-import lark
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_optional
+
+from .cel_strings import DECLARATIONS as STRING_FUNCTIONS
+from .cel_tree import Node, read_checked
 
 __all__ = [
     "MAX_EXPRESSION_LENGTH",
-    "OPTIONAL_UNSUPPORTED",
     "CompiledExpression",
     "EvaluationError",
     "compile_expression",
@@ -53,93 +65,64 @@ MAX_EXPRESSION_LENGTH = 4096
 MAX_COMPREHENSION_DEPTH = 2
 #: The largest serialized input evaluated (a token's claims travel in a request header).
 MAX_INPUT_BYTES = 64 * 1024
+#: The longest input list an expression that builds a list in a comprehension (``map``,
+#: ``filter``) is evaluated on.
+MAX_LIST_BUILDING = 1000
+#: ``kubernetes.UserInfo``'s fields (compile.go ``buildUserType``).
+USER_FIELDS = frozenset({"username", "uid", "groups", "extra"})
 
-#: Parse-tree nodes one evaluation may visit: kube-apiserver bounds each expression by a cost
-#: budget at run time; this is that budget for celpy (bench/README.md: what it costs).
-MAX_STEPS = 10_000
+Variable = Literal["claims", "user"]
+Returns = Literal["bool", "any"]
 
-_COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
-
-#: cel-go's optional types (``claims.?x``, ``list[?i]``, ``{?k: v}``, ``optional.of``…), which
-#: kube-apiserver enables: cel-python (0.5.0, the newest) has neither the grammar for ``.?``/
-#: ``[?``/``{?`` nor an optional type, so such an expression is refused when the file loads,
-#: never half-evaluated.
-OPTIONAL_UNSUPPORTED = (
-    "CEL optional syntax (claims.?name, [?…], {?…}, optional.of/none, orValue/hasValue) is not supported: "
-    "the gateway's CEL engine (cel-python) has no optional types; write has(claims.name) ? claims.name : "
-    "<default> instead"
-)
-_OPTIONAL_SYNTAX = re.compile(r"\.\s*\?|[\[{]\s*\?")
-_STRING_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
-
-
-class CostExceeded(BaseException):
-    """The evaluation used up its budget.
-
-    A ``BaseException`` on purpose: celpy turns ``Exception`` subclasses raised inside an
-    expression into CEL error values, and CEL's ``||``/``&&`` absorb an error when the other
-    side decides: an exhausted budget must end the evaluation, never become an operand.
-    """
-
-
-class _BudgetedEvaluator(celpy.evaluation.Evaluator):
-    """celpy's interpreter, counting the nodes it visits (its macros' sub-evaluators share the count)."""
-
-    def __init__(self, ast: Any, activation: Any, budget: list[int] | None = None) -> None:
-        super().__init__(ast, activation)
-        self.budget = budget if budget is not None else [MAX_STEPS]
-
-    def _visit_tree(self, tree: Any) -> Any:
-        self.budget[0] -= 1
-        if self.budget[0] < 0:
-            raise CostExceeded(f"more than {MAX_STEPS} evaluation steps")
-        return super()._visit_tree(tree)
-
-    def sub_evaluator(self, ast: Any) -> _BudgetedEvaluator:
-        return _BudgetedEvaluator(ast, activation=self.activation, budget=self.budget)
-
-
-class _BudgetedRunner(celpy.InterpretedRunner):
-    def evaluate(self, context: Any) -> Any:
-        return _BudgetedEvaluator(ast=self.ast, activation=self.new_activation()).evaluate(context)
-
-
-_ENVIRONMENT = celpy.Environment(runner_class=_BudgetedRunner)
+_OBJECT = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
+_ENVIRONMENTS = {name: cel.NewEnv(variables={name: _OBJECT}, extensions=[ext_optional.ExtOptional()],
+                                  functions=STRING_FUNCTIONS)
+                 for name in ("claims", "user")}
 
 
 class EvaluationError(Exception):
-    """An expression failed, or returned the wrong type: never a result."""
+    """An expression failed, or returned no plain value: never a result."""
 
 
 @dataclass(frozen=True)
 class CompiledExpression:
-    """One expression over one variable (``claims`` or ``user``), ready to run."""
+    """One type-checked expression over one variable (``claims`` or ``user``), ready to run."""
 
     source: str
     variable: str
-    ast: Any = field(repr=False, compare=False, hash=False)
     program: Any = field(repr=False, compare=False, hash=False)
+    tree: Node = field(repr=False, compare=False, hash=False)
+    #: it has a comprehension that accumulates a list (``map``/``filter``: ``accu_init`` is ``[]``)
+    builds_lists: bool = False
 
 
-def compile_expression(source: str, variable: str) -> CompiledExpression:
-    """Parse and check ``source``; :class:`ValueError` says why it is refused."""
+def compile_expression(source: str, variable: str, returns: Returns = "any") -> CompiledExpression:
+    """Parse and type-check ``source``; :class:`ValueError` says why it is refused.
+
+    :param returns: ``bool`` for a validation rule (its checked type must be ``bool``).
+    """
+    if variable not in _ENVIRONMENTS:
+        raise ValueError(f"no CEL variable {variable!r}")
     if len(source) > MAX_EXPRESSION_LENGTH:
         raise ValueError(f"longer than {MAX_EXPRESSION_LENGTH} characters")
     try:
-        ast = _ENVIRONMENT.compile(source)
-    except celpy.CELParseError as exc:
-        if _OPTIONAL_SYNTAX.search(_STRING_LITERAL.sub("''", source)):
-            raise ValueError(OPTIONAL_UNSUPPORTED) from None
-        raise ValueError(" ".join(str(exc).split())[:300]) from None
-    depth = _comprehension_depth(ast)
+        program = _ENVIRONMENTS[variable].compile(source)
+    except RuntimeError as exc:
+        raise ValueError(_compile_error(exc)) from None
+    if returns == "bool" and program.return_type() != cel.Type.BOOL:
+        raise ValueError(f"must evaluate to bool but got {program.return_type().name().lower()}")
+    tree = read_checked(program.serialize())
+    depth = _comprehension_depth(tree)
     if depth > MAX_COMPREHENSION_DEPTH:
         raise ValueError(f"comprehensions nested {depth} deep (at most {MAX_COMPREHENSION_DEPTH})")
-    unknown = _free_identifiers(ast) - {variable}
-    if "optional" in unknown:
-        raise ValueError(OPTIONAL_UNSUPPORTED)
-    if unknown:
-        raise ValueError(f"undeclared reference to {sorted(unknown)[0]!r} (only {variable!r} is declared)")
-    return CompiledExpression(source, variable, ast, _ENVIRONMENT.program(ast, functions=_STRING_FUNCTIONS))
+    if variable == "user":
+        unknown = sorted(name for operand, name in _selections(tree) if operand == "user" and name not in USER_FIELDS)
+        if unknown:
+            fields = ", ".join(sorted(USER_FIELDS))
+            raise ValueError(f"undefined field {unknown[0]!r} (kubernetes.UserInfo has {fields})")
+    builds_lists = any(node.kind == "comprehension" and len(node.children) > 1 and node.children[1].kind == "list"
+                       and not node.children[1].children for node in tree.walk())
+    return CompiledExpression(source, variable, program, tree, builds_lists)
 
 
 def evaluate(expression: CompiledExpression, value: Any) -> Any:
@@ -149,142 +132,62 @@ def evaluate(expression: CompiledExpression, value: Any) -> Any:
     """
     if len(json.dumps(value, separators=(",", ":"))) > MAX_INPUT_BYTES:
         raise EvaluationError(f"input larger than {MAX_INPUT_BYTES} bytes")
+    if expression.builds_lists and _longest_list(value) > MAX_LIST_BUILDING:
+        raise EvaluationError(f"cost budget exceeded: map/filter over a list of more than {MAX_LIST_BUILDING} entries")
     try:
-        result = expression.program.evaluate({expression.variable: celpy.json_to_cel(value)})
-    except celpy.CELEvalError as exc:
-        raise EvaluationError(_error_text(exc)) from None
-    except CostExceeded as exc:
-        raise EvaluationError(f"cost budget exceeded: {exc}") from None
-    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, RecursionError) as exc:
-        # celpy lets some failures of its built-ins through as Python's own.
-        raise EvaluationError(type(exc).__name__) from None
-    if isinstance(result, celpy.CELEvalError):
-        raise EvaluationError(_error_text(result))
-    return _plain(result)
-
-
-def _error_text(exc: BaseException) -> str:
-    first = str(exc.args[0] if exc.args else type(exc).__name__)
-    # celpy appends the whole activation (the claims) to some messages: not for a client.
-    return " ".join(first.split(" (in activation", 1)[0].split())[:200]
-
-
-def _string_function(name: str, body: Any) -> Any:
-    def call(*args: Any) -> Any:
-        try:
-            return body(*args)
-        except (TypeError, ValueError, AttributeError) as exc:
-            return celpy.CELEvalError(f"{name}: {type(exc).__name__}", type(exc), exc.args)
-    return call
-
-
-def _split(text: Any, separator: Any, limit: Any = -1) -> Any:
-    if not isinstance(text, str) or not isinstance(separator, str):
-        raise TypeError("split")
-    count = int(limit)
-    if count == 0:
-        return celpy.celtypes.ListType([])
-    parts = text.split(separator, count - 1) if count > 0 else text.split(separator)
-    return celpy.celtypes.ListType([celpy.celtypes.StringType(p) for p in parts])
-
-
-def _join(items: Any, separator: Any = "") -> Any:
-    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-        raise TypeError("join")
-    return celpy.celtypes.StringType(str(separator).join(items))
-
-
-def _text(operation: Any) -> Any:
-    def apply(text: Any, *args: Any) -> Any:
-        if not isinstance(text, str) or not all(isinstance(a, str) for a in args):
-            raise TypeError("string function")
-        return celpy.celtypes.StringType(operation(text, *args))
-    return apply
-
-
-#: The string extension Kubernetes' CEL environment includes (cel-go ``ext.Strings``), the
-#: functions claim mappings use: celpy has only the standard library.
-_STRING_FUNCTIONS: dict[str, Any] = {
-    "split": _string_function("split", _split),
-    "join": _string_function("join", _join),
-    "lowerAscii": _string_function("lowerAscii", _text(lambda t: "".join(
-        c.lower() if c.isascii() else c for c in t))),
-    "upperAscii": _string_function("upperAscii", _text(lambda t: "".join(
-        c.upper() if c.isascii() else c for c in t))),
-    "trim": _string_function("trim", _text(str.strip)),
-    "replace": _string_function("replace", _text(lambda t, old, new: t.replace(old, new))),
-}
-
-
-def _plain(value: Any) -> Any:
-    """A celpy value as JSON-shaped Python (bool before int: CEL's bool is not a number)."""
-    if isinstance(value, celpy.celtypes.BoolType):
-        return bool(value)
-    if isinstance(value, celpy.celtypes.StringType):
-        return str(value)
-    if isinstance(value, (celpy.celtypes.IntType, celpy.celtypes.UintType)):
-        return int(value)
-    if isinstance(value, celpy.celtypes.DoubleType):
-        return float(value)
-    if isinstance(value, celpy.celtypes.ListType):
-        return [_plain(item) for item in value]
-    if isinstance(value, celpy.celtypes.MapType):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if value is None or isinstance(value, celpy.celtypes.NullType):
-        return None
-    if isinstance(value, celpy.CELEvalError):
-        raise EvaluationError(_error_text(value))
-    return value
+        result = expression.program.eval(data={expression.variable: value})
+    except RuntimeError as exc:
+        # cel-cpp ends an evaluation this way when its iteration budget runs out: an error no
+        # ``||`` absorbs, as cel-go's exhausted cost budget is.
+        text = str(exc)
+        if "budget exceeded" in text:
+            raise EvaluationError("cost budget exceeded: more than 10000 comprehension iterations") from None
+        raise EvaluationError(_short(text)) from None
+    try:
+        if result.type() == cel.Type.ERROR:
+            raise EvaluationError(_short(str(result.value())))
+        return result.plain_value()
+    except TypeError:
+        # The bindings convert no optional (nor other value without a Python form) back.
+        raise EvaluationError("the result is not a plain value (an optional? use .orValue(…))") from None
 
 
 def selects(expression: CompiledExpression, operand: str, name: str) -> bool:
-    """Whether ``expression`` reads ``operand.name`` (validation.go ``hasSelectExp``)."""
-    for node in expression.ast.iter_subtrees():
-        if node.data == "member_dot" and len(node.children) == 2:
-            target, field_token = node.children
-            if str(field_token) == name and _identifier(target) == operand:
-                return True
-    return False
+    """Whether ``expression`` reads ``operand.name`` (validation.go ``hasSelectExp``: a select,
+    a ``has()`` test, or an optional select ``operand.?name``)."""
+    return (operand, name) in _selections(expression.tree)
 
 
-def _identifier(node: Any) -> str | None:
-    """The identifier a parse-tree node is made of alone, if it is one."""
-    while isinstance(node, lark.Tree):
-        if node.data == "ident":
-            return str(node.children[0])
-        if len(node.children) != 1:
-            return None
-        node = node.children[0]
-    return str(node) if isinstance(node, lark.Token) and node.type == "IDENT" else None
-
-
-def _free_identifiers(ast: Any) -> set[str]:
-    """Identifiers an expression reads from its activation (not the variables its macros bind)."""
-    bound: set[str] = set()
-    for node in ast.iter_subtrees():
-        if node.data in ("member_dot_arg",) and len(node.children) >= 2:
-            method = str(node.children[1])
-            args = node.children[2] if len(node.children) > 2 else None
-            if method in _COMPREHENSIONS and isinstance(args, lark.Tree) and args.children:
-                name = _identifier(args.children[0])
-                if name:
-                    bound.add(name)
-    found: set[str] = set()
-    for node in ast.iter_subtrees():
-        if node.data == "ident":
-            name = str(node.children[0])
-            if name not in bound:
-                found.add(name)
+def _selections(tree: Node) -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+    for node in tree.walk():
+        if node.kind == "select" and node.children and node.children[0].kind == "ident":
+            found.add((node.children[0].text, node.text))
+        elif node.kind == "call" and node.text == "_?._" and len(node.children) == 2 \
+                and node.children[0].kind == "ident" and node.children[1].kind == "const":
+            found.add((node.children[0].text, node.children[1].text))
     return found
 
 
-def _comprehension_depth(ast: Any) -> int:
-    def depth(node: Any) -> int:
-        if not isinstance(node, lark.Tree):
-            return 0
-        inner = max((depth(child) for child in node.children), default=0)
-        if node.data == "member_dot_arg" and len(node.children) >= 2 and str(node.children[1]) in _COMPREHENSIONS:
-            return inner + 1
-        return inner
+def _longest_list(value: Any) -> int:
+    if isinstance(value, dict):
+        return max(map(_longest_list, value.values()), default=0)
+    if isinstance(value, list):
+        return max(len(value), *map(_longest_list, value))
+    return 0
 
-    return depth(ast)
+
+def _comprehension_depth(node: Node) -> int:
+    inner = max((_comprehension_depth(child) for child in node.children), default=0)
+    return inner + 1 if node.kind == "comprehension" else inner
+
+
+def _compile_error(exc: RuntimeError) -> str:
+    """cel-cpp's message less its status code and source excerpt: ``<input>:1:8: Syntax error: …``."""
+    text = str(exc).split(" [INVALID_ARGUMENT]", 1)[0]
+    text = text.removeprefix("INVALID_ARGUMENT: ").removeprefix("ERROR: ")
+    return _short(text.split("\n", 1)[0])
+
+
+def _short(text: str) -> str:
+    return " ".join(text.split())[:200]

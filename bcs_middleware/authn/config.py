@@ -1,8 +1,8 @@
 """kube-apiserver's structured ``AuthenticationConfiguration``: parsed, validated, frozen.
 
 The file is the one kube-apiserver ≥ 1.30 takes with ``--authentication-config``
-(``apiserver.config.k8s.io`` ``v1alpha1``, ``v1beta1`` or ``v1``; only its ``jwt``
-list is used here). Decoding is strict as the apiserver's is: an unknown field is an
+(``apiserver.config.k8s.io`` ``v1alpha1``, ``v1beta1`` or ``v1``; its ``jwt`` list and
+``anonymous``, :mod:`.anonymous`). Decoding is strict as the apiserver's is: an unknown field is an
 error. The rules are those of
 ``staging/src/k8s.io/apiserver/pkg/apis/apiserver/validation/validation.go``
 (``validateJWTAuthenticator``): at most 64 authenticators, issuer and discovery URLs
@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..core.errors import ConfigError
-from .cel import CompiledExpression, compile_expression, selects
+from .anonymous import AnonymousAuth
+from .cel import CompiledExpression, Returns, compile_expression, selects
 
 __all__ = [
     "AuthenticationConfiguration",
@@ -110,7 +111,11 @@ class JWTAuthenticator:
 
 @dataclass(frozen=True)
 class AuthenticationConfiguration:
+    """:param anonymous: the file's ``anonymous``; ``None`` when the file has none (requests
+        without credentials are refused, unless the token auth filter's ``required`` says otherwise)."""
+
     jwt: tuple[JWTAuthenticator, ...] = ()
+    anonymous: AnonymousAuth | None = None
 
 
 def load_configuration(path: str | Path) -> AuthenticationConfiguration:
@@ -136,8 +141,7 @@ def parse_configuration(document: Any, *, source: str = "authentication config")
         errors.add("apiVersion", f"must be {API_GROUP}/{{{','.join(VERSIONS)}}}")
     if document.get("kind") != "AuthenticationConfiguration":
         errors.add("kind", "must be AuthenticationConfiguration")
-    if document.get("anonymous") is not None:
-        errors.add("anonymous", "not supported by the gateway (requests without a token are refused)")
+    anonymous = _anonymous(errors, document.get("anonymous"))
     items = document.get("jwt") or []
     authenticators: list[JWTAuthenticator] = []
     if not isinstance(items, list):
@@ -161,7 +165,7 @@ def parse_configuration(document: Any, *, source: str = "authentication config")
                 seen_discovery.add(found.issuer.discovery_url)
             authenticators.append(found)
     errors.raise_if_any(source)
-    return AuthenticationConfiguration(tuple(authenticators))
+    return AuthenticationConfiguration(tuple(authenticators), anonymous)
 
 
 class _Errors:
@@ -198,6 +202,37 @@ def _string(errors: _Errors, path: str, value: Any) -> str:
         errors.add(path, "must be a string")
         return ""
     return value
+
+
+def _anonymous(errors: _Errors, value: Any) -> AnonymousAuth | None:
+    """``anonymous: {enabled, conditions: [{path}]}`` (types.go ``AnonymousAuthConfig``)."""
+    if value is None:
+        return None
+    raw = _mapping(errors, "anonymous", value)
+    _only(errors, "anonymous", raw, {"enabled", "conditions"})
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        errors.add("anonymous.enabled", "must be a boolean")
+        enabled = False
+    conditions = raw.get("conditions") or []
+    if not isinstance(conditions, list):
+        errors.add("anonymous.conditions", "must be a list")
+        conditions = []
+    if conditions and not enabled:
+        # validation.go's words, so a file kube-apiserver refuses is refused the same way.
+        errors.add("anonymous.conditions", "Invalid value: enabled should be set to true when conditions are defined")
+    paths: set[str] = set()
+    for index, item in enumerate(conditions):
+        at = f"anonymous.conditions[{index}]"
+        condition = _mapping(errors, at, item)
+        _only(errors, at, condition, {"path"})
+        path = _string(errors, f"{at}.path", condition.get("path"))
+        # kube-apiserver takes any string and compares it with the request's path; one not
+        # starting with "/" can never match, so it is a mistake worth saying at start.
+        if not path.startswith("/"):
+            errors.add(f"{at}.path", f"Invalid value: {path!r}: must be an absolute path (matched exactly)")
+        paths.add(path)
+    return AnonymousAuth(enabled, frozenset(paths))
 
 
 def _jwt_authenticator(errors: _Errors, path: str, item: Any) -> JWTAuthenticator | None:
@@ -289,10 +324,11 @@ def _url(errors: _Errors, path: str, url: str) -> None:
         errors.add(path, f"Invalid value: {url!r}: URL must not contain a fragment")
 
 
-def _compile(errors: _Errors, path: str, source: Any, variable: str) -> CompiledExpression | None:
+def _compile(errors: _Errors, path: str, source: Any, variable: str,
+             returns: Returns = "any") -> CompiledExpression | None:
     text = _string(errors, path, source)
     try:
-        return compile_expression(text, variable)
+        return compile_expression(text, variable, returns)
     except ValueError as exc:
         errors.add(path, f"Invalid value: {text!r}: compilation failed: {exc}")
         return None
@@ -334,7 +370,7 @@ def _claim_validation_rules(errors: _Errors, path: str, value: Any,
                 errors.add(f"{at}.expression", f"Duplicate value: {expression!r}")
                 continue
             seen_expressions.add(expression)
-            compiled = _compile(errors, f"{at}.expression", expression, "claims")
+            compiled = _compile(errors, f"{at}.expression", expression, "claims", "bool")
             if compiled is not None:
                 state.email_verified = state.email_verified or selects(compiled, "claims", "email_verified")
                 rules.append(ClaimValidationRule(expression=compiled, message=message))
@@ -441,7 +477,7 @@ def _user_validation_rules(errors: _Errors, path: str, value: Any) -> tuple[User
             errors.add(f"{at}.expression", f"Duplicate value: {expression!r}")
             continue
         seen.add(expression)
-        compiled = _compile(errors, f"{at}.expression", expression, "user")
+        compiled = _compile(errors, f"{at}.expression", expression, "user", "bool")
         if compiled is not None:
             rules.append(UserValidationRule(compiled, _string(errors, f"{at}.message", rule.get("message"))))
     return tuple(rules)

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Sequence
 
 from ..core.errors import ConfigError
-from . import serve_config
 
 
 def runs_on_gevent(argv: Sequence[str]) -> bool:
@@ -23,6 +22,8 @@ def runs_on_gevent(argv: Sequence[str]) -> bool:
             for i, arg in enumerate(argv))
     if not argv or argv[0] != "serve":
         return False
+    from . import serve_config
+
     chosen = serve_config.option_value(argv, "--worker-class") or serve_config.ini_worker_class(argv)
     return (chosen or "gevent") == "gevent"
 
@@ -46,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         patch_for_gevent()  # before the parser imports the commands (and urllib3)
     from .parser import build_parser
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)  # only what this command runs is imported
     args = parser.parse_args(argv)
     if args.command is None:
         # A bare command: what it can do, on stderr, and the usage-error status (as argparse's own).

@@ -186,8 +186,10 @@ class ClusterAuthorizer:
         # A user the store keeps no record of (an identity provider's) holds what their groups hold.
         own = self.store.cluster_permission(cluster_id, user.id) if user.id != env.NO_RECORD else None
         found = _stronger(own, self.store.group_cluster_permission(cluster_id, user.groups))
+        if user.anonymous and found == EDIT:
+            found = VIEW  # a request without credentials never manages a cluster, whatever a row says
         if found is None and self.rbac_grants and self.store.rbac_grants_cluster(
-            user.name, ("system:authenticated", *user.groups), cluster_id
+            user.name, user.kubernetes_groups, cluster_id
         ):
             # The groups are those the tunnel impersonates, so a grant means here
             # what it means to the cluster's RBAC.
@@ -208,7 +210,7 @@ class ClusterAuthorizer:
             held[cluster_id] = _stronger(held.get(cluster_id), group_permission) or group_permission
         granted: set[str] = set()
         if self.rbac_grants:
-            granted = self.store.rbac_granted_clusters(user.name, ("system:authenticated", *user.groups))
+            granted = self.store.rbac_granted_clusters(user.name, user.kubernetes_groups)
         found: list[tuple[ClusterRecord, str]] = []
         for cluster in clusters:
             permission = held.get(cluster.id)

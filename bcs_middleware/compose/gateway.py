@@ -48,6 +48,7 @@ from ..apps.management.app import ManagementAPI
 from ..apps.proxy import UpstreamProxy
 from ..apps.rbac_status import RBACStatusApp
 from ..audit.sink import AuditSink
+from ..authn.anonymous import AnonymousAuth
 from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer
 from ..clusters.reader import TunnelClusterReader
@@ -256,17 +257,23 @@ def _authenticated(config: GatewayConfig, resources: GatewayResources, app: Any)
     certificates when subjects are mapped."""
     auth, store = config.auth, resources.store
     authenticator: Authenticator = CachingAuthenticator(StoreAuthenticator(store), ttl=auth.token_cache_ttl)
+    anonymous: AnonymousAuth | None = None
     if config.identity.authentication_config is not None or config.identity.superuser_groups:
         # Imported only when configured: the JWT and CEL libraries cost a worker seconds to load.
-        from ..layers.jwt_auth import with_jwts
+        from ..layers.jwt_auth import sign_in
 
-        authenticator = with_jwts(authenticator, config.identity, resources.transport)
+        configured = sign_in(authenticator, config.identity, resources.transport)
+        authenticator, anonymous = configured.authenticator, configured.anonymous
+        if anonymous is not None and anonymous.enabled and not config.rbac.enabled:
+            raise ConfigError("authentication config: anonymous cannot be enabled while rbac is off "
+                              "(an anonymous request would reach a cluster with the gateway's own credential)")
     peer = (ClientCertificateAuthenticator(dict(auth.client_cert_subjects), store.find_user)
             if auth.client_cert_subjects else None)
     return TokenAuthMiddleware(
         _limited(app, config.limits),
         authenticator=authenticator,
         public_paths=auth.public_paths, peer_authenticator=peer, public_routes=("agent_report",),
+        anonymous=anonymous,
     )
 
 

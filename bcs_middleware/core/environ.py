@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .impersonation import Impersonation
+from .impersonation import AUTHENTICATED, Impersonation
 
 USER = "bcs.user"
 AGENT = "bcs.agent"
@@ -49,8 +49,9 @@ ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]
 
 
-#: How a user proved who they are (``User.authenticated_by``).
-AuthMethod = Literal["token", "certificate", "oidc"]
+#: How a user proved who they are (``User.authenticated_by``); ``anonymous``: they did not, and the
+#: authentication configuration lets such a request through as :data:`ANONYMOUS_USER`.
+AuthMethod = Literal["token", "certificate", "oidc", "anonymous"]
 #: ``User.id`` of a user the gateway keeps no record of (one signed in through an identity
 #: provider): record ids start at 1, so no stored permission or token ever names it.
 NO_RECORD = 0
@@ -76,6 +77,32 @@ class User:
     extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
     authenticated_by: AuthMethod = "token"
     expires_at: float | None = None
+
+    @property
+    def anonymous(self) -> bool:
+        return self.authenticated_by == "anonymous"
+
+    @property
+    def kubernetes_groups(self) -> tuple[str, ...]:
+        """The groups Kubernetes sees this user in: kube-apiserver adds ``system:authenticated`` to
+        every authenticated user and never to ``system:anonymous`` (``impersonation.go`` adds
+        ``system:unauthenticated`` to an impersonated anonymous user instead)."""
+        return self.groups if self.anonymous else (AUTHENTICATED, *self.groups)
+
+
+#: kube-apiserver's anonymous user and its one group (``k8s.io/apiserver/pkg/authentication/user``:
+#: ``Anonymous``, ``AllUnauthenticated``).
+ANONYMOUS = "system:anonymous"
+UNAUTHENTICATED = "system:unauthenticated"
+#: The user a request without credentials is, where the authentication configuration enables
+#: ``anonymous`` (:mod:`bcs_middleware.authn.anonymous`): never a superuser, no record.
+ANONYMOUS_USER = User(NO_RECORD, ANONYMOUS, groups=(UNAUTHENTICATED,), authenticated_by="anonymous")
+
+
+def kubernetes_identity(user: User | None) -> tuple[str, tuple[str, ...]]:
+    """The name and groups Kubernetes sees for ``user`` (``None``: a request nobody authenticated)."""
+    user = user or ANONYMOUS_USER
+    return user.name, user.kubernetes_groups
 
 
 @dataclass(frozen=True)

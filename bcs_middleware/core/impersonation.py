@@ -32,7 +32,8 @@ class Impersonation:
     """The identity a cluster is asked to act as.
 
     :param user: the user name (``Impersonate-User``).
-    :param groups: the groups, in order (``Impersonate-Group`` each).
+    :param groups: the groups, in order (``Impersonate-Group`` each): a gateway user's
+        :attr:`~bcs_middleware.core.environ.User.kubernetes_groups`.
     :param uid: the user's uid (``Impersonate-Uid``), ``""`` for none.
     :param extra: ``(key, values)`` pairs (``Impersonate-Extra-{key}``).
     """
@@ -41,14 +42,6 @@ class Impersonation:
     groups: tuple[str, ...] = ()
     uid: str = ""
     extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-    @classmethod
-    def of_user(cls, name: str, groups: tuple[str, ...] = (), *, uid: str = "",
-                extra: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> Impersonation:
-        """A gateway user as the cluster sees them: their groups after ``system:authenticated``,
-        and the uid and extra their identity provider mapped (kube-apiserver sends all of them
-        on to admission and authorization)."""
-        return cls(user=name, groups=(AUTHENTICATED, *groups), uid=uid, extra=extra)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -250,9 +250,7 @@ class _RequestAudit:
         environ, info = self._environ, self._info
         # The request id (access log, X-Request-Id); a stack without RequestContextMiddleware gets one here.
         self._audit_id = environ.get(env.REQUEST_ID) or str(uuid.uuid4())
-        user = env.get_user(environ)
-        attributes = Attributes(info, user.name, ("system:authenticated", *user.groups)) if user is not None \
-            else Attributes(info, "system:anonymous", ("system:unauthenticated",))
+        attributes = Attributes(info, *env.kubernetes_identity(env.get_user(environ)))
         level, omit = self._layer.policy.decide(attributes)
         if level != "Metadata" and level != "None" and carries_credentials(info):
             level = "Metadata"  # whatever the policy says: never a secret's data or a token

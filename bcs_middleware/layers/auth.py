@@ -11,7 +11,9 @@
 
 Unknown, expired or revoked tokens get ``401`` with ``WWW-Authenticate: Bearer``;
 a request without a token gets ``401`` unless its path is public, where it passes
-through anonymously. It works in front of any WSGI application.
+through anonymously, or the authentication configuration's ``anonymous`` admits it
+(:mod:`bcs_middleware.authn.anonymous`), where it is
+:data:`~bcs_middleware.core.environ.ANONYMOUS_USER`. It works in front of any WSGI application.
 
 Lookups go through a per-process cache (:class:`CachingAuthenticator`) so the
 store stays off the hot path; a revoked token stops working everywhere within
@@ -37,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..authn.anonymous import AnonymousAuth
 from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
@@ -49,6 +52,11 @@ from ..telemetry.metrics import BATCH, TOKEN_CACHE
 log = logging.getLogger(__name__)
 
 Principal = env.User | env.ClusterAgent
+
+#: pkg/kubeapiserver/options/authentication.go refuses the flag beside the file's field (its
+#: message, less its typo); ``required`` is this layer's ``--anonymous-auth``.
+ANONYMOUS_CONFLICT = ("required cannot be set when anonymous is configured in the authentication "
+                      "configuration file (as kube-apiserver's --anonymous-auth flag)")
 
 
 class Authenticator(Protocol):
@@ -213,6 +221,9 @@ class TokenAuthMiddleware:
         requests may come without a token and pass through anonymously, the app
         authenticating them itself (``agent_report``: the Go kube-agent's report
         carries its register token in the body).
+    :param anonymous: the authentication configuration's ``anonymous``: which requests
+        without credentials are ``system:anonymous``; cannot be given with ``required=False``
+        (kube-apiserver refuses ``--anonymous-auth`` beside the file's ``anonymous``).
     """
 
     def __init__(
@@ -224,8 +235,12 @@ class TokenAuthMiddleware:
         required: bool = True,
         peer_authenticator: PeerAuthenticator | None = None,
         public_routes: Iterable[RouteKind] = (),
+        anonymous: AnonymousAuth | None = None,
     ) -> None:
+        if anonymous is not None and not required:
+            raise ConfigError(ANONYMOUS_CONFLICT)
         self.app = app
+        self.anonymous = anonymous if anonymous is not None and anonymous.enabled else None
         self.public_routes = frozenset(public_routes)
         self.authenticator = authenticator
         self.public_paths = tuple(public_paths)
@@ -253,6 +268,11 @@ class TokenAuthMiddleware:
                 environ[env.USER if isinstance(peer, env.User) else env.AGENT] = peer
                 return self.app(environ, start_response)
             if public or not self.required or (self.public_routes and self._public_request(environ)):
+                return self.app(environ, start_response)
+            if self.anonymous is not None and self.anonymous.admits(
+                environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", ""), request_facts.of(environ).kind
+            ):
+                environ[env.USER] = env.ANONYMOUS_USER
                 return self.app(environ, start_response)
             return Unauthorized("missing bearer token")(environ, start_response)
         if token == "":
@@ -322,16 +342,20 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
     authenticator: Authenticator = CachingAuthenticator(
         inner, ttl=opts.get("cache_ttl", 5.0), max_entries=opts.get("cache_size", 10_000)
     )
+    anonymous: AnonymousAuth | None = None
     if opts.get("authentication_config") or opts.get("superuser_groups"):
         # Imported only when configured: the JWT and CEL libraries cost a worker seconds to load.
         from ..authn.settings import IdentitySettings
-        from .jwt_auth import with_jwts
+        from .jwt_auth import sign_in
 
         settings = IdentitySettings(
             Path(opts["authentication_config"]) if opts.get("authentication_config") else None,
             tuple(opts.get("superuser_groups", ())),
         )
-        authenticator = with_jwts(authenticator, settings)
+        configured = sign_in(authenticator, settings)
+        authenticator, anonymous = configured.authenticator, configured.anonymous
+        if anonymous is not None and "required" in opts:
+            raise ConfigError(f"[filter:token_auth] {ANONYMOUS_CONFLICT}")
 
     def make(app: Any) -> TokenAuthMiddleware:
         return TokenAuthMiddleware(
@@ -339,6 +363,7 @@ def filter_factory(global_conf: Mapping[str, Any], **local_conf: Any) -> Any:
             authenticator=authenticator,
             public_paths=opts.get("public_paths", ("/healthz", "/readyz")),
             required=opts.get("required", True),
+            anonymous=anonymous,
         )
 
     return make

@@ -11,9 +11,11 @@ JWT and CEL libraries.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..admission.outcome import warning_headers
+from ..authn.anonymous import AnonymousAuth
 from ..authn.config import load_configuration
 from ..authn.service import JWTAuthenticators, Refusal, looks_like_jwt
 from ..authn.settings import IdentitySettings
@@ -32,7 +34,7 @@ class Authenticator(Protocol):
 
     def authenticate(self, token: str) -> Principal | None: ...
 
-__all__ = ["CredentialKinds", "JWTAuthenticator", "jwt_authenticator", "with_jwts"]
+__all__ = ["CredentialKinds", "JWTAuthenticator", "SignIn", "sign_in"]
 
 
 class JWTAuthenticator:
@@ -94,25 +96,37 @@ class CredentialKinds:
         return self.jwts.authenticate(token) if looks_like_jwt(token) else self.tokens.authenticate(token)
 
 
-def jwt_authenticator(settings: IdentitySettings, transport: Transport | None = None) -> JWTAuthenticator | None:
-    """The identity-provider authenticator ``settings`` configure (``None``: none configured).
+@dataclass(frozen=True)
+class SignIn:
+    """What the gateway's sign-in settings configure, read from the file once.
 
-    The configuration is read and validated here, at start: a bad file stops the server
-    with every problem listed. Discovery and keys are fetched on first use, through
-    ``transport`` (default the process's).
+    :param authenticator: gateway tokens, and the identity providers' JWTs beside them (if any).
+    :param anonymous: the file's ``anonymous`` (``None``: the file has none, or there is no file).
     """
+
+    authenticator: Authenticator
+    anonymous: AnonymousAuth | None = None
+
+
+def sign_in(tokens: Authenticator, settings: IdentitySettings, transport: Transport | None = None) -> SignIn:
+    """``tokens``, the identity providers ``settings`` configure beside them, and ``anonymous``.
+
+    The configuration is read and validated here, at start: a bad file stops the server with
+    every problem listed; so does a ``superuser_groups`` entry that every request without
+    credentials would be in. Discovery and keys are fetched on first use, through ``transport``
+    (default the process's).
+    """
+    unauthenticated = {env.ANONYMOUS, env.UNAUTHENTICATED}.intersection(settings.superuser_groups)
+    if unauthenticated:
+        raise ConfigError(f"superuser_groups: {sorted(unauthenticated)[0]!r} is what a request without "
+                          "credentials is: it can never be a superuser group")
     if settings.authentication_config is None:
         if settings.superuser_groups:
             raise ConfigError("superuser_groups needs authentication_config (groups come from an identity provider)")
-        return None
+        return SignIn(tokens)
     configuration = load_configuration(settings.authentication_config)
     if not configuration.jwt:
-        return None
-    return JWTAuthenticator(JWTAuthenticators(configuration, transport or default_transport()),
+        return SignIn(tokens, configuration.anonymous)
+    jwts = JWTAuthenticator(JWTAuthenticators(configuration, transport or default_transport()),
                             superuser_groups=settings.superuser_groups)
-
-
-def with_jwts(tokens: Authenticator, settings: IdentitySettings, transport: Transport | None = None) -> Authenticator:
-    """``tokens``, and the identity providers ``settings`` configure beside them (if any)."""
-    jwts = jwt_authenticator(settings, transport)
-    return tokens if jwts is None else CredentialKinds(tokens, jwts)
+    return SignIn(CredentialKinds(tokens, jwts), configuration.anonymous)

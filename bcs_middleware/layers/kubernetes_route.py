@@ -137,8 +137,10 @@ class ClusterRoutingMiddleware:
 
 @functools.lru_cache(maxsize=4096)
 def _impersonation(user: env.User) -> Impersonation:
-    """The identity a non-superuser's requests carry to the cluster (users are immutable: cached)."""
-    return Impersonation.of_user(user.name, user.groups, uid=user.uid, extra=user.extra)
+    """The identity a non-superuser's requests carry to the cluster (users are immutable: cached):
+    every group Kubernetes would see them in, and the uid and extra their identity provider mapped
+    (kube-apiserver sends all of them on to admission and authorization)."""
+    return Impersonation(user.name, user.kubernetes_groups, uid=user.uid, extra=user.extra)
 
 
 _OPTIONS: dict[str, conv.Converter] = {

@@ -56,13 +56,12 @@ def session_of(environ: dict[str, Any], started_at: datetime) -> SessionInfo | N
     info = facts.info
     if facts.upgrade is None or not info.connect or info.connect_subresource not in RECORDED:
         return None
-    user = env.get_user(environ)
+    name, groups = env.kubernetes_identity(env.get_user(environ))
     cluster = env.get_cluster(environ)
     upstream = env.get_upstream(environ)
     return describe(
         info, cluster_id=cluster.id if cluster is not None else facts.cluster_id or "",
-        user=user.name if user is not None else "system:anonymous",
-        groups=("system:authenticated", *user.groups) if user is not None else ("system:unauthenticated",),
+        user=name, groups=groups,
         query=upstream.query if upstream is not None else str(environ.get("QUERY_STRING", "")),
         transport="spdy" if facts.upgrade.lower().startswith("spdy") else "websocket", started_at=started_at,
     )

@@ -10,8 +10,11 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 import trustme
 
+from bcs_middleware.core.errors import ConfigError
+from bcs_middleware.layers.auth import filter_factory
 from bcs_middleware.store.crypto import token_digest
 from tests.support.oidc_provider import served_provider
 from tests.support.servers import gunicorn, http_get
@@ -62,3 +65,49 @@ def test_token_auth_filter_accepts_provider_jwts_beside_its_tokens(tmp_path: Pat
             assert status == 401 and b"audience" in body
         output = server.output()
     assert jwt not in output and token not in output
+
+
+def test_token_auth_filter_anonymous_in_front_of_a_foreign_app(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"webuser {token_digest('t' * 43)}\n")
+    auth = tmp_path / "authentication.yaml"
+    auth.write_text(textwrap.dedent("""
+        apiVersion: apiserver.config.k8s.io/v1
+        kind: AuthenticationConfiguration
+        anonymous:
+          enabled: true
+          conditions: [{path: /hello}]
+    """))
+    ini = tmp_path / "app.ini"
+    ini.write_text(textwrap.dedent(f"""
+        [pipeline:main]
+        pipeline = token_auth myapp
+
+        [filter:token_auth]
+        use = egg:bcs-middleware#token_auth
+        tokens_file = {tokens}
+        authentication_config = {auth}
+
+        [app:myapp]
+        paste.app_factory = tests.support.foreign_app:app_factory
+    """))
+    with gunicorn(str(ini), workers=1) as server:
+        status, _, body = http_get(f"{server.url}/hello")
+        assert status == 200 and b'"user": "system:anonymous"' in body and b'"superuser": false' in body, body
+        status, _, body = http_get(f"{server.url}/other")
+        assert status == 401, body
+        status, _, body = http_get(f"{server.url}/hello", headers={"Authorization": "Bearer " + "x" * 43})
+        assert status == 401, body  # a token that fails is never read as no token
+
+
+def test_token_auth_filter_refuses_required_beside_the_files_anonymous(tmp_path: Path) -> None:
+    # kube-apiserver refuses --anonymous-auth beside the file's anonymous, whatever either says.
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"webuser {token_digest('t' * 43)}\n")
+    auth = tmp_path / "authentication.yaml"
+    auth.write_text("apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\n"
+                    "anonymous: {enabled: false}\n")
+    for required in ("true", "false"):
+        with pytest.raises(ConfigError, match="required cannot be set when anonymous is configured"):
+            filter_factory({}, tokens_file=str(tokens), authentication_config=str(auth), required=required)
+    assert callable(filter_factory({}, tokens_file=str(tokens), authentication_config=str(auth)))

@@ -4,7 +4,10 @@
 cluster's ``edit`` holders) grant ``view`` or ``edit`` on a cluster to every member of a
 group — the groups a user's authenticator maps (an identity provider's groups claim, a
 tokens file's). A group name is at most 253 printable characters and never ``system:…``:
-those are Kubernetes' own (``system:authenticated`` would be every user).
+those are Kubernetes' own (``system:authenticated`` would be every user). The one exception is
+``system:unauthenticated``, the group of the anonymous user (:mod:`bcs_middleware.authn.anonymous`):
+a superuser may grant it ``view`` on a cluster (never ``edit``), so that requests without
+credentials reach that cluster, where its RBAC decides what ``system:anonymous`` may do.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any
 
 from werkzeug.wrappers import Response
 
-from ...clusters.permissions import EDIT
-from ...core.errors import NotFound, ValidationError
+from ...clusters.permissions import EDIT, VIEW
+from ...core.environ import UNAUTHENTICATED, User
+from ...core.errors import Forbidden, NotFound, ValidationError
 from ...core.records import GroupPermissionRecord
 from ...core.schemas.validation import validate
 from .calls import Ctx, json_response
@@ -41,9 +45,15 @@ def _group_json(record: GroupPermissionRecord) -> dict[str, Any]:
             "updated_at": record.updated_at.isoformat().replace("+00:00", "Z")}
 
 
-def _check_group(group: str) -> None:
+def _check_group(group: str, permission: str, actor: User) -> None:
     if not group or len(group) > MAX_GROUP_NAME or not group.isprintable():
         raise ValidationError(f"group: 1 to {MAX_GROUP_NAME} printable characters")
+    if group == UNAUTHENTICATED:
+        if permission != VIEW:
+            raise ValidationError(f"group: {UNAUTHENTICATED} (requests without credentials) can hold view only")
+        if not actor.is_superuser:
+            raise Forbidden(f"only a superuser may open a cluster to {UNAUTHENTICATED}")
+        return
     if group.startswith("system:"):
         raise ValidationError("group: system: groups are Kubernetes' own and cannot hold cluster permissions")
 
@@ -68,9 +78,9 @@ def get_group_permission(ctx: Ctx, cluster_id: str, group: str) -> Response:
 
 def put_group_permission(ctx: Ctx, cluster_id: str, group: str) -> Response:
     actor, cluster = ctx.require_cluster(cluster_id, EDIT)
-    _check_group(group)
     body = ctx.body()
     validate("cluster_permission_put", body)
+    _check_group(group, body["permission"], actor)
     previous = ctx.store.set_group_permission(
         cluster.id, group, body["permission"], limit=ctx.settings.quotas.limit("permissions_per_cluster", actor))
     ctx.store.record_audit(actor.name, "cluster_group_permission.put", f"cluster:{cluster.id}",

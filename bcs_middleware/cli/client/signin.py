@@ -4,6 +4,10 @@ The flow and what is kept are :mod:`.oidc_login`'s; here they meet the gateway: 
 is checked against it (``/rest/whoami``), and every Kubernetes cluster the user may use gets a
 kube context whose user is an exec plugin (``bcs-middleware credential``), so no token is
 ever written into the kubeconfig.
+
+Every client command imports this module (the saved sign-in's token is :func:`current_token`);
+the flow itself (a loopback HTTP server, the browser, the provider's endpoints) is imported only
+by the functions that run it.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from typing import Any
 import yaml
 
 from ...core.printable import escape
-from . import kubeconfig, oidc_login, settings
+from . import kubeconfig, settings
 from .output import emit
 from .rest import ClientError, GatewayClient
 
 
 def current_token() -> str:
     """The sign-in's ID token, refreshed when about to expire (for the REST commands)."""
+    from . import oidc_login
+
     return oidc_login.fresh_id_token()[0]
 
 
@@ -41,6 +47,8 @@ ENV_CLIENT_SECRET = "BCS_OIDC_CLIENT_SECRET"
 
 def _exec_user(server: str) -> dict[str, Any]:
     """The kubeconfig user whose token kubectl asks ``bcs-middleware credential`` for (no token in the file)."""
+    from . import oidc_login
+
     return {"name": f"bcs-oidc@{urllib.parse.urlsplit(server).netloc}", "user": {"exec": {
         "apiVersion": oidc_login.EXEC_API_VERSION, "command": shutil.which("bcs-middleware") or sys.argv[0],
         "args": ["credential"], "interactiveMode": "Never", "provideClusterInfo": False,
@@ -66,6 +74,8 @@ def _merge_exec_contexts(client: GatewayClient, clusters: list[str], path: Path)
 
 def oidc_login_cmd(args: argparse.Namespace) -> int:
     """``login --issuer``: sign in at the identity provider, then keep the gateway and write exec contexts."""
+    from . import oidc_login
+
     try:
         credentials = oidc_login.sign_in(
             issuer=args.issuer, client_id=args.client_id, client_secret=os.environ.get(ENV_CLIENT_SECRET),
@@ -94,6 +104,8 @@ def oidc_login_cmd(args: argparse.Namespace) -> int:
 
 def credential_cmd(args: argparse.Namespace) -> int:
     """kubectl's exec credential plugin: the ExecCredential of the current sign-in, on stdout."""
+    from . import oidc_login
+
     try:
         print(json.dumps(oidc_login.exec_credential()))
         return 0
@@ -114,6 +126,8 @@ def whoami(client: GatewayClient, args: argparse.Namespace) -> int:
 
 def logout_cmd(args: argparse.Namespace) -> int:
     """Forget the sign-in and remove the kube contexts ``login`` wrote (those using its exec user)."""
+    from . import oidc_login
+
     saved = settings.read_config(settings.config_path())
     forgotten = oidc_login.forget()
     removed: list[str] = []
