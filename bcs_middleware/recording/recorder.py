@@ -92,12 +92,13 @@ class Recording:
 
     # -- the caller's side -------------------------------------------------------------
 
-    def start(self, transport: str, first: bytes = b"") -> None:
-        """The upstream answered ``101``: record from now; ``first`` came right behind its head."""
+    def start(self, transport: str, first: bytes = b"", *, subprotocol: str = "") -> None:
+        """The upstream answered ``101`` (WebSocket: naming ``subprotocol``): record from now;
+        ``first`` came right behind its head."""
         now = self._clock()
         self.started = now
         self._encoder = CastEncoder(transport, started=now, timestamp=self.info.started_at.timestamp(),
-                                    stdin=self._stdin, title=_title(self.info))
+                                    stdin=self._stdin, title=_title(self.info), subprotocol=subprotocol)
         if first:
             self.observe(False, first)
 
