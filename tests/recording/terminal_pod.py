@@ -350,7 +350,13 @@ class RawTerminal:
         self.send(4, json.dumps({"Width": cols, "Height": rows}).encode())
 
     def _read_message(self) -> None:
-        opcode, payload = self.ws.recv_data()
+        import websocket
+
+        try:
+            opcode, payload = self.ws.recv_data()
+        except websocket.WebSocketConnectionClosedException:
+            self.closed = True  # cut without a close frame
+            return
         if opcode == 0x8:
             self.closed = True
         elif opcode in (0x1, 0x2) and payload:
