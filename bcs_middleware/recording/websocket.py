@@ -49,8 +49,7 @@ def records(subprotocol: str) -> bool:
 class _Direction:
     """One direction's frame parser state."""
 
-    __slots__ = ("channel", "closing", "control", "encoded", "final", "head", "mask", "masked_at", "remaining",
-                 "streaming")
+    __slots__ = ("channel", "closing", "control", "encoded", "final", "head", "mask", "masked_at", "remaining")
 
     def __init__(self) -> None:
         self.head = bytearray()
@@ -62,7 +61,6 @@ class _Direction:
         self.channel: int | None = None  # of the message under way; None: its first byte is next
         self.closing = False  # a v5 close-channel message: its next byte names the channel
         self.encoded = bytearray()  # base64: the message's text not decoded yet
-        self.streaming = False  # base64: the message outgrew MESSAGE_HOLD, decoded as it comes
 
 
 class ChannelDecoder:
@@ -120,8 +118,7 @@ class ChannelDecoder:
         if _CHANNELS.get(d.channel) is None:
             return  # a channel the apiserver ignores: nothing to keep of it
         d.encoded += chunk.replace(b"\r", b"").replace(b"\n", b"")  # Go's decoder skips line breaks
-        if len(d.encoded) > MESSAGE_HOLD:
-            d.streaming = True
+        if len(d.encoded) > MESSAGE_HOLD:  # decoded as it comes from now on, in whole quanta
             ChannelDecoder._decode(d, out, whole=False)
 
     @staticmethod
@@ -130,8 +127,6 @@ class ChannelDecoder:
         name = _CHANNELS.get(d.channel) if d.channel is not None else None
         size = len(d.encoded) if whole else len(d.encoded) - len(d.encoded) % 4
         text, d.encoded = bytes(d.encoded[:size]), d.encoded[size:]
-        if whole:
-            d.streaming = False
         if name is None or d.channel == -1 or not text:
             return
         try:
