@@ -178,6 +178,7 @@ class UpstreamProxy:
                 return self._upgrade(environ, start_response, upstream, protocol)
             headers = request_headers(environ, upstream, self._trusted)
             body, length = request_body(environ)
+            env.before_forward(environ)
             resp = self.transport.send(
                 upstream, environ["REQUEST_METHOD"], headers, body, length
             )
@@ -206,6 +207,7 @@ class UpstreamProxy:
                 raise BadRequest("an upgrade request may not carry a body")
             headers = request_headers(environ, upstream, self._trusted)
             headers += [("Connection", "Upgrade"), ("Upgrade", protocol)]
+            env.before_forward(environ)
             resp = open_upgrade(upstream, environ["REQUEST_METHOD"], headers)
         except (OutboundError, BCSError) as failed:
             metrics.UPGRADES.labels("error").inc()

@@ -69,6 +69,12 @@ class AuditSink:
         for exporter in self.exporters:
             exporter.submit(event)
 
+    @property
+    def strict(self) -> bool:
+        """An exporter in ``blocking-strict`` mode: a request's ``RequestReceived`` event must be
+        delivered before the request is forwarded."""
+        return any(exporter.batch.mode == "blocking-strict" for exporter in self.exporters)
+
     def start(self) -> None:
         """Start the exporters' spools and threads in this process (a worker, once it serves)."""
         for exporter in self.exporters:

@@ -158,6 +158,11 @@ def _add_recording_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--recording-retention-interval", metavar="DURATION",
                        help="how often each worker applies retention and ends sessions whose writer is gone "
                             "(default 10m)")
+    serve.add_argument("--recording-buffer", metavar="SIZE",
+                       help="bytes of one session held while the store catches up (default 4MiB)")
+    serve.add_argument("--recording-stall-timeout", metavar="DURATION",
+                       help="a store that takes nothing this long (a write: twice this) has failed the "
+                            "recording; creating one that takes longer refuses a required session (default 10s)")
     serve.add_argument("--recording-heartbeat-timeout", metavar="DURATION",
                        help="a session whose writer gave no heartbeat this long is ended as interrupted "
                             "(default 5m; a writer on this host that is gone is seen at once)")

@@ -97,7 +97,8 @@ APP_FLAGS = (
     AppFlag("recording_max_age", ("recording_max_age",), "recording_max_age"),
     AppFlag("recording_max_size", ("recording_max_size",), "recording_max_size"),
     *(AppFlag(dest, (dest,), dest) for dest in ("recording_max_size_per_user", "recording_retention_interval",
-                                                "recording_heartbeat_timeout")),
+                                                "recording_heartbeat_timeout", "recording_buffer",
+                                                "recording_stall_timeout")),
     AppFlag("limits_config", ("limits_config",), "limits_config"),
     *(AppFlag(dest, (dest,), dest) for dest in AUDIT_EXPORT_KEYS),
 )

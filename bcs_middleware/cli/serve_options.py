@@ -240,7 +240,10 @@ AUDIT_EXPORT_FLAGS: tuple[tuple[str, bool, dict[str, Any]], ...] = (
         "choices": ("batch", "blocking", "blocking-strict"),
         "help": "batch (default): sent in the background, a request never waits; blocking: a request waits "
                 "until its events are delivered (30 s at most, or until an attempt failed; the events stay "
-                "spooled). blocking-strict is refused: see the README"}),
+                "spooled): a round trip to the receiver per event; blocking-strict: as blocking, and the "
+                "request's RequestReceived event is delivered before it is forwarded - a receiver that "
+                "does not take it fails the request (500) with nothing sent to the cluster, so the "
+                "receiver's availability becomes the gateway's"}),
     ("audit_webhook_batch_buffer_size", False, {
         "metavar": "N", "help": "events waiting in memory for the spool before more are dropped (10000)"}),
     ("audit_webhook_batch_max_size", False, {"metavar": "N", "help": "events in one batch at most (400)"}),

@@ -21,6 +21,9 @@ key                       value
                           (:func:`bcs_middleware.core.facts.of` decides)
 ``bcs.document``          :class:`Document` — the request body as decoded for its
                           receiver and admitted (``wsgi.input`` holds its encoding)
+``bcs.before_forward``    ``Callable[[], None]`` — what must hold before anything is
+                          sent upstream (:func:`before_forward`): the audit layer's
+                          ``blocking-strict`` ``RequestReceived`` delivery
 ========================  ==================================================
 """
 
@@ -44,6 +47,9 @@ DOCUMENT = "bcs.document"
 #: An exec/attach session as it ended (``recording.catalog.SessionInfo``), set by the session
 #: recording layer when the stream closes, read by the audit layer for the session's event.
 SESSION = "bcs.session"
+#: Called by the proxy right before it sends anything upstream; raising a BCSError refuses the
+#: request with nothing sent (the audit layer's blocking-strict RequestReceived delivery).
+BEFORE_FORWARD = "bcs.before_forward"
 
 ErrorStyle = Literal["json", "kubernetes", "bcs"]
 ClusterType = Literal["k8s", "mesos"]
@@ -211,3 +217,11 @@ def get_upstream(environ: dict[str, Any]) -> Upstream | None:
 def get_error_style(environ: dict[str, Any]) -> ErrorStyle:
     style = environ.get(ERROR_STYLE)
     return style if style == "kubernetes" or style == "bcs" else "json"
+
+
+def before_forward(environ: dict[str, Any]) -> None:
+    """Run what must hold before the request leaves for its upstream (``bcs.before_forward``,
+    set by an outer layer); its BCSError refuses the request, with nothing sent."""
+    hook = environ.get(BEFORE_FORWARD)
+    if hook is not None:
+        hook()

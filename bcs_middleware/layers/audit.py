@@ -5,7 +5,10 @@ Kubernetes audit integration, Loki/Promtail pipelines) read these too: one JSON
 object per line, ``"kind": "Event"``, ``"apiVersion": "audit.k8s.io/v1"``.
 
 Per request, as the apiserver does: ``RequestReceived`` (stamped with the time it
-arrived, written once the user is known: when the response starts),
+arrived, written once the user is known: when the response starts — or, when an exporter is
+in ``blocking-strict`` mode, right before the request is forwarded, and a failure to deliver
+it refuses the request with a ``500`` and nothing sent upstream, as kube-apiserver's
+``endpoints/filters/audit.go`` does),
 ``ResponseStarted`` when a long-running answer starts (watch, ``logs -f``, exec,
 attach, port-forward, proxy), ``ResponseComplete`` when it has been sent, ``Panic``
 when the gateway failed unexpectedly; each stage can be omitted by the policy
@@ -58,7 +61,7 @@ from ..audit.events import (
     request_uri,
     session_annotations,
 )
-from ..audit.export.exporter import Exporter
+from ..audit.export.exporter import AuditExportUnavailable, Exporter
 from ..audit.export.settings import OPTIONS as EXPORT_OPTIONS
 from ..audit.export.settings import AuditExportSettings
 from ..audit.export.settings import settings_from_options as export_settings
@@ -161,8 +164,11 @@ class AuditMiddleware:
     see) is audited too, as a kube-apiserver audits failed authentication. The user
     is known only once the layers below have run, and the policy may decide by user:
     the ``RequestReceived`` event is therefore written when the response starts,
-    stamped with the time the request arrived. A request without a valid token is
-    audited as ``system:anonymous``; the token itself is never part of an event.
+    stamped with the time the request arrived — except when an exporter is in
+    ``blocking-strict`` mode: then it is delivered right before the proxy forwards the
+    request (``bcs.before_forward``), and a failure answers ``500`` with nothing sent. A
+    request without a valid token is audited as ``system:anonymous``; the token itself is
+    never part of an event.
 
     Reads ``bcs.request_id`` (:class:`RequestContextMiddleware`, outside it), and
     when the response starts ``bcs.user``, ``bcs.cluster``, ``bcs.upstream`` and
@@ -202,15 +208,18 @@ class AuditMiddleware:
             tee = _TeeInput(environ["wsgi.input"], MAX_CAPTURED)
             environ["wsgi.input"] = tee
         audit = _RequestAudit(self, environ, start_response, info, uri, received, tee)
+        if self.sink.strict:
+            # blocking-strict: the proxy delivers RequestReceived before it sends anything.
+            environ[env.BEFORE_FORWARD] = audit.before_forward
         try:
             body = self.app(environ, audit.start_response)
         except BCSError as exc:
             audit.decide()
-            audit.event("ResponseComplete", code=exc.status, request_body=audit.request_body)
+            audit.event("ResponseComplete", code=exc.status, request_body=audit.request_body())
             raise  # rendered at the edge
         except Exception:
             audit.decide()
-            audit.event("Panic", code=500, request_body=audit.request_body)
+            audit.event("Panic", code=500, request_body=audit.request_body())
             raise
         # What RequestResponse needs is known only when the response starts: capture
         # whenever the policy could ask for it, and drop it unless it did.
@@ -240,10 +249,24 @@ class _RequestAudit:
         self._content_type = ""
         #: When a long-running answer (or a session) started: its ResponseStarted.
         self._started: float | None = None
-        #: The request body the events carry, at Request level and above.
-        self.request_body: bytes | None = None
 
-    def decide(self) -> None:
+    def request_body(self) -> bytes | None:
+        """The request body the events carry (at ``Request`` level and above), as far as the
+        layers below have read it (none once more than :data:`MAX_CAPTURED`)."""
+        tee = self._tee
+        if tee is not None and tee.copy and self._level in ("Request", "RequestResponse"):
+            return bytes(tee.copy)
+        return None
+
+    def before_forward(self) -> None:
+        """``blocking-strict``: the level decided and ``RequestReceived`` delivered now, before
+        the proxy sends anything; :class:`AuditExportUnavailable` (500) refuses the request."""
+        self.decide(strict=True)
+
+    def decide(self, *, strict: bool = False) -> None:
+        """The level, once, and the ``RequestReceived`` event. Only a request about to be
+        forwarded (``strict``) fails for an undelivered event: one answered by the gateway
+        itself (401, 403…) has nothing left to stop, and its events stay spooled."""
         if self._decided:
             return
         self._decided = True
@@ -255,12 +278,11 @@ class _RequestAudit:
         if level != "Metadata" and level != "None" and carries_credentials(info):
             level = "Metadata"  # whatever the policy says: never a secret's data or a token
         self._level, self._omit = level, omit
-        body = None
-        tee = self._tee
-        if tee is not None and tee.copy and level in ("Request", "RequestResponse"):
-            body = bytes(tee.copy)
-        self.event("RequestReceived", request_body=body, at=self._received)
-        self.request_body = body
+        try:
+            self.event("RequestReceived", request_body=self.request_body(), at=self._received)
+        except AuditExportUnavailable:
+            if strict:
+                raise
 
     def event(self, stage: str, **extra: Any) -> None:
         if self._level == "None" or stage in self._omit:
@@ -273,7 +295,7 @@ class _RequestAudit:
         self.decide()
         if self._info.long_running or self._code == 101:
             self._started = self._clock()
-            self.event("ResponseStarted", request_body=self.request_body)
+            self.event("ResponseStarted", request_body=self.request_body())
         start_response = self._start_response
         return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
@@ -289,7 +311,7 @@ class _RequestAudit:
                 annotations[ANNOTATION_PREFIX + "bytes-to-client"] = str(result.to_client)
                 annotations[ANNOTATION_PREFIX + "ended-by"] = str(result.ended_by)
         annotations.update(self._session(result))
-        request_body = self.request_body
+        request_body = self.request_body()
         if panicked:
             self.event("Panic", extra_annotations=annotations, code=500, request_body=request_body)
             return

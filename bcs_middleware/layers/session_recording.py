@@ -9,7 +9,9 @@ on a cluster whose policy (:class:`~bcs_middleware.recording.settings.RecordingS
 counted. Once the apiserver answered ``101`` the splice's bytes go to the recording through a
 tap (:class:`~bcs_middleware.core.splice.SpliceTap`) — a bounded buffer, never a blocking
 write (:mod:`bcs_middleware.recording.recorder`). Every transport the proxy splices is
-recorded the same way: WebSocket ``v4``/``v5.channel.k8s.io`` and SPDY/3.1, to an apiserver
+recorded the same way: WebSocket — every subprotocol the apiserver accepts, binary
+(``v5``/``v4.channel.k8s.io``, kubectl's) and base64 (``v4.base64.channel.k8s.io``, browser
+terminals'), decoded by the one the apiserver's ``101`` named — and SPDY/3.1, to an apiserver
 reached directly or through an agent tunnel.
 
 A session that is not recorded (policy ``off``, or ``on`` when the recording could not be
@@ -106,12 +108,17 @@ class _Answer:
         self.code, self.headers = int(status[:3]), headers
         return self._start_response(status, headers, exc_info) if exc_info else self._start_response(status, headers)
 
+    @property
+    def subprotocol(self) -> str:
+        """The WebSocket subprotocol the apiserver's ``101`` named — the one the client and the
+        apiserver speak from now on, so the one the stream is decoded by ("": none)."""
+        return _header(self.headers, "sec-websocket-protocol").strip()
+
     def spliced(self, body: Any, transport: str) -> bool:
         """The apiserver answered ``101`` with a stream whose framing the decoders read."""
         if self.code != 101 or not hasattr(body, "tap"):
             return False
-        return transport != "websocket" or websocket.records(_header(self.headers, "sec-websocket-protocol")
-                                                             or "channel.k8s.io")
+        return transport != "websocket" or websocket.records(self.subprotocol)
 
 
 def _start_if_alive(ref: weakref.ref[SessionRecorder]) -> Callable[[], None]:
@@ -183,7 +190,7 @@ class SessionRecordingMiddleware:
             return body
         if not answer.spliced(body, session.transport):
             recording.fail("write", "the negotiated subprotocol is not one the recorder decodes")
-        recording.start(session.transport, body.upstream_first)
+        recording.start(session.transport, body.upstream_first, subprotocol=answer.subprotocol)
         body.tap = recording
         return _RecordedBody(body, lambda result: self._finish(environ, recording, result, None))
 
@@ -197,7 +204,7 @@ class SessionRecordingMiddleware:
         body = self.app(environ, answer)
         if not answer.spliced(body, session.transport):
             return body
-        tap = ExitStatusTap(session.transport)
+        tap = ExitStatusTap(session.transport, answer.subprotocol)
         if body.upstream_first:
             tap.observe(False, body.upstream_first)
         body.tap = tap

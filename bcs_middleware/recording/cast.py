@@ -32,6 +32,7 @@ class CastEncoder:
     """One session's asciicast text, built as its bytes arrive.
 
     :param transport: ``"websocket"`` or ``"spdy"`` (the ``Upgrade`` the apiserver accepted).
+    :param subprotocol: WebSocket: the subprotocol the apiserver's ``101`` named (its codec).
     :param started: the session's start, on the clock of the items (``time.monotonic()``).
     :param timestamp: the start as epoch seconds (the header's ``timestamp``).
     :param stdin: record what the user typed (``"i"`` events).
@@ -39,8 +40,9 @@ class CastEncoder:
     """
 
     def __init__(self, transport: str, *, started: float, timestamp: float, stdin: bool = False,
-                 title: str = "") -> None:
-        self._decoder: ChannelDecoder | SpdyDecoder = SpdyDecoder() if transport == "spdy" else ChannelDecoder()
+                 title: str = "", subprotocol: str = "") -> None:
+        self._decoder: ChannelDecoder | SpdyDecoder = \
+            SpdyDecoder() if transport == "spdy" else ChannelDecoder(subprotocol)
         self._spdy = transport == "spdy"
         self._started = started
         self._timestamp = int(timestamp)

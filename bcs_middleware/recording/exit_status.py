@@ -24,11 +24,12 @@ class ExitStatusTap:
     """A :class:`~bcs_middleware.core.splice.SpliceTap` that only reads the exit status.
 
     :param transport: ``"websocket"`` or ``"spdy"`` (the ``Upgrade`` the apiserver accepted).
+    :param subprotocol: WebSocket: the subprotocol the apiserver's ``101`` named (its codec).
     """
 
-    def __init__(self, transport: str) -> None:
+    def __init__(self, transport: str, subprotocol: str = "") -> None:
         self._spdy = transport == "spdy"
-        self._decoder: ChannelDecoder | SpdyDecoder = SpdyDecoder() if self._spdy else ChannelDecoder()
+        self._decoder: ChannelDecoder | SpdyDecoder = SpdyDecoder() if self._spdy else ChannelDecoder(subprotocol)
         self._tracker = TerminalTracker()
 
     def observe(self, to_upstream: bool, data: bytes) -> None:

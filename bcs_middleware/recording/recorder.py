@@ -3,7 +3,12 @@ the process's writer that turns what the splices saw into asciicast text in the 
 
 The splice only appends what it read to the session's queue (:meth:`Recording.observe`); a
 background writer, one per process (a greenlet under gevent, a thread under gthread), decodes
-the queued bytes (:class:`~.cast.CastEncoder`) and writes them every :data:`PERIOD`. Between the
+the queued bytes (:class:`~.cast.CastEncoder`) and writes them every :data:`PERIOD`. Every call
+into the store — creating a recording, writing, closing, heartbeats, retention — runs on a
+small pool of operating-system threads (:class:`~bcs_middleware.core.offload.Offload`): a store
+whose ``open()`` or ``write()`` hangs in the kernel (NFS, a full FUSE mount) holds those
+threads, never the gevent worker's other requests, and a call that does not return in time is
+the recording's failure (creating: ``stall_timeout``; writing: twice that). Between the
 two sits a bounded buffer (``buffer`` bytes per session): when it is full the splice stops
 reading (:meth:`Recording.hold`, like a slow client would make it) until the writer catches up;
 when the writer takes nothing for ``stall_timeout`` the recording has failed, and the policy
@@ -15,6 +20,7 @@ bounded by the buffer whatever the session's size.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -22,9 +28,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from ..core.forksafe import PerProcess
+from ..core.offload import Offload, OffloadBusy, OffloadTimeout
 from ..core.printable import escape
 from ..telemetry import metrics
 from .cast import CastEncoder, Item
@@ -39,6 +46,19 @@ log = logging.getLogger(__name__)
 #: Seconds between two passes of the writer.
 PERIOD = 0.02
 
+#: Threads for the store's calls per process, and the most calls outstanding on them: enough
+#: for the writer and sessions starting meanwhile; when a hung store holds them all, a new
+#: call fails at once instead of queueing without bound.
+STORE_THREADS = 2
+STORE_PENDING = 16
+
+#: Runs one store call bounded in time; :class:`RecordingUnavailable` when it cannot.
+StoreCall = Callable[..., Any]
+
+
+def _direct(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
 
 class Recording:
     """One session being recorded: what the splice saw, queued (bounded) for the writer.
@@ -48,10 +68,12 @@ class Recording:
     """
 
     def __init__(self, info: SessionInfo, sink: RecordingSink, *, mode: Mode, limit: int,
-                 stall_timeout: float, stdin: bool, clock: Callable[[], float]) -> None:
+                 stall_timeout: float, stdin: bool, clock: Callable[[], float],
+                 store_call: StoreCall = _direct) -> None:
         self.info = info
         self.mode = mode
         self._sink = sink
+        self._store_call = store_call
         self._limit = limit
         self._stall = stall_timeout
         self._stdin = stdin
@@ -92,12 +114,13 @@ class Recording:
 
     # -- the caller's side -------------------------------------------------------------
 
-    def start(self, transport: str, first: bytes = b"") -> None:
-        """The upstream answered ``101``: record from now; ``first`` came right behind its head."""
+    def start(self, transport: str, first: bytes = b"", *, subprotocol: str = "") -> None:
+        """The upstream answered ``101`` (WebSocket: naming ``subprotocol``): record from now;
+        ``first`` came right behind its head."""
         now = self._clock()
         self.started = now
         self._encoder = CastEncoder(transport, started=now, timestamp=self.info.started_at.timestamp(),
-                                    stdin=self._stdin, title=_title(self.info))
+                                    stdin=self._stdin, title=_title(self.info), subprotocol=subprotocol)
         if first:
             self.observe(False, first)
 
@@ -105,6 +128,7 @@ class Recording:
         if self.failure:
             return
         self.failure = reason
+        self._queue.clear()  # nothing more is written: hold no more of it
         metrics.RECORDING_FAILURES.labels(stage).inc()
         log.warning("recording %s of a session on cluster %s failed (%s); policy %s: %s", self.info.id,
                     escape(self.info.cluster_id), reason, self.mode,
@@ -130,7 +154,7 @@ class Recording:
         try:
             text = self._encoder.encode(items)
             if text:
-                self._sink.write(text)
+                self._store_call(self._sink.write, text)
         except RecordingUnavailable as exc:
             self.fail("write", str(exc))
         finally:
@@ -152,13 +176,13 @@ class Recording:
             if self._encoder is not None and not self.failure:
                 rest = self._encoder.finish(self._ending or self._clock())
                 if rest:
-                    self._sink.write(rest)
+                    self._store_call(self._sink.write, rest)
         except RecordingUnavailable as exc:
             self.fail("finish", str(exc))
         status = "failed" if self.failure else "complete" if summary.status == "recording" else summary.status
         self.info = summary.ended(status=status, failure=self.failure, exit_code=self.exit_code)
         try:
-            self._sink.close(self.info)
+            self._store_call(self._sink.close, self.info)
         except RecordingUnavailable as exc:
             self.fail("finish", str(exc))
             self.info = self.info.ended(status="failed", failure=self.failure)
@@ -198,6 +222,25 @@ class SessionRecorder:
         self._clock = clock
         self._period = period
         self._writer: PerProcess[_Writer] = PerProcess(_Writer)
+        self._offload = Offload(threads=STORE_THREADS, pending=STORE_PENDING, name="bcs-recording-store")
+
+    def _store_call(self, timeout: float) -> StoreCall:
+        """Calls into the store on the offload's threads, each at most ``timeout`` seconds."""
+        def call(fn: Callable[..., Any], *args: Any) -> Any:
+            try:
+                return self._offload.call(fn, *args, timeout=timeout)
+            except OffloadTimeout:
+                raise RecordingUnavailable(f"the recording store did not answer within {timeout:g}s") from None
+            except OffloadBusy:
+                raise RecordingUnavailable("the recording store is not answering (its threads are all held)") \
+                    from None
+
+        return call
+
+    def _maintenance(self) -> StoreCall:
+        # Heartbeats, recovery and retention: bounded like a write, so a hung store costs the
+        # writer (and the recordings it serves) no more than a write would.
+        return self._store_call(2 * self.settings.stall_timeout)
 
     def mode_for(self, cluster_id: str) -> Mode:
         return self.settings.mode_for(cluster_id)
@@ -206,13 +249,13 @@ class SessionRecorder:
         """Create the session's recording in the store; :class:`RecordingUnavailable` when it cannot be."""
         info = info.ended(id=uuid.uuid4().hex, stdin_recorded=self.settings.stdin, holder=process_identity())
         try:
-            sink = self.store.create(info)
+            sink = self._store_call(self.settings.stall_timeout)(self.store.create, info)
         except RecordingUnavailable:
             metrics.RECORDING_FAILURES.labels("create").inc()
             raise
         recording = Recording(info, sink, mode=mode, limit=self.settings.buffer,
                               stall_timeout=self.settings.stall_timeout, stdin=self.settings.stdin,
-                              clock=self._clock)
+                              clock=self._clock, store_call=self._store_call(2 * self.settings.stall_timeout))
         writer = self._writer.get()
         with writer.lock:
             writer.active.add(recording)
@@ -258,7 +301,7 @@ class SessionRecorder:
         if not session_ids:
             return
         try:
-            self.store.heartbeat(session_ids, datetime.now(UTC))
+            self._maintenance()(self.store.heartbeat, session_ids, datetime.now(UTC))
         except Exception as exc:  # the writer goes on: a missed heartbeat is only a later one
             log.warning("recording heartbeat failed: %s", type(exc).__name__)
 
@@ -291,7 +334,7 @@ class SessionRecorder:
         with writer.lock:
             mine = {r.info.id for r in writer.active}
         try:
-            running = self.store.in_progress()
+            running = self._maintenance()(self.store.in_progress)
         except Exception as exc:
             log.warning("listing the recordings in progress failed: %s", type(exc).__name__)
             return 0
@@ -307,8 +350,9 @@ class SessionRecorder:
             why = "its writer process is gone" if gone else \
                 f"its writer gave no sign of life for {self.settings.heartbeat_timeout:g}s"
             try:
-                self.store.interrupt(info.ended(status="interrupted", ended_at=max(last, info.started_at),
-                                                failure=f"the session's recording was cut short: {why}"))
+                ended_info = info.ended(status="interrupted", ended_at=max(last, info.started_at),
+                                        failure=f"the session's recording was cut short: {why}")
+                self._maintenance()(self.store.interrupt, ended_info)
             except RecordingUnavailable as exc:
                 log.warning("ending the interrupted recording %s failed: %s", info.id, exc)
                 continue
@@ -321,7 +365,8 @@ class SessionRecorder:
     def prune(self) -> int:
         """Apply retention now (:mod:`.retention`)."""
         try:
-            deleted = self.store.prune(now=datetime.now(UTC), retention=self.settings.retention)
+            deleted = self._maintenance()(functools.partial(self.store.prune, now=datetime.now(UTC),
+                                                            retention=self.settings.retention))
         except Exception as exc:
             log.warning("pruning recordings failed: %s", type(exc).__name__)
             return 0

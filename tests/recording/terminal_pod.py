@@ -1,12 +1,15 @@
 """A pod with a terminal, played by the fake apiserver, and a real kubectl in a pseudo-terminal.
 
 :class:`TerminalPod` answers ``exec``/``attach`` upgrades as the kubelet does, over WebSocket
-(``v5``/``v4.channel.k8s.io``) and SPDY/3.1 (``v4.channel.k8s.io``): it prints a banner (with a
-multi-byte character cut across two frames), echoes what is typed like a shell's line editor,
-keeps every terminal size the client reports, and on ``exit`` says goodbye and ends with exit
-code :data:`EXIT_CODE` (a ``NonZeroExitCode`` Status on the error stream, as the kubelet
-writes it: ``pkg/kubelet/cri/streaming/remotecommand/httpstream.go``). Everything it sent on
-stdout is kept, to compare with the recording. ``big`` makes it print that many bytes first.
+(every subprotocol kube-apiserver accepts: binary ``v5``/``v4``/``channel.k8s.io`` and base64
+``v4.base64``/``base64.channel.k8s.io``, whose frames are TEXT) and SPDY/3.1
+(``v4.channel.k8s.io``): it prints a banner (with a multi-byte character cut across two
+frames), echoes what is typed like a shell's line editor, keeps every terminal size the client
+reports, and on ``exit`` says goodbye and ends with exit code :data:`EXIT_CODE` (a
+``NonZeroExitCode`` Status on the error stream, as the kubelet writes it:
+``pkg/kubelet/cri/streaming/remotecommand/httpstream.go``; before ``v4`` its message only).
+Everything it sent on stdout is kept, to compare with the recording. ``big`` makes it print
+that many bytes first. :class:`RawTerminal` is a browser terminal's side of the WebSocket.
 
 :class:`PtyKubectl` runs kubectl with a pseudo-terminal for stdin/stdout (so ``-it`` has a
 tty) and can resize it (``TIOCSWINSZ`` then ``SIGWINCH``, which kubectl's size monitor waits for).
@@ -15,6 +18,7 @@ tty) and can resize it (``TIOCSWINSZ`` then ``SIGWINCH``, which kubectl's size m
 from __future__ import annotations
 
 import base64
+import binascii
 import fcntl
 import hashlib
 import json
@@ -54,6 +58,7 @@ class Seen:
     stdout: bytearray = field(default_factory=bytearray)
     stdin: bytearray = field(default_factory=bytearray)
     sizes: list[tuple[int, int]] = field(default_factory=list)
+    subprotocol: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -141,37 +146,48 @@ class TerminalPod:
         headers = req.info.headers
         key = headers.get("Sec-WebSocket-Key") or ""
         accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode(), usedforsecurity=False).digest()).decode()
-        offered = [p.strip() for p in (headers.get("Sec-WebSocket-Protocol") or "").split(",")]
-        chosen = next(p for p in ("v5.channel.k8s.io", "v4.channel.k8s.io") if p in offered)
+        offered = [p.strip() for p in (headers.get("Sec-WebSocket-Protocol") or "").split(",") if p.strip()]
+        # wsstream's handshake: the first the client offers that the server supports ("" when none offered).
+        chosen = next((p for p in offered or [""] if p in WS_PROTOCOLS), None)
+        if chosen is None:
+            req.wfile.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            return
+        seen.subprotocol = chosen
+        named = f"Sec-WebSocket-Protocol: {chosen}\r\n" if chosen else ""
         req.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                         f"Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: {chosen}\r\n\r\n").encode())
+                         f"Sec-WebSocket-Accept: {accept}\r\n{named}\r\n").encode())
+        codec = _WsCodec(chosen)
         lock = threading.Lock()
 
-        def send(payload: bytes) -> None:
+        def send(channel: int, data: bytes) -> None:
             with lock:
-                req.wfile.write(frame(0x2, payload))
+                req.wfile.write(codec.frame(channel, data))
                 req.wfile.flush()
 
         def end() -> None:
-            send(b"\x03" + json.dumps(FAILURE).encode())
+            # v4 and later: a metav1.Status; before v4 the Status's message as text (the kubelet's
+            # remotecommand/websocket.go and httpstream.go, v1WriteStatusFunc / v4WriteStatusFunc).
+            send(3, json.dumps(FAILURE).encode() if codec.status_json else FAILURE["message"].encode())
             with lock:
                 req.wfile.write(b"\x88\x02\x03\xe8")
                 req.wfile.flush()
 
-        session = _Session(seen, lambda data: send(b"\x01" + data), end, self.big)
+        session = _Session(seen, lambda data: send(1, data), end, self.big)
         req.sock.settimeout(30)
+        send(1, b"")  # the kubelet's "connection established" (an empty message on stdout)
         session.start()
         while True:
             opcode, payload = read_frame(req.rfile)
             if opcode is None or opcode == 0x8:
                 return
-            if opcode != 0x2 or not payload:
+            if opcode not in (0x1, 0x2) or not payload:
                 continue
-            if payload[0] == 0 and session.stdin(payload[1:]):
+            channel, data = codec.read(payload)
+            if channel == 0 and session.stdin(data):
                 _drain_websocket(req)
                 return
-            if payload[0] == 4:
-                session.resize(payload[1:])
+            if channel == 4:
+                session.resize(data)
 
     def _spdy(self, req: UpgradeRequest, seen: Seen) -> None:
         req.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
@@ -203,6 +219,41 @@ class TerminalPod:
                 session.stdin(got.payload)
             elif not got.control and session is not None and got.stream_id == streams.get("resize") and got.payload:
                 session.resize(got.payload)
+
+
+#: The subprotocols kube-apiserver (the kubelet's remotecommand/websocket.go) answers exec/attach with.
+WS_PROTOCOLS = ("", "channel.k8s.io", "base64.channel.k8s.io", "v4.channel.k8s.io", "v4.base64.channel.k8s.io",
+                "v5.channel.k8s.io")
+BASE64_PROTOCOLS = ("base64.channel.k8s.io", "v4.base64.channel.k8s.io")
+
+
+@dataclass(frozen=True)
+class _WsCodec:
+    """wsstream/conn.go's two codecs: binary (channel byte, raw data) and base64 (channel digit,
+    standard base64, sent in TEXT frames)."""
+
+    protocol: str
+
+    @property
+    def base64(self) -> bool:
+        return self.protocol in BASE64_PROTOCOLS
+
+    @property
+    def status_json(self) -> bool:
+        return self.protocol.startswith(("v4.", "v5."))
+
+    def frame(self, channel: int, data: bytes) -> bytes:
+        if self.base64:
+            return frame(0x1, bytes([ord("0") + channel]) + base64.b64encode(data))
+        return frame(0x2, bytes([channel]) + data)
+
+    def read(self, payload: bytes) -> tuple[int, bytes]:
+        if self.base64:
+            try:
+                return payload[0] - ord("0"), base64.b64decode(payload[1:], validate=True)
+            except binascii.Error:
+                return -1, b""  # conn.go: a message that is not base64 is dropped
+        return payload[0], payload[1:]
 
 
 def _flag(seen: Seen, name: str) -> bool:
@@ -265,3 +316,66 @@ class PtyKubectl:
             os.close(self.master)
             self._home.cleanup()
         return code
+
+
+class RawTerminal:
+    """A browser terminal's side of an exec/attach WebSocket (a real client, ``websocket-client``),
+    speaking the one subprotocol it offers: TEXT frames of ``'0'+base64`` for the base64 codec,
+    binary frames of ``channel byte + data`` for the binary one."""
+
+    def __init__(self, url: str, *, token: str, ca_file: str, protocol: str) -> None:
+        import websocket
+
+        self.codec = _WsCodec(protocol)
+        self.ws = websocket.create_connection(url, header=[f"Authorization: Bearer {token}"],
+                                              subprotocols=[protocol] if protocol else None,
+                                              sslopt={"ca_certs": ca_file}, timeout=30)
+        self.streams: dict[int, bytearray] = {}
+        self.closed = False
+
+    @property
+    def negotiated(self) -> str:
+        return self.ws.getsubprotocol() or ""
+
+    def send(self, channel: int, data: bytes) -> None:
+        if self.codec.base64:
+            self.ws.send(chr(ord("0") + channel) + base64.b64encode(data).decode())
+        else:
+            self.ws.send_binary(bytes([channel]) + data)
+
+    def type(self, text: str) -> None:
+        self.send(0, text.encode())
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.send(4, json.dumps({"Width": cols, "Height": rows}).encode())
+
+    def _read_message(self) -> None:
+        import websocket
+
+        try:
+            opcode, payload = self.ws.recv_data()
+        except websocket.WebSocketConnectionClosedException:
+            self.closed = True  # cut without a close frame
+            return
+        if opcode == 0x8:
+            self.closed = True
+        elif opcode in (0x1, 0x2) and payload:
+            got, data = self.codec.read(payload)
+            self.streams.setdefault(got, bytearray()).extend(data)
+
+    def read_until(self, channel: int, text: bytes) -> None:
+        """Read messages until ``channel`` has shown ``text`` (or the server closed)."""
+        while text not in self.streams.get(channel, b"") and not self.closed:
+            self._read_message()
+        assert text in self.streams.get(channel, b""), (channel, text, self.streams)
+
+    def read_to_end(self) -> None:
+        """Read until the server's close frame (the error channel's Status comes before it)."""
+        while not self.closed:
+            self._read_message()
+
+    def close(self) -> None:
+        try:
+            self.ws.close(timeout=5)
+        finally:
+            self.ws.shutdown()  # close() leaves the socket open once the server's close frame was read

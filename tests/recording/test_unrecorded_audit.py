@@ -17,7 +17,7 @@ from tests.support.kube import kubectl
 from tests.support.polling import wait_for
 
 from .conftest import CLUSTER, SPDY_KUBECTL
-from .terminal_pod import EXIT_CODE, PtyKubectl, TerminalPod
+from .terminal_pod import EXIT_CODE, PtyKubectl, RawTerminal, TerminalPod
 
 needs_spdy_kubectl = pytest.mark.skipif(SPDY_KUBECTL is None, reason="no kubectl older than 1.30 installed")
 TRANSPORTS = [pytest.param(None, id="websocket"),
@@ -103,3 +103,31 @@ def test_an_unrecorded_interactive_session_keeps_nothing_typed(unrecorded: Gatew
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
     assert SECRET not in unrecorded.server.output()
+
+
+def test_an_unrecorded_base64_sessions_event_carries_its_exit_code(unrecorded: Gateway, pod: TerminalPod) -> None:
+    # A browser terminal's protocol (TEXT frames, base64): the error channel is read all the same.
+    token = unrecorded.user("erin-unrec")
+    unrecorded.grant("erin-unrec", "view", CLUSTER)
+    term = RawTerminal(f"wss://localhost:{unrecorded.server.port}/tunnels/clusters/{CLUSTER}/api/v1/namespaces/"
+                       "default/pods/p/exec?container=app&command=sh&stdin=true&stdout=true&tty=true",
+                       token=token, ca_file=unrecorded.ca_file, protocol="v4.base64.channel.k8s.io")
+    try:
+        term.read_until(1, b"$ ")
+        term.type("exit\r")
+        term.read_to_end()
+    finally:
+        term.close()
+
+    def event() -> dict | None:
+        audit = unrecorded.data / "audit.jsonl"
+        for line in audit.read_text().splitlines() if audit.exists() else []:
+            doc = json.loads(line)
+            if doc["stage"] == "ResponseComplete" and doc["user"]["username"] == "erin-unrec" \
+                    and doc.get("objectRef", {}).get("subresource") == "exec":
+                return doc
+        return None
+
+    notes = wait_for(event, 30, "the session's ResponseComplete event")["annotations"]
+    assert notes["bcs-middleware/session-exit-code"] == str(EXIT_CODE)
+    assert notes["bcs-middleware/recording"] == "off"

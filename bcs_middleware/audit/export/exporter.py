@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...core.errors import ServiceUnavailable
+from ...core.errors import InternalError
 from ...core.forksafe import PerProcess
 from ...telemetry import metrics
 from ..events import AuditEvent
@@ -59,8 +59,12 @@ _MAX_BATCH_BYTES = 32 * 1024 * 1024
 STOP_WAIT = 5.0
 
 
-class AuditExportUnavailable(ServiceUnavailable):
-    """``blocking-strict``: the request's ``RequestReceived`` event could not be delivered."""
+class AuditExportUnavailable(InternalError):
+    """``blocking-strict``: the request's ``RequestReceived`` event could not be delivered.
+
+    ``500``, as kube-apiserver answers it (``endpoints/filters/audit.go``: "failed to store
+    audit event"): the gateway cannot serve the request as its operator requires.
+    """
 
     code_name = "AUDIT_UNAVAILABLE"
 

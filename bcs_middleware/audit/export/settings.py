@@ -35,8 +35,9 @@ class BatchOptions:
     :param mode: ``batch``: queued, spooled and sent by a background thread, never holding
         a request up; ``blocking``: the request waits (at most ``blocking_timeout``) until its
         event is delivered — spooled all the same, so one not delivered in time is sent
-        later; ``blocking-strict``: as ``blocking``, and a request whose ``RequestReceived``
-        event could not be delivered fails (503), as kube-apiserver's.
+        later; ``blocking-strict``: as ``blocking``, and the request's ``RequestReceived``
+        event is delivered before anything is forwarded — one that could not be delivered
+        fails the request (500) with nothing sent upstream, as kube-apiserver's.
     :param buffer_size: events waiting in memory for the spool; more are dropped (counted).
     :param max_size: events in one batch.
     :param max_wait: seconds the first event of a batch waits for others.
@@ -182,14 +183,6 @@ def _webhook(options: Mapping[str, Any], config_file: Path | None, section: str)
             raise ConfigError(f"[{section}] the audit_webhook_* settings need audit_webhook_config_file")
         return None
     defaults = BatchOptions()
-    if options.get("audit_webhook_mode") == "blocking-strict":
-        # kube-apiserver fails a request whose RequestReceived event cannot be written before
-        # the request is served. The audit layer writes that event when the response starts
-        # (it waits for the user the layers below authenticate): by then the cluster has acted,
-        # and failing the answer would only hide that it did. Refused rather than pretended.
-        raise ConfigError(f"[{section}] audit_webhook_mode blocking-strict is not supported: the audit layer "
-                          "writes RequestReceived when the response starts, after the request was forwarded, "
-                          "so a failed export could no longer stop it; use blocking or batch")
     throttled = options.get("audit_webhook_batch_throttle_enable", True)
     batch = BatchOptions(
         mode=options.get("audit_webhook_mode", defaults.mode),

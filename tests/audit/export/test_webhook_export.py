@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.audit.export.receivers import WebhookReceiver, webhook_receiver
-from tests.support.gateway import CLI, Gateway, served_gateway
+from tests.support.gateway import Gateway, served_gateway
 from tests.support.polling import wait_for, wait_until
-from tests.support.servers import TrapListener, free_port
+from tests.support.servers import TrapListener
 
 STAGES = ("RequestReceived", "ResponseComplete")
 
@@ -204,14 +203,3 @@ def test_blocking_mode_answers_only_once_the_request_event_is_delivered(tmp_path
             receiver.up()
             wait_for(lambda: len(receiver.received()) >= 12, 60, "the spooled events never arrived")
     assert sequence(receiver.received()) == expected(range(6))
-
-
-def test_blocking_strict_is_refused_rather_than_pretended(tmp_path: Path) -> None:
-    """The audit layer writes RequestReceived when the response starts, after the cluster acted:
-    a strict failure could not stop the request, so serve refuses the mode with the reason."""
-    with webhook_receiver() as receiver:
-        args = export_args(receiver, tmp_path, "--audit-webhook-mode", "blocking-strict")
-        argv = [CLI, "serve", "--data-dir", str(tmp_path / "data"), "--bind", f"127.0.0.1:{free_port()}", *args]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0
-    assert "blocking-strict is not supported" in result.stderr
