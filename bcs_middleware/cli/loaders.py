@@ -71,6 +71,7 @@ def recording_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
         ("recording_max_size_per_user", args.recording_max_size_per_user),
         ("recording_retention_interval", args.recording_retention_interval),
         ("recording_heartbeat_timeout", args.recording_heartbeat_timeout),
+        ("recording_buffer", args.recording_buffer), ("recording_stall_timeout", args.recording_stall_timeout),
     )
 
 
