@@ -172,6 +172,7 @@ def _management(config: GatewayConfig, resources: GatewayResources, access: Clus
                 definitions: SQLDefinitionStore, engine: Any, recordings: RecordingStore) -> ManagementAPI:
     """``/rest/…``: the management API, and the admission definitions API behind it."""
     from ..apps.admission_api import AdmissionWebhookAPI
+    from ..recording.reader import StoreReader
 
     quotas = config.self_service.quotas
     settings = api_settings(config.server, config.self_service, resources.certificates,
@@ -183,7 +184,7 @@ def _management(config: GatewayConfig, resources: GatewayResources, access: Clus
                                      quotas=quotas),
         # An id that drivers serve is registered by superusers only.
         drivers=resources.discovery,
-        recordings=recordings,
+        recordings=StoreReader(recordings, timeout=config.recording.stall_timeout),
     )
 
 

@@ -106,6 +106,18 @@ class RecordingSink(Protocol):
         """The recording is over: keep its final description (also after a failure)."""
 
 
+class SessionReader(Protocol):
+    """What ``/rest/sessions`` reads of the recordings."""
+
+    def sessions(self, query: SessionQuery) -> list[SessionInfo]:
+        """Newest first."""
+
+    def get(self, session_id: str) -> SessionInfo | None: ...
+
+    def read(self, session_id: str) -> Iterator[bytes]:
+        """The asciicast file's bytes, in pieces."""
+
+
 class RecordingStore(Protocol):
     """Where recordings live: created, listed, read, pruned."""
 

@@ -7,7 +7,9 @@ session ends: the writer's ``open(ID.json.tmp, O_WRONLY)`` then blocks in the ke
 blocked in the kernel stops every greenlet of its thread — before the store's calls left the
 event loop, it was the whole worker. Now: other requests of the same (only) worker are answered
 at once, a ``required`` session that cannot be recorded is refused (``503``) or cut, and an
-``on`` session goes on unrecorded, each failure counted.
+``on`` session goes on unrecorded, each failure counted. The same for what ``/rest/sessions``
+reads (a recording's file, the descriptions a listing reads): ``503`` after the stall timeout,
+the worker's other requests answered meanwhile.
 """
 
 from __future__ import annotations
@@ -183,3 +185,56 @@ def test_a_hung_store_stalls_no_request_and_each_policy_holds(hung: Gateway, car
         required.close()
         for fifo in fifos:
             _release(fifo)
+
+
+def _release_reader(fifo: Path, saved: bytes) -> None:
+    """Let an open() for reading blocked on ``fifo`` return (a writer comes and goes), then put
+    the file back."""
+    try:
+        writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no reader waits (ENXIO): nothing to release
+        pass
+    else:
+        os.close(writer)
+    fifo.unlink(missing_ok=True)
+    fifo.write_bytes(saved)
+
+
+def test_a_hung_store_stalls_no_listing_or_download(hung: Gateway, carol: str, pod: TerminalPod) -> None:
+    # A finished recording, then its file (and later its description) hangs every open() for reading.
+    before = _casts(hung)
+    term = _terminal(hung, carol, CLUSTER)
+    try:
+        term.read_until(1, b"$ ")
+        term.type("exit\r")
+        term.read_to_end()
+    finally:
+        term.close()
+    (session_id,) = wait_for(lambda: _casts(hung) - before, 30, "the session's recording file")
+    wait_for(lambda: hung.json("GET", f"/rest/sessions/{session_id}")["status"] == "complete", 30,
+             "the recording to be complete")
+    folder = hung.data / "recordings"
+    cast, meta = folder / f"{session_id}.cast", folder / f"{session_id}.json"
+    saved_cast, saved_meta = cast.read_bytes(), meta.read_bytes()
+    cast.unlink()
+    os.mkfifo(cast, 0o600)
+    try:
+        started = time.monotonic()
+        status, body = hung.call("GET", f"/rest/sessions/{session_id}/recording", timeout=10)
+        assert status == 503 and b"RECORDING_STORE_UNAVAILABLE" in body, body
+        assert time.monotonic() - started < STALL + 3
+        wait_for(lambda: _held_in_the_kernel(hung) >= 1, 30, "the download's open() to block")
+        assert _answered_within(hung, carol, 5) < 3
+        # The listing reads every description: one that hangs makes it a 503, not a stalled worker.
+        meta.unlink()
+        os.mkfifo(meta, 0o600)
+        status, body = hung.call("GET", f"/rest/sessions?cluster={CLUSTER}", timeout=10)
+        assert status == 503 and b"RECORDING_STORE_UNAVAILABLE" in body, body
+        assert _answered_within(hung, carol, 5) < 3
+    finally:
+        _release_reader(cast, saved_cast)
+        if not meta.exists() or stat.S_ISFIFO(meta.stat().st_mode):
+            _release_reader(meta, saved_meta)
+    # Once the store answers again, so does the API.
+    wait_for(lambda: hung.call("GET", f"/rest/sessions/{session_id}/recording")[0] == 200, 30,
+             "the recording to be served again")

@@ -21,7 +21,7 @@ from werkzeug.wrappers import Request
 from ...clusters.permissions import ClusterAccess, ClusterAuthorizer, DriverDirectory
 from ...core.errors import BCSError, InternalError, MethodNotAllowed, NotFound
 from ...core.printable import escape
-from ...recording.catalog import RecordingStore
+from ...recording.catalog import SessionReader
 from . import endpoints as ep
 from . import identity, inventory, sessions
 from .calls import APISettings, Ctx
@@ -99,7 +99,7 @@ class ManagementAPI:
         access: ClusterAccess | None = None,
         fallback: Any = None,
         drivers: DriverDirectory | None = None,
-        recordings: RecordingStore | None = None,
+        recordings: SessionReader | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or APISettings()

@@ -18,7 +18,7 @@ from .store import ManagementStore
 
 if TYPE_CHECKING:
     from ...outbound.addresses import AddressPolicy
-    from ...recording.catalog import RecordingStore
+    from ...recording.catalog import SessionReader
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Ctx:
     #: where mesos-drivers are found: the ids they serve are registered by superusers only
     drivers: DriverDirectory | None = None
     #: where recorded exec/attach sessions live (``None``: not configured)
-    recordings: RecordingStore | None = None
+    recordings: SessionReader | None = None
 
     @property
     def environ(self) -> dict[str, Any]:

@@ -17,13 +17,13 @@ from werkzeug.wrappers import Response
 from ...clusters.permissions import EDIT
 from ...core import environ as env
 from ...core.errors import BadRequest, NotFound
-from ...recording.catalog import RecordingStore, SessionInfo, SessionQuery
+from ...recording.catalog import SessionInfo, SessionQuery, SessionReader
 from .calls import Ctx, json_response
 
 MAX_LIMIT = 1000
 
 
-def _recordings(ctx: Ctx) -> RecordingStore:
+def _recordings(ctx: Ctx) -> SessionReader:
     if ctx.recordings is None:
         raise NotFound("session recording is not configured on this gateway", code_name="SESSIONS_NOT_CONFIGURED")
     return ctx.recordings
@@ -66,7 +66,7 @@ def list_sessions(ctx: Ctx) -> Response:
     return json_response({"sessions": [info.as_json() for info in store.sessions(query)]})
 
 
-def _session(ctx: Ctx, session_id: str) -> tuple[RecordingStore, SessionInfo]:
+def _session(ctx: Ctx, session_id: str) -> tuple[SessionReader, SessionInfo]:
     user = ctx.require_user()
     store = _recordings(ctx)
     info = store.get(session_id)
