@@ -155,7 +155,11 @@ class ChannelWriter:
     def _write_loop(self) -> None:
         selector = selectors.DefaultSelector()
         try:
-            selector.register(self._sock, selectors.EVENT_WRITE)
+            try:
+                selector.register(self._sock, selectors.EVENT_WRITE)
+            except (ValueError, OSError):  # its owner closed the socket before this thread began
+                self._end("connection lost: the socket was closed")
+                return
             while True:
                 self._wait_for_frames()
                 # Let the senders that are ready now queue theirs first: one TLS write for all of

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import selectors
 import ssl
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -165,6 +167,28 @@ def test_a_socket_closed_between_a_read_and_its_wait_ends_the_channel(tls: TLS) 
         sock.recv = racing_recv  # type: ignore[method-assign]
         assert server.receive() is None
         assert "connection lost" in server.close_reason
+
+
+def test_a_socket_closed_before_the_writer_starts_ends_the_channel(tls: TLS, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seen in CI: the writer thread registering a socket its owner had closed meanwhile died with
+    # "ValueError: Invalid file descriptor: -1", and the channel never ended. The selector here
+    # answers the writer's registration as it answers for a closed socket.
+    class ClosedUnderTheWriter(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+        def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+            if events == selectors.EVENT_WRITE:
+                raise ValueError("Invalid file descriptor: -1")
+            return super().register(fileobj, events, data)
+
+    server = WSServer(tls, lambda sock, head, leftover: None)
+    try:
+        sock = tls_connect(tls, server.port)
+        monkeypatch.setattr(selectors, "DefaultSelector", ClosedUnderTheWriter)
+        channel = WebSocketChannel(sock, client=True)
+        channel.set_idle_timeout(5)  # without the fix: ended only by the idle timeout, not as lost
+        assert channel.receive() is None
+        assert "connection lost" in channel.close_reason
+    finally:
+        server.close()
 
 
 def test_an_idle_peer_is_taken_as_gone(tls: TLS) -> None:
