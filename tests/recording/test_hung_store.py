@@ -62,6 +62,17 @@ def _terminal(gw: Gateway, token: str, cluster: str) -> RawTerminal:
                        f"p/exec?{QUERY}", token=token, ca_file=gw.ca_file, protocol="v5.channel.k8s.io")
 
 
+def _short_session(gw: Gateway, token: str, cluster: str) -> None:
+    """A session that waits for the prompt and exits."""
+    term = _terminal(gw, token, cluster)
+    try:
+        term.read_until(1, b"$ ")
+        term.type("exit\r")
+        term.read_to_end()
+    finally:
+        term.close()
+
+
 def _casts(gw: Gateway) -> set[str]:
     folder = gw.data / "recordings"
     return {p.stem for p in folder.glob("*.cast")} if folder.exists() else set()
@@ -160,13 +171,7 @@ def test_a_hung_store_stalls_no_request_and_each_policy_holds(hung: Gateway, car
         assert refused.value.status_code == 503
         assert len(pod.sessions) == count
         # on: the same session goes through, unrecorded, counted.
-        passed = _terminal(hung, carol, CLUSTER)
-        try:
-            passed.read_until(1, b"$ ")
-            passed.type("exit\r")
-            passed.read_to_end()
-        finally:
-            passed.close()
+        _short_session(hung, carol, CLUSTER)
         assert len(pod.sessions) == count + 1
         assert metric(hung, "bcs_recording_failures_total", 'stage="create"') >= created + 2
 
@@ -203,13 +208,7 @@ def _release_reader(fifo: Path, saved: bytes) -> None:
 def test_a_hung_store_stalls_no_listing_or_download(hung: Gateway, carol: str, pod: TerminalPod) -> None:
     # A finished recording, then its file (and later its description) hangs every open() for reading.
     before = _casts(hung)
-    term = _terminal(hung, carol, CLUSTER)
-    try:
-        term.read_until(1, b"$ ")
-        term.type("exit\r")
-        term.read_to_end()
-    finally:
-        term.close()
+    _short_session(hung, carol, CLUSTER)
     (session_id,) = wait_for(lambda: _casts(hung) - before, 30, "the session's recording file")
     wait_for(lambda: hung.json("GET", f"/rest/sessions/{session_id}")["status"] == "complete", 30,
              "the recording to be complete")
