@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -21,11 +22,44 @@ from tests.support.polling import wait_until
 BIN = Path(sys.executable).parent
 
 
+#: Under pytest-xdist (``tox``'s default run) each worker process takes the ports it hands out
+#: from its own block, below the kernel's ephemeral range (where ``bind(0)`` and outgoing
+#: connections take theirs): a port one worker found free cannot be handed to another worker
+#: before the first one's server has bound it. In one block ports are handed out in turn, so a
+#: test asking for two before it binds either never gets the same one twice.
+_FIRST_PORT = 12000
+_PORTS_PER_WORKER = 2000
+_MAX_WORKERS = 10  # 12000 + 10 * 2000 = 32000, below the ephemeral range (32768)
+
+
+def _worker_block() -> int | None:
+    """The first port of this xdist worker's block (``None``: not under xdist, the kernel picks)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under xdist
+    if not worker.startswith("gw") or not worker[2:].isdigit() or int(worker[2:]) >= _MAX_WORKERS:
+        return None
+    return _FIRST_PORT + int(worker[2:]) * _PORTS_PER_WORKER
+
+
+_block = _worker_block()
+# A C-level counter (safe from several threads), started by the process id so a rerun does not
+# retrace the last run's ports, some of which may still linger.
+_turn = itertools.count(os.getpid() % _PORTS_PER_WORKER)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host`` now (from this worker's block under pytest-xdist)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    for _ in range(_PORTS_PER_WORKER):
+        port = 0 if _block is None else _block + next(_turn) % _PORTS_PER_WORKER
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                if port == 0:
+                    raise
+                continue  # in use (or lingering) here: the next one
+            return int(sock.getsockname()[1])
+    raise RuntimeError(f"no free port in this worker's block on {host}")
 
 
 def wait_for_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
