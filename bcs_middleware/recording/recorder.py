@@ -69,7 +69,7 @@ class Recording:
 
     def __init__(self, info: SessionInfo, sink: RecordingSink, *, mode: Mode, limit: int,
                  stall_timeout: float, stdin: bool, clock: Callable[[], float],
-                 store_call: StoreCall = _direct) -> None:
+                 store_call: StoreCall = _direct, max_size: int | None = None) -> None:
         self.info = info
         self.mode = mode
         self._sink = sink
@@ -78,6 +78,9 @@ class Recording:
         self._stall = stall_timeout
         self._stdin = stdin
         self._clock = clock
+        self._max_size = max_size
+        #: bytes written to the store so far (the writer's).
+        self.written = 0
         self._queue: collections.deque[Item] = collections.deque()
         # Two counters, each written by one side only: what the splice queued, what the writer took.
         self.produced = 0
@@ -152,13 +155,34 @@ class Recording:
             self.consumed += taken
             return
         try:
-            text = self._encoder.encode(items)
-            if text:
-                self._store_call(self._sink.write, text)
+            self._write(self._encoder.encode(items))
         except RecordingUnavailable as exc:
             self.fail("write", str(exc))
         finally:
             self.consumed += taken
+
+    def _write(self, text: str) -> None:
+        """Write ``text``, or the whole lines of it that keep the recording within its bound.
+
+        Retention deletes finished recordings only, so a live one is bounded here (by one user's
+        bound, which the per-user cap on long-running requests multiplies at most). Past it the
+        recording fails: ``on`` lets the session go on unrecorded, ``required`` cuts it.
+        """
+        if not text:
+            return
+        data = text.encode()
+        over = self._max_size is not None and self.written + len(data) > self._max_size
+        if over:
+            assert self._max_size is not None
+            # Every event is one line: what is cut after a line break is still a playable cast.
+            data = data[:data.rfind(b"\n", 0, self._max_size - self.written) + 1]
+            text = data.decode()
+        if data:
+            self._store_call(self._sink.write, text)
+            self.written += len(data)
+        if over:
+            self.fail("size", f"the recording reached its bound of {self._max_size} bytes "
+                              "(recording_max_size_per_user)")
 
     def end(self, when: float, summary: SessionInfo) -> None:
         """The session ended at ``when`` as ``summary`` says: the writer finishes the recording."""
@@ -174,9 +198,7 @@ class Recording:
         summary = self._summary
         try:
             if self._encoder is not None and not self.failure:
-                rest = self._encoder.finish(self._ending or self._clock())
-                if rest:
-                    self._store_call(self._sink.write, rest)
+                self._write(self._encoder.finish(self._ending or self._clock()))
         except RecordingUnavailable as exc:
             self.fail("finish", str(exc))
         status = "failed" if self.failure else "complete" if summary.status == "recording" else summary.status
@@ -255,7 +277,8 @@ class SessionRecorder:
             raise
         recording = Recording(info, sink, mode=mode, limit=self.settings.buffer,
                               stall_timeout=self.settings.stall_timeout, stdin=self.settings.stdin,
-                              clock=self._clock, store_call=self._store_call(2 * self.settings.stall_timeout))
+                              clock=self._clock, store_call=self._store_call(2 * self.settings.stall_timeout),
+                              max_size=self.settings.max_bytes_per_recording)
         writer = self._writer.get()
         with writer.lock:
             writer.active.add(recording)

@@ -12,7 +12,8 @@ ini keys (the gateway's ``[app:main]``; ``serve`` flags of the same names)::
     recording_max_age = 720h              ; retention by age (0: none)
     recording_max_size = 10GiB            ; retention by total size, oldest first (0: none)
     recording_max_size_per_user =         ; one user's bound, applied first (default: a tenth
-                                          ; of recording_max_size; 0: none)
+                                          ; of recording_max_size; 0: none); also the most
+                                          ; one recording may take while its session runs
     recording_retention_interval = 10m    ; how often each worker applies retention
     recording_heartbeat_timeout = 5m      ; a session whose writer gave no sign of life this
                                           ; long (or whose process is gone) is interrupted
@@ -140,6 +141,12 @@ class RecordingSettings:
     @property
     def retention(self) -> Retention:
         return Retention(max_age=self.max_age, max_bytes=self.max_bytes, max_bytes_per_user=self.max_bytes_per_user)
+
+    @property
+    def max_bytes_per_recording(self) -> int | None:
+        """The most one recording may take while it is written: the user's bound (else the
+        total's). Retention deletes finished recordings only; a live session is cut off here."""
+        return self.max_bytes_per_user or self.max_bytes
 
     @property
     def heartbeat_every(self) -> float:

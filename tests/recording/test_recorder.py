@@ -139,3 +139,36 @@ def test_the_buffer_bounds_what_a_session_holds(mode: str) -> None:
     store.sink.release.set()
     info = recorder.finish(recording, recording.info)
     assert info.status == "failed" and "took nothing" in info.failure
+
+
+@pytest.mark.parametrize("mode", ["on", "required"])
+def test_a_recording_stops_at_its_users_bound_while_the_session_runs(mode: str) -> None:
+    # Retention deletes finished recordings only: a session that prints without end would hold
+    # whatever it printed, past every bound, until it ends.
+    store = StuckStore()
+    store.sink.release.set()  # a store that takes everything at once
+    recorder = SessionRecorder(store, RecordingSettings(max_bytes=4 * MiB, max_bytes_per_user=256 * 1024))
+    recording = recorder.begin(_session(), mode)  # type: ignore[arg-type]
+    recording.start("websocket")
+    piece = frame(0x2, b"\x01" + b"y" * (64 * 1024))
+    for _ in range(8):  # 512 KiB of output, taken by the writer piece by piece
+        assert recording.hold() in ("go", "cut")
+        recording.observe(False, piece)
+        assert wait_until(lambda: recording.consumed == recording.produced, timeout=5)
+    assert recording.hold() == ("cut" if mode == "required" else "go")
+    info = recorder.finish(recording, recording.info)
+    assert info.status == "failed" and "bound of 262144 bytes" in info.failure
+    written = sum(len(text.encode()) for text in store.sink.written)
+    assert 128 * 1024 < written <= 256 * 1024  # what fitted was kept
+
+
+def test_a_recording_within_its_bound_is_complete() -> None:
+    store = StuckStore()
+    store.sink.release.set()
+    recorder = SessionRecorder(store, RecordingSettings(max_bytes=4 * MiB, max_bytes_per_user=256 * 1024))
+    recording = recorder.begin(_session(), "required")
+    recording.start("websocket")
+    recording.observe(False, frame(0x2, b"\x01" + b"y" * (100 * 1024)))
+    assert recording.hold() == "go"
+    info = recorder.finish(recording, recording.info)
+    assert info.status == "complete" and not info.failure

@@ -128,3 +128,22 @@ def test_a_session_whose_worker_was_killed_is_ended_as_interrupted(
     assert played.returncode == 0 and b"before the crash" in played.stdout, played.stderr
     # Listed as ended for good: the next passes leave it as it is, and it no longer counts as running.
     assert json.loads(retained.call("GET", f"/rest/sessions/{ended['id']}")[1])["status"] == "interrupted"
+
+
+def test_a_live_session_is_recorded_up_to_its_users_bound_and_goes_on(
+    retained: Gateway, pod: TerminalPod, tmp_path: Path,
+) -> None:
+    dave = _user_kubeconfig(retained, "dave-huge", tmp_path)
+    pod.big = 300 * 1024  # three times dave's 100 KiB
+    try:
+        done = kubectl("exec", "p", "-c", "app", "--", "cat", "/big", kubeconfig=dave)
+    finally:
+        pod.big = 0
+    assert done.returncode == EXIT_CODE, done.stderr  # policy on: the session went on to its end
+    assert len(done.stdout) >= 300 * 1024
+    [recording] = wait_for(lambda: [s for s in _sessions(retained, "dave-huge") if s["status"] != "recording"] or None,
+                           30, "dave's recording to end")
+    assert recording["status"] == "failed" and "bound of 102400 bytes" in recording["failure"], recording
+    assert 0 < recording["size"] <= 100 * 1024
+    status, body = retained.call("GET", f"/rest/sessions/{recording['id']}/recording")
+    assert status == 200 and body.startswith(b'{"version": 2') and len(body) == recording["size"]
