@@ -53,6 +53,7 @@ from ..clusters.directory import CachedDirectory
 from ..clusters.permissions import ClusterAuthorizer
 from ..clusters.reader import TunnelClusterReader
 from ..core.errors import ConfigError
+from ..core.worker_start import at_worker_start
 from ..layers.agent_endpoint import AgentTunnelMiddleware
 from ..layers.auth import Authenticator, CachingAuthenticator, StoreAuthenticator, TokenAuthMiddleware
 from ..layers.client_cert import ClientCertificateAuthenticator
@@ -203,13 +204,20 @@ def _recordings(config: GatewayConfig, store: SQLStore) -> RecordingStore:
 
 def _session_recording(config: GatewayConfig, recordings: RecordingStore, proxy: Any) -> Any:
     """The proxy behind the session recording layer when any cluster's policy records, or when
-    sessions are audited (the layer reads an unrecorded session's exit status); else the proxy."""
-    if not config.recording.enabled and not (config.audit.log or config.audit.exports):
-        return proxy
-    from ..layers.session_recording import SessionRecordingMiddleware
+    sessions are audited (the layer reads an unrecorded session's exit status); else the proxy
+    (and the recorder's writer, for retention alone)."""
     from ..recording.recorder import SessionRecorder
 
-    return SessionRecordingMiddleware(proxy, recorder=SessionRecorder(recordings, config.recording))
+    recorder = SessionRecorder(recordings, config.recording)
+    if not config.recording.enabled and not (config.audit.log or config.audit.exports):
+        # Nothing to record or observe. Recordings made before (the policy turned off since) are
+        # still kept by the rules, and sessions a dead worker left are still ended: the writer
+        # runs idle, a retention pass per interval.
+        at_worker_start(recorder.start)
+        return proxy
+    from ..layers.session_recording import SessionRecordingMiddleware
+
+    return SessionRecordingMiddleware(proxy, recorder=recorder)
 
 
 def recording_directory(config: GatewayConfig) -> Path:

@@ -153,10 +153,10 @@ class SessionRecordingMiddleware:
         self.app = app
         self.recorder = recorder
         self.observe_unrecorded = observe_unrecorded
-        if recorder.settings.enabled:
-            # The writer (and with it retention and the end of sessions a dead worker left
-            # "recording") runs from the worker's start, not from its first recorded session.
-            at_worker_start(_start_if_alive(weakref.ref(recorder)))
+        # The writer (and with it retention and the end of sessions a dead worker left
+        # "recording") runs from the worker's start, not from its first recorded session, and
+        # also where nothing is recorded now: recordings made before are still kept by the rules.
+        at_worker_start(_start_if_alive(weakref.ref(recorder)))
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         started_at = datetime.now(UTC)

@@ -283,6 +283,7 @@ class SessionRecorder:
         with writer.lock:
             writer.active.add(recording)
         self.start()
+        writer.wake.set()  # an idle writer waits for its next retention pass: now it has work
         return recording
 
     def start(self) -> None:
@@ -306,7 +307,7 @@ class SessionRecorder:
 
     def _run(self, writer: _Writer) -> None:
         while True:
-            writer.wake.wait(self._period)
+            writer.wake.wait(self._next_wait(writer))
             writer.wake.clear()
             with writer.lock:
                 active = list(writer.active)
@@ -319,6 +320,15 @@ class SessionRecorder:
             if writer.last_pass is None or now - writer.last_pass >= self.settings.retention_interval:
                 writer.last_pass = now
                 self.maintain()
+
+    def _next_wait(self, writer: _Writer) -> float:
+        """How long the writer sleeps: a period while it has recordings, else until its next
+        retention pass (:meth:`begin` wakes it). So a worker whose clusters record nothing (the
+        policy turned off after sessions were recorded) still applies retention and ends the
+        sessions a dead worker left, at no cost in between."""
+        if writer.active or writer.last_pass is None:
+            return self._period
+        return max(self._period, writer.last_pass + self.settings.retention_interval - self._clock())
 
     def _heartbeat(self, session_ids: list[str]) -> None:
         if not session_ids:

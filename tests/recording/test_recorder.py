@@ -172,3 +172,21 @@ def test_a_recording_within_its_bound_is_complete() -> None:
     assert recording.hold() == "go"
     info = recorder.finish(recording, recording.info)
     assert info.status == "complete" and not info.failure
+
+
+def test_an_idle_writer_sleeps_until_its_next_retention_pass_and_a_new_session_wakes_it() -> None:
+    now = [1000.0]
+    store = StuckStore()
+    store.sink.release.set()
+    recorder = SessionRecorder(store, RecordingSettings(mode="on", retention_interval=600.0), clock=lambda: now[0])
+    writer = recorder._writer.get()
+    assert recorder._next_wait(writer) < 1  # its first pass is due at once
+    writer.last_pass = now[0]
+    now[0] += 100
+    assert recorder._next_wait(writer) == 500  # no recording: nothing to do before the next pass
+    recording = recorder.begin(_session(), "on")  # starts the writer and wakes it
+    assert recorder._next_wait(writer) < 1  # a recording: served every period
+    recording.start("websocket")
+    recording.observe(False, frame(0x2, b"\x01" + b"z" * 1000))
+    info = recorder.finish(recording, recording.info)
+    assert info.status == "complete"

@@ -100,3 +100,35 @@ def test_the_recorders_pass_ends_sessions_whose_writer_is_gone_or_silent(tmp_pat
         info = store.get(f"{number:032x}")
         assert info is not None
         sink.close(info)
+
+
+def test_a_gateway_that_records_nothing_now_still_keeps_its_recordings_by_the_rules(tmp_path: Path) -> None:
+    """The policy turned off after sessions were recorded (``serve`` without ``--record``): the
+    workers still end the sessions a dead writer left ``recording`` and still apply retention."""
+    from tests.support.gateway import served_gateway
+    from tests.support.polling import wait_for
+
+    store = DirectoryStore(tmp_path / "recordings")  # the directory store's default place
+    now = datetime.now(UTC)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = process_identity(child.pid)
+    child.wait()
+    stale = _running(store, 1, dead, started=now)
+    old = _running(store, 2, process_identity(), started=now - timedelta(days=2))
+    old_info = store.get(f"{2:032x}")
+    assert old_info is not None
+    old.close(old_info.ended(status="complete", ended_at=now - timedelta(days=2)))
+    kept = _running(store, 3, process_identity(), started=now)
+    kept_info = store.get(f"{3:032x}")
+    assert kept_info is not None
+    kept.close(kept_info.ended(status="complete", ended_at=now))
+    with served_gateway(tmp_path, args=["--recording-max-age", "24h", "--no-access-log"], workers=1) as gw:
+        def settled() -> dict[str, str] | None:
+            sessions = gw.json("GET", "/rest/sessions")["sessions"]
+            status = {s["id"][-1]: s["status"] for s in sessions}
+            return status if status == {"1": "interrupted", "3": "complete"} else None
+
+        wait_for(settled, 30, "the idle writer's first pass")
+    stale_info = store.get(f"{1:032x}")
+    assert stale_info is not None and "writer process is gone" in stale_info.failure
+    stale.close(stale_info)
