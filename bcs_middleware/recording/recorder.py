@@ -182,7 +182,7 @@ class Recording:
             self.written += len(data)
         if over:
             self.fail("size", f"the recording reached its bound of {self._max_size} bytes "
-                              "(recording_max_size_per_user)")
+                              "(recording_max_size_per_user, else recording_max_size)")
 
     def end(self, when: float, summary: SessionInfo) -> None:
         """The session ended at ``when`` as ``summary`` says: the writer finishes the recording."""
