@@ -31,7 +31,7 @@ from tests.support.fake_apiserver import FakeAPIServer, UpgradeRequest
 from tests.support.kube import kubectl
 from tests.support.polling import wait_for, wait_until
 from tests.support.servers import gunicorn
-from tests.support.websocket import frame, read_frame
+from tests.support.websocket import as_a_kubelet_starts, frame, read_frame
 
 from .conftest import CLUSTER, SA_TOKEN, Gateway
 
@@ -82,6 +82,7 @@ class Handlers:
             else:  # a command without input: its "output", then the exit status
                 command = recorded.query if recorded is not None else ""
                 words = [v for k, v in urllib.parse.parse_qsl(command) if k == "command"]
+                as_a_kubelet_starts()
                 _ws_write(req.wfile, b"\x01" + " ".join(words).encode() + b"\n")
                 _ws_write(req.wfile, b"\x03" + json.dumps({"metadata": {}, "status": "Success"}).encode())
                 req.wfile.write(b"\x88\x02\x03\xe8")

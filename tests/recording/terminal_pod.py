@@ -39,7 +39,7 @@ from tests.support import spdy
 from tests.support.fake_apiserver import FakeAPIServer, UpgradeRequest
 from tests.support.kube import _argv, _env
 from tests.support.polling import wait_for
-from tests.support.websocket import frame, read_frame
+from tests.support.websocket import as_a_kubelet_starts, frame, read_frame
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 EXIT_CODE = 3
@@ -175,6 +175,7 @@ class TerminalPod:
         session = _Session(seen, lambda data: send(1, data), end, self.big)
         req.sock.settimeout(30)
         send(1, b"")  # the kubelet's "connection established" (an empty message on stdout)
+        as_a_kubelet_starts()
         session.start()
         while True:
             opcode, payload = read_frame(req.rfile)

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+
+def as_a_kubelet_starts() -> None:
+    """Wait, between a fake pod's ``101`` and its first output, as long as a kubelet takes to start
+    the command.
+
+    kubectl ≤ 1.32 (client-go's WebSocket executor) starts reading before it has created its
+    streams, and drops what arrives in between ("Unknown stream id 1, discarding message"; the
+    exit status too, and then exits 0: kubernetes/kubernetes#131189, fixed by #131203). A real
+    kubelet starts a process before anything is written; a fake that answers at once hits the race.
+    There is nothing to poll: the client says nothing when its streams are ready.
+    """
+    time.sleep(0.3)
 
 
 def read_frame(rfile: Any) -> tuple[int | None, bytes]:
