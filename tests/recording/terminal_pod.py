@@ -375,8 +375,20 @@ class RawTerminal:
         while not self.closed:
             self._read_message()
 
+    def exit_at_prompt(self) -> None:
+        """Wait for the shell's prompt, type ``exit`` and read until the server closes."""
+        self.read_until(1, b"$ ")
+        self.type("exit\r")
+        self.read_to_end()
+
     def close(self) -> None:
         try:
             self.ws.close(timeout=5)
         finally:
             self.ws.shutdown()  # close() leaves the socket open once the server's close frame was read
+
+    def __enter__(self) -> RawTerminal:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -64,13 +64,8 @@ def _terminal(gw: Gateway, token: str, cluster: str) -> RawTerminal:
 
 def _short_session(gw: Gateway, token: str, cluster: str) -> None:
     """A session that waits for the prompt and exits."""
-    term = _terminal(gw, token, cluster)
-    try:
-        term.read_until(1, b"$ ")
-        term.type("exit\r")
-        term.read_to_end()
-    finally:
-        term.close()
+    with _terminal(gw, token, cluster) as term:
+        term.exit_at_prompt()
 
 
 def _casts(gw: Gateway) -> set[str]:

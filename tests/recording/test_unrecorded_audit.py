@@ -109,15 +109,10 @@ def test_an_unrecorded_base64_sessions_event_carries_its_exit_code(unrecorded: G
     # A browser terminal's protocol (TEXT frames, base64): the error channel is read all the same.
     token = unrecorded.user("erin-unrec")
     unrecorded.grant("erin-unrec", "view", CLUSTER)
-    term = RawTerminal(f"wss://localhost:{unrecorded.server.port}/tunnels/clusters/{CLUSTER}/api/v1/namespaces/"
-                       "default/pods/p/exec?container=app&command=sh&stdin=true&stdout=true&tty=true",
-                       token=token, ca_file=unrecorded.ca_file, protocol="v4.base64.channel.k8s.io")
-    try:
-        term.read_until(1, b"$ ")
-        term.type("exit\r")
-        term.read_to_end()
-    finally:
-        term.close()
+    with RawTerminal(f"wss://localhost:{unrecorded.server.port}/tunnels/clusters/{CLUSTER}/api/v1/namespaces/"
+                     "default/pods/p/exec?container=app&command=sh&stdin=true&stdout=true&tty=true",
+                     token=token, ca_file=unrecorded.ca_file, protocol="v4.base64.channel.k8s.io") as term:
+        term.exit_at_prompt()
 
     def event() -> dict | None:
         audit = unrecorded.data / "audit.jsonl"
