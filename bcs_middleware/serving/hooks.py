@@ -78,7 +78,7 @@ def check_in_master(server: Any) -> None:
 def post_worker_init(worker: Any) -> None:
     """Note the worker's listening sockets, start what the application asked
     (:func:`bcs_middleware.core.worker_start.at_worker_start`);
-    on SIGTERM, end open streams before the graceful stop.
+    on SIGTERM, end open streams before the graceful stop; freeze the heap built so far.
 
     The listening sockets are the gateway's own addresses, which the upstream address
     policy refuses (:mod:`bcs_middleware.outbound.addresses`): a cluster reported at the
@@ -106,7 +106,11 @@ def post_worker_init(worker: Any) -> None:
             previous(signum, frame)
 
     signal.signal(signal.SIGTERM, on_term)
-
+    # What the worker built before serving (its modules, classes, the application) lives as
+    # long as the worker: frozen, the collector's full passes stop walking it. Unfrozen, each
+    # such pass stops every request of the worker while it walks the whole heap.
+    gc.collect()
+    gc.freeze()
 
 
 def exit_now(status: object = 0) -> NoReturn:
