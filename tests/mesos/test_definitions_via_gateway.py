@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -123,12 +122,14 @@ def test_definitions_through_the_gateway_path_with_the_callers_authorization(
         # the source's own example application (the driver converts it for the scheduler's /v1/apps)
         app = json.loads((Path(__file__).parent / "fixtures" / "application.json").read_text())
         app["metadata"].update(name="web", namespace="prod")
-        deadline = time.monotonic() + 20
-        while True:
-            status, body = api.call("POST", PREFIX + "namespaces/prod/applications", editor, body=app)
-            if status == 400 or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)  # the driver registering, its definitions refreshing
+        answers: list[tuple[int, dict]] = []
+
+        def webhook_refuses() -> bool:  # once the driver has registered and refreshed its definitions
+            answers.append(api.call("POST", PREFIX + "namespaces/prod/applications", editor, body=app))
+            return answers[-1][0] == 400
+
+        wait_until(webhook_refuses, 20, step=0.3)
+        status, body = answers[-1]
         assert (status, body["result"], body["code"], body["data"]) == (400, False, 1405234, None), body
         assert "guard" in body["message"]
         assert not [r for r in scheduler.requests if "/apps" in r.path or r.path.endswith("/applications")]
