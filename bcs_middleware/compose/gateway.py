@@ -212,7 +212,7 @@ def _session_recording(config: GatewayConfig, recordings: RecordingStore, proxy:
     if not config.recording.enabled and not (config.audit.log or config.audit.exports):
         # Nothing to record or observe. Recordings made before (the policy turned off since) are
         # still kept by the rules, and sessions a dead worker left are still ended: the writer
-        # runs idle, a retention pass per interval.
+        # runs idle, a retention pass per interval. (Held by this registration: no layer holds it.)
         at_worker_start(recorder.start)
         return proxy
     from ..layers.session_recording import SessionRecordingMiddleware

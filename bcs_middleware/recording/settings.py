@@ -146,7 +146,7 @@ class RecordingSettings:
     def max_bytes_per_recording(self) -> int | None:
         """The most one recording may take while it is written: the user's bound (else the
         total's). Retention deletes finished recordings only; a live session is cut off here."""
-        return self.max_bytes_per_user or self.max_bytes
+        return self.max_bytes_per_user or self.max_bytes or None
 
     @property
     def heartbeat_every(self) -> float:

@@ -27,7 +27,7 @@ from bcs_middleware.store.sql import open_store
 from tests.support.fake_apiserver import FakeAPIServer
 from tests.support.gateway import ADMIN, CLI, SA_TOKEN, Gateway, served_gateway, short_admission_refresh
 from tests.support.kube import write_kubeconfig
-from tests.support.polling import wait_for
+from tests.support.polling import wait_until
 
 __all__ = ["ADMIN", "CLUSTER", "SA_TOKEN", "Agent", "Gateway", "handshake", "tunnel_headers"]
 
@@ -112,8 +112,9 @@ class Agent:
     def wait_connected(self, timeout: float = 30.0) -> dict:
         """Until the gateway says the agent is connected and a request goes through it."""
         last: list[object] = [None]
+        found: list[dict] = []
 
-        def connected() -> dict:
+        def connected() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"the agent exited ({self.proc.returncode}):\n{self.output()}")
             status, body = self.gw.call("GET", f"/rest/clusters/{self.cluster_id}")
@@ -121,16 +122,14 @@ class Agent:
             if agent.get("tunnel_connected"):
                 status, body = self.gw.call("GET", f"/tunnels/clusters/{self.cluster_id}/version")
                 if status == 200:
-                    return dict(agent)  # not empty: it says the agent is connected
+                    found.append(agent)
+                    return True
             last[0] = (status, body[:300])
-            return {}
+            return False
 
-        try:
-            return wait_for(connected, timeout, "the agent did not connect", step=0.1)
-        except AssertionError as exc:
-            if "the agent exited" in str(exc):
-                raise
-            raise AssertionError(f"{exc}: {last[0]}\n{self.output()}") from None
+        if not wait_until(connected, timeout, step=0.1):
+            raise AssertionError(f"the agent did not connect: {last[0]}\n{self.output()}")
+        return found[-1]
 
 
 def kill_placement_holder(gw: Gateway, cluster_id: str) -> int:

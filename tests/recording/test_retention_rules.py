@@ -52,6 +52,13 @@ def test_the_per_user_bound_defaults_to_a_tenth_of_the_total() -> None:
         RecordingSettings(heartbeat_timeout=0)
 
 
+def test_a_live_recording_is_bounded_by_the_users_bound_else_the_totals() -> None:
+    assert RecordingSettings(max_bytes=1000).max_bytes_per_recording == 100
+    assert RecordingSettings(max_bytes=1000, max_bytes_per_user=None).max_bytes_per_recording == 1000
+    assert RecordingSettings(max_bytes=None).max_bytes_per_recording is None
+    assert RecordingSettings(max_bytes=0).max_bytes_per_recording is None  # 0: no bound, not "nothing"
+
+
 def test_a_process_is_named_so_a_reused_pid_is_not_taken_for_it() -> None:
     me = process_identity()
     assert holder_gone(me) is False
