@@ -17,7 +17,9 @@ routes are exempt by default) it:
    then ``429`` when the line is full or the wait is over.
 
 A refusal is answered ``queue.refusal_delay`` after the request arrived (under the gevent
-worker), so that a client asking again at once cannot make the refusals the load.
+worker), so that a client asking again at once cannot make the refusals the load, and then in
+its turn of the worker's loop (:mod:`bcs_middleware.core.turns`), one refusal per turn after
+the work already in: a bot's refusals, due together, are not one burst.
 
 The counts and buckets are shared by the instance's workers (:mod:`bcs_middleware.limits.table`);
 what is counted is released when the response is closed. A refusal is
@@ -41,6 +43,7 @@ from typing import Any
 from ..core import converters as conv
 from ..core import environ as env
 from ..core import facts as request_facts
+from ..core import turns
 from ..core.cache import Cache
 from ..core.errors import TooManyRequests
 from ..core.sockets import gevent_active
@@ -112,13 +115,15 @@ class LimitsMiddleware:
 
     def __init__(self, app: Any, *, settings: LimitSettings, table: CounterTable | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 delay_refusals: Callable[[], bool] = gevent_active) -> None:
+                 delay_refusals: Callable[[], bool] = gevent_active,
+                 wait_turn: Callable[[], None] = turns.wait_turn) -> None:
         self.app = app
         self.settings = settings
         self.table = table if table is not None else CounterTable(shared_table_path())
         self.clock = clock
         self.sleep = sleep
         self.delay_refusals = delay_refusals
+        self.wait_turn = wait_turn
         queue = settings.queue
         self.queue = FairQueue(queue.seats_per_worker, length=queue.length, wait=queue.wait, clock=clock)
         self.group_caps = dict(settings.groups)
@@ -234,12 +239,14 @@ class LimitsMiddleware:
 
     def _hold_refusal(self, arrived: float) -> None:
         """Answer a refusal no sooner than ``queue.refusal_delay`` after its request arrived
-        (a request that waited in line for a seat has waited already)."""
+        (a request that waited in line for a seat has waited already), and then in its turn
+        (:mod:`bcs_middleware.core.turns`): refusals sent together come due together."""
         delay = self.settings.queue.refusal_delay
         if delay > 0 and self.delay_refusals():
             remaining = delay - (self.clock() - arrived)
             if remaining > 0:
                 self.sleep(remaining)
+        self.wait_turn()
 
     @staticmethod
     def _refusal(verdict: int, wait: float, names: tuple[str, ...]) -> TooManyRequests:

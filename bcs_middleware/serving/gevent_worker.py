@@ -18,6 +18,10 @@ clients queue silently in the kernel. :class:`GatewayGeventWorker` adds:
   closed; later heads on a kept-alive connection within ``keepalive``;
 * ``body_idle_timeout`` (default 60 s): no read or write on the client connection may
   stall longer (a half-sent body; also a client that stops reading its answer);
+* TLS handshakes in their turn (:mod:`bcs_middleware.core.turns`): one starts per turn of
+  the worker's loop, after the work already in, once the client's hello is there — a client
+  reconnecting in a loop cannot make a request on an established connection wait behind a
+  burst of handshakes;
 * ``worker_connections`` as a limit, not a queue: beyond it a connection is answered
   ``503`` with ``Retry-After`` and closed (a little room above the limit is kept for
   those answers);
@@ -42,11 +46,13 @@ import gevent.ssl
 from gevent import Timeout
 from gevent.pool import Pool
 from gevent.server import StreamServer
+from gevent.socket import wait_read
 from gunicorn.sock import ssl_context
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
 from ..core.sockets import send_all
+from ..core.turns import wait_turn
 from ..pki.reload import ServerContext, reloading_context
 from .worker_stop import StopWhileStarting
 
@@ -189,6 +195,10 @@ class GatewayGeventWorker(StopWhileStarting, GeventWorker):
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
         try:
             with Timeout(self.header_timeout):
+                # The client's hello first (a silent client holds no place in the line),
+                # then the computing in its turn, after the work already in (core/turns.py).
+                wait_read(tls.fileno())
+                wait_turn()
                 tls.do_handshake()
         except (Timeout, OSError):  # ssl.SSLError is an OSError
             _close(tls)
