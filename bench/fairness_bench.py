@@ -4,6 +4,7 @@ and how many discovery requests reach the apiserver for cold ``kubectl get pods`
     python bench/fairness_bench.py [--heavy 200] [--watches 500] [--light-rate 10] [--phase 8]
                                    [--rounds 2] [--heavy-nice 19] [--same-apiserver]
                                    [--kubectl-runs 100] [--skip-discovery] [--json out.json]
+    python bench/fairness_bench.py --pool run1.json run2.json ...
 
 The production path: HTTPS clients → ``bcs-middleware serve`` with its defaults (two gevent
 workers; limits on by default) → the HTTPS asyncio fake apiserver of
@@ -268,9 +269,12 @@ def _phase(light: Gateway, args: argparse.Namespace, heavy: Gateway | None) -> d
                                LIGHT_PODS if args.apart else PODS)
     cpu = (_cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - wall0)
     result: dict[str, Any] = {"light_p50_ms": round(_pct(latencies, 0.5) * 1000, 1),
+                              "light_p90_ms": round(_pct(latencies, 0.9) * 1000, 1),
                               "light_p99_ms": round(_pct(latencies, 0.99) * 1000, 1),
                               "light_requests": len(latencies), "light_errors": errors,
-                              "gateway_cpu_cores": round(cpu, 2)}
+                              "gateway_cpu_cores": round(cpu, 2),
+                              # every latency, for pooling runs: a phase's p99 is its 2nd-largest
+                              "light_ms": [round(x * 1000, 2) for x in latencies]}
     if proc is not None:
         counts = out.get(timeout=args.phase + 120)
         proc.join(60)
@@ -279,6 +283,28 @@ def _phase(light: Gateway, args: argparse.Namespace, heavy: Gateway | None) -> d
         result.update(heavy=counts, heavy_get_429_share=round(counts.get("get_429", 0) / max(gets, 1), 3),
                       heavy_watch_429_share=round(counts.get("watch_429", 0) / max(watches, 1), 3))
     return result
+
+
+def _without_samples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_samples(v) for k, v in value.items() if k != "light_ms"}
+    if isinstance(value, list):
+        return [_without_samples(v) for v in value]
+    return value
+
+
+def pool(paths: list[str]) -> dict:
+    """Every run's light-user latencies per phase, pooled: a phase of ``--phase 20`` has 200, so
+    its p99 is its second-largest and swings with one hiccup; runs of one variant pooled give
+    percentiles that mean something."""
+    pooled: dict[str, list[float]] = {}
+    for path in paths:
+        for phases in json.loads(Path(path).read_text())["fairness"]["rounds"]:
+            for name in ("alone", "off", "on", "elsewhere"):
+                pooled.setdefault(name, []).extend(phases[name]["light_ms"])
+    return {name: {"samples": len(values), **{f"p{int(q * 100)}_ms": round(_pct(values, q), 1)
+                                              for q in (0.5, 0.9, 0.95, 0.99)}}
+            for name, values in pooled.items()}
 
 
 def fairness(args: argparse.Namespace) -> dict:
@@ -303,7 +329,7 @@ def fairness(args: argparse.Namespace) -> dict:
             phases = {"alone": _phase(on, args, None), "off": _phase(off, args, off),
                       "on": _phase(on, args, on), "elsewhere": _phase(on, args, off)}
             phases["load_average"] = round(load, 1)
-            print(f"round {number + 1}: {json.dumps(phases)}", flush=True)
+            print(f"round {number + 1}: {json.dumps(_without_samples(phases))}", flush=True)
             rounds.append(phases)
     return {"rounds": rounds, "light_p99_ratio_on": [round(r["on"]["light_p99_ms"] / r["alone"]["light_p99_ms"], 2)
                                                      for r in rounds],
@@ -406,7 +432,12 @@ def main() -> int:
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="an argument added to both gateways' serve command line (repeatable)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--pool", nargs="+", metavar="JSON",
+                        help="measure nothing: pool the light user's latencies of these --json files")
     args = parser.parse_args()
+    if args.pool:
+        print(json.dumps(pool(args.pool), indent=2))
+        return 0
     SERVE_ARGS.extend(args.serve_arg)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -418,8 +449,8 @@ def main() -> int:
         results["fairness"] = fairness(args)
     if not args.skip_discovery:
         results["discovery"] = discovery(args.kubectl_runs)
-    print(json.dumps(results, indent=2))
-    if args.json:
+    print(json.dumps(_without_samples(results), indent=2))
+    if args.json:  # with every latency: ``--pool`` reads them
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
