@@ -195,8 +195,8 @@ class GatewayGeventWorker(StopWhileStarting, GeventWorker):
                                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
         try:
             with Timeout(self.header_timeout):
-                # The client's hello first (a silent client holds no place in the line),
-                # then the computing in its turn, after the work already in (core/turns.py).
+                # The client's hello first, so that what takes the turn is the computing
+                # (after the work already in: core/turns.py), not a wait for the client.
                 wait_read(tls.fileno())
                 wait_turn()
                 tls.do_handshake()

@@ -5,8 +5,8 @@ In-process, on gevent's loop: "established connections" are socket pairs playing
 turn and then compute for a millisecond, as a TLS handshake or a refusal does. Served through a
 real gateway: every TLS test (every connection to ``serve`` handshakes in its turn), the
 keep-alive and slow-client tests (``tests/serving/test_keepalive.py``,
-``tests/apps/test_proxy_streams.py``: new connections are not shut out by busy ones, and a
-client that never says hello holds no place), and the limits tests (refusals).
+``tests/apps/test_proxy_streams.py``: new connections are not shut out by busy ones, and
+clients that never say hello hold nobody up), and the limits tests (refusals).
 """
 
 from __future__ import annotations
