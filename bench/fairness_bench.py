@@ -15,7 +15,8 @@ workers; limits on by default) → the HTTPS asyncio fake apiserver of
   connection, in this process), on a cluster of its own whose fake apiserver serves only it
   (``--same-apiserver``: the heavy user's — a fake apiserver is one Python process, and the
   heavy user's watches through a gateway without limits saturate it: that measures the fake);
-* ``off`` and ``on``: the same while a heavy user (another process, asyncio) keeps ``--heavy``
+* ``off`` and ``on``: the same, once the heavy user is up (every connection and watch answered
+  once: its start is a transient of its own), while it (another process, asyncio) keeps ``--heavy``
   keep-alive connections busy with one request after another (a 429 included) and ``--watches``
   watches that reconnect every second (a refused one a second later too);
 * ``elsewhere`` (the control): the light user on the ``on`` gateway while the heavy user runs
