@@ -289,7 +289,7 @@ def _phase(light: Gateway, args: argparse.Namespace, heavy: Gateway | None) -> d
         proc.start()
         # The heavy user up first (every connection and watch answered once): its start — 700
         # connections at once — is a transient of its own, and measured with the phase it put
-        # one to three requests of 250 to 600 ms in every phase's 200, which made the pooled p99.
+        # every run's worst light request (140 to 590 ms) in its first second: the pooled p99.
         ramp = out.get(timeout=RAMP_LIMIT + 60)
     cpu0, wall0 = _cpu_seconds(server.proc.pid), time.monotonic()
     latencies, errors = _light(port, cafile, tokens["light"], args.light_rate, args.phase,
