@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,18 @@ def _backends(url: str) -> int:
                            (dbname,)).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def _backends_settled(url: str, expected: int, timeout: float = 10.0) -> int:
+    """The count once closed connections' backends have gone.
+
+    A backend leaves pg_stat_activity a moment after its client closes (the setup's disposed
+    engine here), so one read can still see it; poll, bounded, and return the last count.
+    """
+    deadline = time.monotonic() + timeout
+    while (count := _backends(url)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
 
 
 def test_a_paste_pipeline_naming_one_url_opens_one_engine(database_url: str, tmp_path: Path,
@@ -100,7 +113,7 @@ def test_a_paste_pipeline_naming_one_url_opens_one_engine(database_url: str, tmp
     assert len(engines_made) == 1  # four components, one URL: one engine
     if database_url.startswith("postgresql"):
         # Requests one after another: the one engine's pool holds one connection.
-        assert _backends(database_url) == 1
+        assert _backends_settled(database_url, 1) == 1
 
 
 def test_one_database_per_url_and_key_source(tmp_path: Path) -> None:
@@ -184,7 +197,7 @@ def test_the_pool_is_sized_by_the_limits_file_and_holds_no_more(database_url: st
         for conn in held:
             conn.execute(text("SELECT 1"))
         if database.backend == "postgresql":
-            assert _backends(database_url) == 2
+            assert _backends_settled(database_url, 2) == 2
         engine.pool._timeout = 0.2  # type: ignore[attr-defined]
         from sqlalchemy.exc import TimeoutError as PoolTimeout
         with pytest.raises(PoolTimeout):
