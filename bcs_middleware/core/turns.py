@@ -9,7 +9,12 @@ before — or instead of — serving anyone:
   third of a busy worker;
 * **refusals** (``layers/limits.py``): a user over its limits gets its 429 a second after its
   request arrived, so a bot's refused requests, sent together, come due together — and its next
-  ones arrive together again.
+  ones arrive together again;
+* **a busy user's further requests** (``layers/limits.py``, ``queue.turn_after``): past a few in
+  flight in the worker, each more of that user's admitted requests starts in its turn;
+* **upstream TLS handshakes** (``outbound/streams.py``): the client's side computes once the
+  server has answered; a bot's watches reconnecting through the gateway are as many new upstream
+  connections at once.
 
 Either burst, run in one turn of the loop, made a request on an established connection wait
 behind all of it at each of its few switches, in a worker less than half busy

@@ -19,7 +19,10 @@ routes are exempt by default) it:
 A refusal is answered ``queue.refusal_delay`` after the request arrived (under the gevent
 worker), so that a client asking again at once cannot make the refusals the load, and then in
 its turn of the worker's loop (:mod:`bcs_middleware.core.turns`), one refusal per turn after
-the work already in: a bot's refusals, due together, are not one burst.
+the work already in: a bot's refusals, due together, are not one burst. Likewise an admitted
+request of a user that already has ``queue.turn_after`` requests in flight in this worker
+goes on in its turn: a user with many requests at once starts one more per turn, and a user
+with a few never waits for a turn.
 
 The counts and buckets are shared by the instance's workers (:mod:`bcs_middleware.limits.table`);
 what is counted is released when the response is closed. A refusal is
@@ -47,7 +50,7 @@ from ..core import turns
 from ..core.cache import Cache
 from ..core.errors import TooManyRequests
 from ..core.sockets import gevent_active
-from ..limits.fair import FairQueue
+from ..limits.fair import FairQueue, InFlight
 from ..limits.settings import LimitSettings, load
 from ..limits.table import BUCKET, INFLIGHT, LONG_RUNNING, OK, CounterTable, key_digest
 from ..telemetry import metrics
@@ -126,6 +129,7 @@ class LimitsMiddleware:
         self.wait_turn = wait_turn
         queue = settings.queue
         self.queue = FairQueue(queue.seats_per_worker, length=queue.length, wait=queue.wait, clock=clock)
+        self.in_flight = InFlight()
         self.group_caps = dict(settings.groups)
         # Keys are users (with their groups) and clusters: bounded, the large ones never kept.
         self._plans: Cache[tuple[str, tuple[str, ...], str | None, bool], _Plan] = Cache(
@@ -159,7 +163,13 @@ class LimitsMiddleware:
             return exc(environ, start_response)
         finally:
             self._note_overflows()
+        turn_after = self.settings.queue.turn_after
         try:
+            if turn_after is not None:
+                count = self.in_flight.enter(user.name)
+                release = self._counted(user.name, release)
+                if count > turn_after:
+                    self.wait_turn()
             body = self.app(environ, start_response)
         except BaseException:
             release()
@@ -236,6 +246,13 @@ class LimitsMiddleware:
                 retry_after=1, limit=limit)
         metrics.LIMIT_ADMITTED.labels("ordinary", "true" if waited.limit else "false").inc()
         return release
+
+    def _counted(self, user: str, release: Callable[[], None]) -> Callable[[], None]:
+        """``release``, and the request no longer in flight in this worker (:class:`InFlight`)."""
+        def counted_release() -> None:
+            self.in_flight.leave(user)
+            release()
+        return counted_release
 
     def _hold_refusal(self, arrived: float) -> None:
         """Answer a refusal no sooner than ``queue.refusal_delay`` after its request arrived

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["TICK", "FairQueue", "Waited"]
+__all__ = ["TICK", "FairQueue", "InFlight", "Waited"]
 
 #: How often a waiting request re-checks caps other workers may have freed (seconds).
 TICK = 0.02
@@ -172,3 +172,34 @@ class FairQueue:
                 self.busy += 1
                 waiter.granted = True
                 waiter.event.set()
+
+
+class InFlight:
+    """How many requests each user has in flight in this worker, whatever their kind.
+
+    What :attr:`~bcs_middleware.limits.settings.QueueSettings.turn_after` is compared with: a
+    user past it has each further request wait for its turn of the worker's loop. Only users
+    with a request in flight are kept.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, user: str) -> int:
+        """One more for ``user``; how many it has now."""
+        with self._lock:
+            count = self._counts[user] = self._counts.get(user, 0) + 1
+        return count
+
+    def leave(self, user: str) -> None:
+        with self._lock:
+            count = self._counts[user] - 1
+            if count:
+                self._counts[user] = count
+            else:
+                del self._counts[user]
+
+    def __len__(self) -> int:
+        """Users with a request in flight."""
+        return len(self._counts)

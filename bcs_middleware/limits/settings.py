@@ -22,6 +22,7 @@ start, naming the key::
       length: 64               # requests one user may have waiting in one worker
       wait: 5s                 # then 429
       refusal_delay: 1s        # a 429 is answered no sooner (gevent workers; 0: at once)
+      turn_after: 2            # a user's requests in flight in one worker before each more waits its turn (null: never)
     exempt:
       superusers: true
       users: [prometheus]
@@ -107,12 +108,18 @@ class QueueSettings:
         turn the refusals themselves into the load that the limits keep off the light
         users: each of its connections now asks at most once per delay. Under gthread a
         waiting refusal would hold one of the worker's threads, so refusals go at once there.
+    :param turn_after: requests one user may have in flight in one worker (ordinary and
+        long-running) before each further one waits for its turn of the worker's loop
+        (:mod:`bcs_middleware.core.turns`; gevent workers; ``None``: never). A user with many
+        requests at once then gets one more of them going per turn, after the work already in,
+        instead of a whole burst ahead of everyone's; a user with a few is never held.
     """
 
     seats_per_worker: int | None = 32
     length: int = 64
     wait: float = 5.0
     refusal_delay: float = 1.0
+    turn_after: int | None = 2
 
 
 @dataclass(frozen=True)
@@ -230,7 +237,7 @@ _USER = {"rate": _rate, "burst": _required(_count), "inflight": _count, "long_ru
 _CLUSTER = {"inflight": _count, "long_running": _count}
 _Converters = dict[str, Callable[[Any], Any]]
 _QUEUE: _Converters = {"seats_per_worker": _count, "length": _required(_count), "wait": _duration,
-                       "refusal_delay": partial(_duration, zero=True)}
+                       "refusal_delay": partial(_duration, zero=True), "turn_after": _count}
 _CACHE: _Converters = {"enabled": conv.asbool, "ttl": _duration, "max_entry_bytes": _size, "max_bytes": _size}
 _CLIENTS = {"upstream_idle_per_cluster": _required(_count), "upstream_identities": _required(_count),
             "rbac_sync_workers": _required(_count), "database_connections": _required(_count),

@@ -20,7 +20,8 @@ import socket
 import ssl
 import time
 
-from ..core.sockets import send_all
+from ..core.sockets import gevent_active, send_all
+from ..core.turns import wait_turn
 from .identity import PoolKey
 
 # Below glibc's mmap threshold (128 KiB): recv(n) allocates an n-byte buffer first, and a
@@ -108,7 +109,12 @@ class SocketConnection(Connection):
 
     def start_tls(self, context: ssl.SSLContext, server_name: str, timeout: float) -> SocketConnection:
         self.set_timeout(timeout)
-        tls = context.wrap_socket(self.sock, server_hostname=server_name)
+        tls = context.wrap_socket(self.sock, server_hostname=server_name, do_handshake_on_connect=False)
+        try:
+            handshake_in_turn(tls, timeout)
+        except BaseException:
+            tls.close()  # it holds the descriptor now, not self.sock
+            raise
         return SocketConnection(tls, self.key, self.generation)
 
     def take_socket(self) -> socket.socket:
@@ -135,3 +141,32 @@ class SocketConnection(Connection):
             self.sock.close()
         except OSError:
             pass
+
+
+def handshake_in_turn(tls: ssl.SSLSocket, timeout: float) -> None:
+    """A client's TLS handshake on ``tls``, its computing in its turn of the worker's loop
+    (:mod:`bcs_middleware.core.turns`); each wait within ``timeout`` seconds.
+
+    A client's handshake computes mostly once the server has answered: the key exchange and the
+    server's certificate chain checked. A gateway opening many upstream connections at once (a
+    bot's watches reconnecting together, each a new upstream connection) did all of that in one
+    turn of its loop, and every request in flight waited behind it at each of its switches
+    (bench/README.md, "Upstream handshakes and busy users in their turn"). So under gevent: the
+    hello sent, the answer awaited, then the rest in its turn, as the gevent worker does for the
+    handshakes of its clients. Without gevent, one blocking handshake.
+    """
+    if gevent_active():
+        from gevent.socket import wait_read
+
+        tls.settimeout(0.0)
+        try:
+            tls.do_handshake()  # sends the hello; the answer is not there yet
+        except ssl.SSLWantReadError:
+            wait_read(tls.fileno(), timeout=timeout,
+                      timeout_exc=TimeoutError("_ssl.c: The handshake operation timed out"))
+            wait_turn()
+        except ssl.SSLWantWriteError:  # a new socket takes a hello; if not, the blocking step sends it
+            pass
+        finally:
+            tls.settimeout(timeout)
+    tls.do_handshake()

@@ -46,3 +46,78 @@ def test_a_refusal_waits_for_its_turn_and_an_admitted_request_does_not() -> None
     assert events == []
     assert _call(layer, user).startswith("429")
     assert events == ["delay", "turn"]  # the delay first, then its turn
+
+
+def _open(layer: LimitsMiddleware, user: env.User, query: str = "") -> Any:
+    """A request whose answer is not yet closed: in flight until ``.close()``."""
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": PODS, "QUERY_STRING": query, "wsgi.url_scheme": "https"}
+    environ[env.USER] = user
+    environ[env.FACTS] = facts.classify(environ)
+    statuses: list[str] = []
+    body = layer(environ, lambda status, headers, exc_info=None: statuses.append(status))
+    assert statuses == [] or statuses[0] == "200 OK"
+    return body
+
+
+def _streaming_app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+    start_response("200 OK", [])
+    yield b"{}"
+
+
+def _turn_layer(events: list[str], turn_after: int | None = 2) -> LimitsMiddleware:
+    settings = LimitSettings(queue=QueueSettings(turn_after=turn_after))
+    return LimitsMiddleware(_streaming_app, settings=settings, table=CounterTable(None),
+                            wait_turn=lambda: events.append("turn"))
+
+
+def test_a_user_past_turn_after_waits_a_turn_for_each_more_and_a_light_user_never_does() -> None:
+    events: list[str] = []
+    layer = _turn_layer(events)
+    bot, light = env.User(7, "bot", groups=()), env.User(8, "light", groups=())
+    first, second = _open(layer, bot), _open(layer, bot, "watch=true")  # a watch counts too
+    assert events == []
+    third = _open(layer, bot)
+    assert events == ["turn"]  # its third in flight: in its turn
+    light_one = _open(layer, light)
+    assert events == ["turn"]  # another user's first: at once
+    fourth = _open(layer, bot)
+    assert events == ["turn", "turn"]
+    for body in (third, fourth, second):
+        body.close()
+    assert _call(layer, bot) == "200 OK"  # back to two in flight with this one: no turn
+    assert events == ["turn", "turn"]
+    for body in (first, light_one):
+        body.close()
+    assert len(layer.in_flight) == 0  # nobody left in flight: nobody kept
+
+
+def test_turn_after_null_never_waits() -> None:
+    events: list[str] = []
+    layer = _turn_layer(events, turn_after=None)
+    bot = env.User(7, "bot", groups=())
+    held = [_open(layer, bot) for _ in range(5)]
+    assert events == []
+    for body in held:
+        body.close()
+
+
+def test_a_request_killed_while_waiting_its_turn_gives_back_what_it_held() -> None:
+    class Killed(BaseException):
+        pass
+
+    def killed() -> None:
+        raise Killed
+
+    settings = LimitSettings(user=UserLimits(inflight=3), queue=QueueSettings(turn_after=1))
+    layer = LimitsMiddleware(_streaming_app, settings=settings, table=CounterTable(None), wait_turn=killed)
+    bot = env.User(7, "bot", groups=())
+    first = _open(layer, bot)
+    for _ in range(5):  # each killed in its wait: were its seat and count kept, the cap of 3 would refuse
+        try:
+            _open(layer, bot)
+        except Killed:
+            pass
+        else:
+            raise AssertionError("the turn was not waited for")
+    first.close()
+    assert len(layer.in_flight) == 0 and layer.queue.busy == 0

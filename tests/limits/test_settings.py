@@ -31,6 +31,9 @@ def test_overrides_inherit_the_user_defaults_of_the_file() -> None:
     assert settings.queue.refusal_delay == 1.0  # the default
     assert parse({"queue": {"refusal_delay": 0}}).queue.refusal_delay == 0.0  # refusals at once
     assert parse({"queue": {"refusal_delay": "250ms"}}).queue.refusal_delay == 0.25
+    assert settings.queue.turn_after == 2  # the default
+    assert parse({"queue": {"turn_after": 8}}).queue.turn_after == 8
+    assert parse({"queue": {"turn_after": None}}).queue.turn_after is None  # never wait a turn
 
 
 @pytest.mark.parametrize("document, message", [
@@ -40,6 +43,7 @@ def test_overrides_inherit_the_user_defaults_of_the_file() -> None:
     pytest.param({"user": {"rate": True}}, "user.rate: not a number", id="bool"),
     pytest.param({"queue": {"wait": "soon"}}, "queue.wait: not a duration", id="duration"),
     pytest.param({"queue": {"refusal_delay": -1}}, "queue.refusal_delay: must not be negative", id="delay"),
+    pytest.param({"queue": {"turn_after": 0}}, "queue.turn_after: must be at least 1", id="turn-after"),
     pytest.param({"exempt": {"routes": ["kubernetes", "helth"]}}, "unknown route kind 'helth'", id="route"),
     pytest.param({"groups": {"ops": -1}}, "groups.ops: must be at least 1", id="group"),
     pytest.param({"limits": {}}, "unknown key 'limits'", id="top"),
