@@ -581,7 +581,8 @@ def tree_contender(name: str, package_root: Path, user: str = "bench-admin") -> 
     """``tunnel`` (``serve``, superuser token) running another checkout's package (``--tree``);
     with ``user`` ``bench-user``, ``tunnel_imp`` (a ``view`` user: impersonation and the per-user limits)."""
     def start(ctx: Context) -> Running:
-        served = start_serve(ctx.tmp, f"serve-{name}", ctx.nginx_tls_url, ctx.pki.ca_file,
+        # A data directory per contender: tunnel@NAME and tunnel_imp@NAME are two servers.
+        served = start_serve(ctx.tmp, f"serve-{name}-{user}", ctx.nginx_tls_url, ctx.pki.ca_file,
                              package_root=package_root)
         return _served_tunnel(ctx, user, served)
 
