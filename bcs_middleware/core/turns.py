@@ -63,12 +63,13 @@ class Turns:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def wait(self) -> None:
-        """Return when it is this greenlet's turn."""
+    def wait(self) -> bool:
+        """Return when it is this greenlet's turn: ``True``; ``False`` at once from another
+        native thread (none of this loop's turns are its)."""
         from gevent.hub import Waiter, get_hub
 
-        if get_hub() is not self._hub:  # another native thread's loop: none of this one's turns
-            return
+        if get_hub() is not self._hub:
+            return False
         waiter = Waiter()
         self._waiting.append(waiter)
         if not self._turn.active:
@@ -81,6 +82,7 @@ class Turns:
                 self._waiting.remove(waiter)
             self._stop_if_none_wait()
             raise
+        return True
 
     def _give_turn(self) -> None:
         # In the hub: the switch runs the work until its first wait, then comes back.
@@ -101,7 +103,7 @@ def _nothing() -> None:
 _turns: PerProcess[Turns] = PerProcess(Turns)
 
 
-def wait_turn() -> None:
-    """Wait for this process's next turn (:class:`Turns`); at once without gevent."""
-    if gevent_active():
-        _turns.get().wait()
+def wait_turn() -> bool:
+    """Wait for this process's next turn (:class:`Turns`): ``True``; ``False`` at once without
+    gevent (no loop, no turns)."""
+    return gevent_active() and _turns.get().wait()

@@ -119,7 +119,7 @@ class LimitsMiddleware:
     def __init__(self, app: Any, *, settings: LimitSettings, table: CounterTable | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  delay_refusals: Callable[[], bool] = gevent_active,
-                 wait_turn: Callable[[], None] = turns.wait_turn) -> None:
+                 wait_turn: Callable[[], bool] = turns.wait_turn) -> None:
         self.app = app
         self.settings = settings
         self.table = table if table is not None else CounterTable(shared_table_path())
@@ -138,7 +138,8 @@ class LimitsMiddleware:
         self._admitted_at_once = metrics.LIMIT_ADMITTED.labels("ordinary", "false")
         self._long_admitted = metrics.LIMIT_ADMITTED.labels("long_running", "false")
         self._overflows = 0
-        for bound, value in (("worker_seats", queue.seats_per_worker), ("user_inflight", settings.user.inflight),
+        for bound, value in (("worker_seats", queue.seats_per_worker), ("user_turn_after", queue.turn_after),
+                             ("user_inflight", settings.user.inflight),
                              ("user_long_running", settings.user.long_running),
                              ("cluster_inflight", settings.cluster.inflight),
                              ("cluster_long_running", settings.cluster.long_running)):
@@ -169,7 +170,7 @@ class LimitsMiddleware:
                 count = self.in_flight.enter(user.name)
                 release = self._counted(user.name, release)
                 if count > turn_after:
-                    self.wait_turn()
+                    self._wait_turn()
             body = self.app(environ, start_response)
         except BaseException:
             release()
@@ -246,6 +247,14 @@ class LimitsMiddleware:
                 retry_after=1, limit=limit)
         metrics.LIMIT_ADMITTED.labels("ordinary", "true" if waited.limit else "false").inc()
         return release
+
+    def _wait_turn(self) -> None:
+        """A busy user's request in its turn, counted and timed as waiting (``user_turn``) when
+        there was a loop to wait for."""
+        started = self.clock()
+        if self.wait_turn():
+            metrics.LIMIT_QUEUED.labels("user_turn").inc()
+            metrics.LIMIT_QUEUE_WAIT.labels("user_turn").observe(self.clock() - started)
 
     def _counted(self, user: str, release: Callable[[], None]) -> Callable[[], None]:
         """``release``, and the request no longer in flight in this worker (:class:`InFlight`)."""

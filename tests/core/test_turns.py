@@ -87,9 +87,10 @@ def test_one_piece_per_turn_in_arrival_order_and_none_is_shut_out() -> None:
 def test_on_an_idle_worker_the_turn_comes_at_once() -> None:
     turns = Turns()
     started = time.monotonic()
-    gevent.spawn(turns.wait).join(timeout=5)
+    waited = gevent.spawn(turns.wait)
+    waited.join(timeout=5)
     assert time.monotonic() - started < 0.05
-    assert turns.waiting == 0
+    assert turns.waiting == 0 and waited.value is True  # it had a loop's turn
 
 
 def test_work_given_up_leaves_the_queue_and_the_loop_sleeps_again() -> None:
@@ -119,7 +120,7 @@ def test_without_gevent_there_is_no_loop_to_share(monkeypatch) -> None:  # type:
     # This process has not monkey-patched socket (the gthread worker, a CLI): no wait, no loop.
     monkeypatch.setattr(turns_module, "_turns", None)  # used, it would fail
     started = time.monotonic()
-    turns_module.wait_turn()
+    assert turns_module.wait_turn() is False  # no turn was waited for (not counted as one)
     assert time.monotonic() - started < 0.01
 
 
@@ -130,8 +131,8 @@ def test_a_native_thread_does_not_wait_for_another_loops_turns() -> None:
     done = threading.Event()
 
     def elsewhere() -> None:
-        turns.wait()
-        done.set()
+        if turns.wait() is False:  # none of that loop's turns: not counted as one
+            done.set()
 
     thread = threading.Thread(target=elsewhere)
     thread.start()

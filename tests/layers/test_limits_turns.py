@@ -15,6 +15,7 @@ from bcs_middleware.core import facts
 from bcs_middleware.layers.limits import LimitsMiddleware
 from bcs_middleware.limits.settings import LimitSettings, QueueSettings, UserLimits
 from bcs_middleware.limits.table import CounterTable
+from bcs_middleware.telemetry import metrics
 
 PODS = "/tunnels/clusters/BCS-K8S-T/api/v1/namespaces/default/pods"
 
@@ -65,14 +66,22 @@ def _streaming_app(environ: dict[str, Any], start_response: Any) -> Iterator[byt
 
 
 def _turn_layer(events: list[str], turn_after: int | None = 2) -> LimitsMiddleware:
+    def recorded_turn() -> bool:
+        events.append("turn")
+        return True  # as on a gevent worker's loop
+
     settings = LimitSettings(queue=QueueSettings(turn_after=turn_after))
-    return LimitsMiddleware(_streaming_app, settings=settings, table=CounterTable(None),
-                            wait_turn=lambda: events.append("turn"))
+    return LimitsMiddleware(_streaming_app, settings=settings, table=CounterTable(None), wait_turn=recorded_turn)
+
+
+def _turns_counted() -> float:
+    return metrics.LIMIT_QUEUED.labels("user_turn")._value.get()  # type: ignore[attr-defined]
 
 
 def test_a_user_past_turn_after_waits_a_turn_for_each_more_and_a_light_user_never_does() -> None:
     events: list[str] = []
     layer = _turn_layer(events)
+    counted = _turns_counted()
     bot, light = env.User(7, "bot", groups=()), env.User(8, "light", groups=())
     first, second = _open(layer, bot), _open(layer, bot, "watch=true")  # a watch counts too
     assert events == []
@@ -86,6 +95,7 @@ def test_a_user_past_turn_after_waits_a_turn_for_each_more_and_a_light_user_neve
         body.close()
     assert _call(layer, bot) == "200 OK"  # back to two in flight with this one: no turn
     assert events == ["turn", "turn"]
+    assert _turns_counted() == counted + 2  # bcs_limits_queued_total{limit="user_turn"}
     for body in (first, light_one):
         body.close()
     assert len(layer.in_flight) == 0  # nobody left in flight: nobody kept

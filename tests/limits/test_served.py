@@ -241,6 +241,7 @@ def test_refusals_are_counted_per_limit_without_user_labels(world: World) -> Non
     for name in USERS:
         assert f'"{name}"' not in "\n".join(line for line in text.splitlines() if line.startswith("bcs_limits"))
     assert 'bcs_limits_capacity{bound="worker_seats"} 8.0' in text
+    assert 'bcs_limits_capacity{bound="user_turn_after"} 2.0' in text  # the default
     # The gateway's own clients' bounds are configured in the same file and shown.
     assert 'bcs_limits_capacity{bound="upstream_idle_per_cluster"} 48.0' in text
     assert 'bcs_limits_capacity{bound="database_connections"} 3.0' in text
