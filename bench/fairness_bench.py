@@ -359,8 +359,8 @@ def _phase(light: Gateway, args: argparse.Namespace, heavy: Gateway | None) -> d
         proc.join(60)
         gets = sum(v for k, v in counts.items() if k.startswith("get_"))
         watches = sum(v for k, v in counts.items() if k.startswith("watch_"))
-        result.update(heavy=counts, heavy_ramp_s=ramp["ramp_s"])
-        result.update(heavy_get_429_share=round(counts.get("get_429", 0) / max(gets, 1), 3),
+        result.update(heavy=counts, heavy_ramp_s=ramp["ramp_s"],
+                      heavy_get_429_share=round(counts.get("get_429", 0) / max(gets, 1), 3),
                       heavy_watch_429_share=round(counts.get("watch_429", 0) / max(watches, 1), 3))
     return result
 

@@ -25,12 +25,18 @@ def _app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
     yield b"{}"
 
 
-def _call(layer: LimitsMiddleware, user: env.User) -> str:
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": PODS, "QUERY_STRING": "", "wsgi.url_scheme": "https"}
+def _send(layer: LimitsMiddleware, user: env.User, query: str = "") -> tuple[Any, list[str]]:
+    """The layer's answer to ``user``'s ``GET pods`` (not yet read), and the statuses started."""
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": PODS, "QUERY_STRING": query, "wsgi.url_scheme": "https"}
     environ[env.USER] = user
     environ[env.FACTS] = facts.classify(environ)
     statuses: list[str] = []
     body = layer(environ, lambda status, headers, exc_info=None: statuses.append(status))
+    return body, statuses
+
+
+def _call(layer: LimitsMiddleware, user: env.User) -> str:
+    body, statuses = _send(layer, user)
     b"".join(body)
     getattr(body, "close", lambda: None)()
     return statuses[0]
@@ -51,18 +57,9 @@ def test_a_refusal_waits_for_its_turn_and_an_admitted_request_does_not() -> None
 
 def _open(layer: LimitsMiddleware, user: env.User, query: str = "") -> Any:
     """A request whose answer is not yet closed: in flight until ``.close()``."""
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": PODS, "QUERY_STRING": query, "wsgi.url_scheme": "https"}
-    environ[env.USER] = user
-    environ[env.FACTS] = facts.classify(environ)
-    statuses: list[str] = []
-    body = layer(environ, lambda status, headers, exc_info=None: statuses.append(status))
+    body, statuses = _send(layer, user, query)
     assert statuses == [] or statuses[0] == "200 OK"
     return body
-
-
-def _streaming_app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
-    start_response("200 OK", [])
-    yield b"{}"
 
 
 def _turn_layer(events: list[str], turn_after: int | None = 2) -> LimitsMiddleware:
@@ -71,7 +68,7 @@ def _turn_layer(events: list[str], turn_after: int | None = 2) -> LimitsMiddlewa
         return True  # as on a gevent worker's loop
 
     settings = LimitSettings(queue=QueueSettings(turn_after=turn_after))
-    return LimitsMiddleware(_streaming_app, settings=settings, table=CounterTable(None), wait_turn=recorded_turn)
+    return LimitsMiddleware(_app, settings=settings, table=CounterTable(None), wait_turn=recorded_turn)
 
 
 def _turns_counted() -> float:
@@ -119,7 +116,7 @@ def test_a_request_killed_while_waiting_its_turn_gives_back_what_it_held() -> No
         raise Killed
 
     settings = LimitSettings(user=UserLimits(inflight=3), queue=QueueSettings(turn_after=1))
-    layer = LimitsMiddleware(_streaming_app, settings=settings, table=CounterTable(None), wait_turn=killed)
+    layer = LimitsMiddleware(_app, settings=settings, table=CounterTable(None), wait_turn=killed)
     bot = env.User(7, "bot", groups=())
     first = _open(layer, bot)
     for _ in range(5):  # each killed in its wait: were its seat and count kept, the cap of 3 would refuse
